@@ -1,0 +1,258 @@
+//! palisade's policy: what one sandboxed run may see and do.
+//!
+//! Everything here is pure data. Values are validated when they are built (or deserialized), so an
+//! invalid path, variable name or host name cannot exist past the parser: the Linux backend can
+//! trust what it receives and never re-checks. Nothing in this crate touches the host.
+//!
+//! The default is deny: a [`Policy`] made from only a command has no host paths beyond the system
+//! directories, an ephemeral scratch directory, an empty environment (plus `PATH`, `HOME`, `LANG`)
+//! and no network.
+#![forbid(unsafe_code)]
+
+mod env;
+mod error;
+mod path;
+
+pub use env::{EnvName, EnvVar};
+pub use error::PolicyError;
+pub use path::SandboxPath;
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Where the scratch directory, the one writable place, is mounted inside and used as `$HOME` and
+/// the working directory.
+pub const SCRATCH_DIR: &str = "/workspace";
+
+/// Inside paths that palisade builds itself; a bind may not land on or under them.
+pub const RESERVED_TARGETS: &[&str] = &["/", "/proc", "/dev", SCRATCH_DIR, "/etc/passwd", "/etc/group",
+    "/etc/hosts", "/etc/resolv.conf", "/etc/hostname"];
+
+/// The `PATH` a payload gets unless the policy sets one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// One sandboxed run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The program and its arguments. The program is looked up in the sandbox's `PATH` when it
+    /// has no `/`.
+    pub command: Vec<String>,
+    /// The one writable directory.
+    #[serde(default)]
+    pub scratch: Scratch,
+    /// Extra host paths made visible inside.
+    #[serde(default)]
+    pub binds: Vec<Bind>,
+    /// Variables set inside, on top of `PATH`, `HOME`, `LANG` (and `TERM` with a terminal).
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    /// Give the payload a fresh pseudo-terminal of its own.
+    #[serde(default)]
+    pub tty: bool,
+    /// Host name inside the sandbox's UTS namespace.
+    #[serde(default = "default_hostname")]
+    pub hostname: String,
+}
+
+fn default_hostname() -> String {
+    "sandbox".to_owned()
+}
+
+/// The scratch directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", deny_unknown_fields)]
+pub enum Scratch {
+    /// A fresh tmpfs that exists only inside the sandbox and vanishes with it.
+    #[default]
+    Ephemeral,
+    /// A host directory, bound read-write. Files written there belong to the invoking user.
+    Host {
+        /// Absolute host path of an existing directory.
+        path: PathBuf,
+    },
+}
+
+/// A host path made visible inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bind {
+    /// Absolute host path. It is resolved by the backend without following symlinks.
+    pub source: PathBuf,
+    /// Where it appears inside; the same path as on the host unless given.
+    pub target: SandboxPath,
+    /// Writable (`--rw`) or read-only (`--ro`).
+    #[serde(default)]
+    pub writable: bool,
+}
+
+impl Bind {
+    /// Parses the CLI form `HOST[:INSIDE]`.
+    ///
+    /// ```
+    /// use palisade_policy::Bind;
+    /// let b = Bind::parse("/srv/data:/data", false).unwrap();
+    /// assert_eq!(b.target.as_str(), "/data");
+    /// assert!(Bind::parse("relative/path", false).is_err());
+    /// ```
+    pub fn parse(spec: &str, writable: bool) -> Result<Bind, PolicyError> {
+        let field = if writable { "--rw" } else { "--ro" };
+        let (source, target) = match spec.split_once(':') {
+            Some((s, t)) => (s, t),
+            None => (spec, spec),
+        };
+        if source.is_empty() || !source.starts_with('/') {
+            return Err(PolicyError::invalid(
+                field,
+                spec,
+                "an absolute host path, optionally followed by `:` and an absolute path inside",
+            ));
+        }
+        let target = SandboxPath::new(target).map_err(|e| e.in_field(field))?;
+        Ok(Bind { source: PathBuf::from(source), target, writable })
+    }
+}
+
+impl Policy {
+    /// A policy that runs `command` with every default in place.
+    ///
+    /// ```
+    /// use palisade_policy::Policy;
+    /// let p = Policy::new(["python3", "-c", "print(1)"]).unwrap();
+    /// assert!(p.binds.is_empty() && p.env.is_empty());
+    /// ```
+    pub fn new<I, S>(command: I) -> Result<Policy, PolicyError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let p = Policy {
+            command: command.into_iter().map(Into::into).collect(),
+            scratch: Scratch::default(),
+            binds: Vec::new(),
+            env: Vec::new(),
+            tty: false,
+            hostname: default_hostname(),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks what the type system cannot: the command, the hostname, overlapping and reserved
+    /// bind targets, duplicate variables. Deserialized policies must pass this before use.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        match self.command.first() {
+            None => return Err(PolicyError::invalid("command", "", "a program to run, e.g. `-- python3 script.py`")),
+            Some(p) if p.is_empty() => {
+                return Err(PolicyError::invalid("command", "", "a non-empty program name or path"))
+            }
+            _ => {}
+        }
+        if let Some(a) = self.command.iter().find(|a| a.contains('\0')) {
+            return Err(PolicyError::invalid("command", a, "arguments without NUL bytes"));
+        }
+        if let Scratch::Host { path } = &self.scratch {
+            if !path.is_absolute() {
+                return Err(PolicyError::invalid(
+                    "scratch",
+                    &path.display().to_string(),
+                    "an absolute path of an existing host directory",
+                ));
+            }
+        }
+        let h = &self.hostname;
+        let ok_label = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if h.len() > 64 || !h.split('.').all(ok_label) {
+            return Err(PolicyError::invalid(
+                "hostname",
+                h,
+                "letters, digits, `-` and `.`, at most 64 characters (RFC 1123)",
+            ));
+        }
+        for b in &self.binds {
+            let field = if b.writable { "--rw" } else { "--ro" };
+            if !b.source.is_absolute() {
+                return Err(PolicyError::invalid(field, &b.source.display().to_string(), "an absolute host path"));
+            }
+            if let Some(r) = RESERVED_TARGETS
+                .iter()
+                .find(|r| b.target.as_str() == **r || (**r != "/" && b.target.starts_with(r)))
+            {
+                return Err(PolicyError::Reserved { field, target: b.target.to_string(), reserved: r });
+            }
+        }
+        for (i, b) in self.binds.iter().enumerate() {
+            if let Some(dup) = self.binds[..i].iter().find(|o| o.target == b.target) {
+                return Err(PolicyError::DuplicateTarget {
+                    target: b.target.to_string(),
+                    first: dup.source.display().to_string(),
+                    second: b.source.display().to_string(),
+                });
+            }
+        }
+        for (i, v) in self.env.iter().enumerate() {
+            if self.env[..i].iter().any(|o| o.name == v.name) {
+                return Err(PolicyError::invalid("env", v.name.as_str(), "each variable named once"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_parse_and_default_to_same_path() {
+        let b = Bind::parse("/opt/tool", true).unwrap();
+        assert_eq!(
+            b,
+            Bind { source: "/opt/tool".into(), target: SandboxPath::new("/opt/tool").unwrap(), writable: true }
+        );
+        let e = Bind::parse("rel", false).unwrap_err().to_string();
+        assert!(e.contains("--ro") && e.contains("rel") && e.contains("absolute"), "{e}");
+        let e = Bind::parse("/a:rel", false).unwrap_err().to_string();
+        assert!(e.contains("--ro") && e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn reserved_and_duplicate_targets_are_refused() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.binds.push(Bind::parse("/srv:/proc/x", false).unwrap());
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("/proc/x") && e.contains("/proc"), "{e}");
+        p.binds = vec![Bind::parse("/a:/x", false).unwrap(), Bind::parse("/b:/x", true).unwrap()];
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("/x") && e.contains("/a") && e.contains("/b"), "{e}");
+        p.binds = vec![Bind::parse("/srv:/", false).unwrap()];
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn empty_command_and_bad_hostname_are_refused() {
+        assert!(Policy::new(Vec::<String>::new()).unwrap_err().to_string().contains("command"));
+        let mut p = Policy::new(["true"]).unwrap();
+        p.hostname = "bad_host!".into();
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("hostname") && e.contains("bad_host!"), "{e}");
+    }
+
+    #[test]
+    fn policy_round_trips_through_json_and_rejects_unknown_fields() {
+        let mut p = Policy::new(["python3", "x.py"]).unwrap();
+        p.env.push(EnvVar::parse("A=1").unwrap());
+        p.scratch = Scratch::Host { path: "/tmp/s".into() };
+        let j = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&j).unwrap(), p);
+        let bad = r#"{"command":["true"],"scratchh":{}}"#;
+        let e = serde_json::from_str::<Policy>(bad).unwrap_err().to_string();
+        assert!(e.contains("scratchh"), "{e}");
+    }
+}
