@@ -75,9 +75,16 @@ impl EnvVar {
     /// Builds a variable from a name and a value.
     pub fn new(name: &str, value: &str) -> Result<EnvVar, PolicyError> {
         if value.contains('\0') {
-            return Err(PolicyError::invalid("env", name, "a value without NUL bytes"));
+            return Err(PolicyError::invalid(
+                "env",
+                name,
+                "a value without NUL bytes",
+            ));
         }
-        Ok(EnvVar { name: EnvName::new(name)?, value: value.to_owned() })
+        Ok(EnvVar {
+            name: EnvName::new(name)?,
+            value: value.to_owned(),
+        })
     }
 }
 

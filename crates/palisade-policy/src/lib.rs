@@ -25,8 +25,17 @@ use std::path::PathBuf;
 pub const SCRATCH_DIR: &str = "/workspace";
 
 /// Inside paths that palisade builds itself; a bind may not land on or under them.
-pub const RESERVED_TARGETS: &[&str] = &["/", "/proc", "/dev", SCRATCH_DIR, "/etc/passwd", "/etc/group",
-    "/etc/hosts", "/etc/resolv.conf", "/etc/hostname"];
+pub const RESERVED_TARGETS: &[&str] = &[
+    "/",
+    "/proc",
+    "/dev",
+    SCRATCH_DIR,
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/resolv.conf",
+    "/etc/hostname",
+];
 
 /// The `PATH` a payload gets unless the policy sets one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -109,7 +118,11 @@ impl Bind {
             ));
         }
         let target = SandboxPath::new(target).map_err(|e| e.in_field(field))?;
-        Ok(Bind { source: PathBuf::from(source), target, writable })
+        Ok(Bind {
+            source: PathBuf::from(source),
+            target,
+            writable,
+        })
     }
 }
 
@@ -142,14 +155,28 @@ impl Policy {
     /// bind targets, duplicate variables. Deserialized policies must pass this before use.
     pub fn validate(&self) -> Result<(), PolicyError> {
         match self.command.first() {
-            None => return Err(PolicyError::invalid("command", "", "a program to run, e.g. `-- python3 script.py`")),
+            None => {
+                return Err(PolicyError::invalid(
+                    "command",
+                    "",
+                    "a program to run, e.g. `-- python3 script.py`",
+                ))
+            }
             Some(p) if p.is_empty() => {
-                return Err(PolicyError::invalid("command", "", "a non-empty program name or path"))
+                return Err(PolicyError::invalid(
+                    "command",
+                    "",
+                    "a non-empty program name or path",
+                ))
             }
             _ => {}
         }
         if let Some(a) = self.command.iter().find(|a| a.contains('\0')) {
-            return Err(PolicyError::invalid("command", a, "arguments without NUL bytes"));
+            return Err(PolicyError::invalid(
+                "command",
+                a,
+                "arguments without NUL bytes",
+            ));
         }
         if let Scratch::Host { path } = &self.scratch {
             if !path.is_absolute() {
@@ -178,13 +205,21 @@ impl Policy {
         for b in &self.binds {
             let field = if b.writable { "--rw" } else { "--ro" };
             if !b.source.is_absolute() {
-                return Err(PolicyError::invalid(field, &b.source.display().to_string(), "an absolute host path"));
+                return Err(PolicyError::invalid(
+                    field,
+                    &b.source.display().to_string(),
+                    "an absolute host path",
+                ));
             }
             if let Some(r) = RESERVED_TARGETS
                 .iter()
                 .find(|r| b.target.as_str() == **r || (**r != "/" && b.target.starts_with(r)))
             {
-                return Err(PolicyError::Reserved { field, target: b.target.to_string(), reserved: r });
+                return Err(PolicyError::Reserved {
+                    field,
+                    target: b.target.to_string(),
+                    reserved: r,
+                });
             }
         }
         for (i, b) in self.binds.iter().enumerate() {
@@ -198,7 +233,11 @@ impl Policy {
         }
         for (i, v) in self.env.iter().enumerate() {
             if self.env[..i].iter().any(|o| o.name == v.name) {
-                return Err(PolicyError::invalid("env", v.name.as_str(), "each variable named once"));
+                return Err(PolicyError::invalid(
+                    "env",
+                    v.name.as_str(),
+                    "each variable named once",
+                ));
             }
         }
         Ok(())
@@ -214,10 +253,17 @@ mod tests {
         let b = Bind::parse("/opt/tool", true).unwrap();
         assert_eq!(
             b,
-            Bind { source: "/opt/tool".into(), target: SandboxPath::new("/opt/tool").unwrap(), writable: true }
+            Bind {
+                source: "/opt/tool".into(),
+                target: SandboxPath::new("/opt/tool").unwrap(),
+                writable: true
+            }
         );
         let e = Bind::parse("rel", false).unwrap_err().to_string();
-        assert!(e.contains("--ro") && e.contains("rel") && e.contains("absolute"), "{e}");
+        assert!(
+            e.contains("--ro") && e.contains("rel") && e.contains("absolute"),
+            "{e}"
+        );
         let e = Bind::parse("/a:rel", false).unwrap_err().to_string();
         assert!(e.contains("--ro") && e.contains("absolute"), "{e}");
     }
@@ -228,16 +274,25 @@ mod tests {
         p.binds.push(Bind::parse("/srv:/proc/x", false).unwrap());
         let e = p.validate().unwrap_err().to_string();
         assert!(e.contains("/proc/x") && e.contains("/proc"), "{e}");
-        p.binds = vec![Bind::parse("/a:/x", false).unwrap(), Bind::parse("/b:/x", true).unwrap()];
+        p.binds = vec![
+            Bind::parse("/a:/x", false).unwrap(),
+            Bind::parse("/b:/x", true).unwrap(),
+        ];
         let e = p.validate().unwrap_err().to_string();
-        assert!(e.contains("/x") && e.contains("/a") && e.contains("/b"), "{e}");
+        assert!(
+            e.contains("/x") && e.contains("/a") && e.contains("/b"),
+            "{e}"
+        );
         p.binds = vec![Bind::parse("/srv:/", false).unwrap()];
         assert!(p.validate().is_err());
     }
 
     #[test]
     fn empty_command_and_bad_hostname_are_refused() {
-        assert!(Policy::new(Vec::<String>::new()).unwrap_err().to_string().contains("command"));
+        assert!(Policy::new(Vec::<String>::new())
+            .unwrap_err()
+            .to_string()
+            .contains("command"));
         let mut p = Policy::new(["true"]).unwrap();
         p.hostname = "bad_host!".into();
         let e = p.validate().unwrap_err().to_string();
@@ -248,7 +303,9 @@ mod tests {
     fn policy_round_trips_through_json_and_rejects_unknown_fields() {
         let mut p = Policy::new(["python3", "x.py"]).unwrap();
         p.env.push(EnvVar::parse("A=1").unwrap());
-        p.scratch = Scratch::Host { path: "/tmp/s".into() };
+        p.scratch = Scratch::Host {
+            path: "/tmp/s".into(),
+        };
         let j = serde_json::to_string(&p).unwrap();
         assert_eq!(serde_json::from_str::<Policy>(&j).unwrap(), p);
         let bad = r#"{"command":["true"],"scratchh":{}}"#;

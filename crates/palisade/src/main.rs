@@ -1,1 +1,276 @@
-fn main(){}
+//! `palisade`: the command-line front end. Thin: parse, build a policy, run, report.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use palisade::policy::{Bind, EnvVar};
+use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+/// A kernel-enforced sandbox for code nobody has read.
+#[derive(Parser, Debug)]
+#[command(name = "palisade", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a command in a new sandbox.
+    ///
+    /// Exit status: the command's own; 128+N if it was killed by signal N; 125 if palisade itself
+    /// failed (bad option, setup failure); 126 if the command cannot be executed; 127 if it was not
+    /// found inside the sandbox.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Host directory mounted read-write at /workspace (the working directory and $HOME).
+    /// Default: a fresh tmpfs that vanishes with the run.
+    #[arg(long, value_name = "DIR")]
+    scratch: Option<PathBuf>,
+    /// Use a host temporary directory as scratch and keep it after the run (its path is reported).
+    #[arg(long, conflicts_with = "scratch")]
+    keep: bool,
+    /// Make a host path visible read-only: HOST or HOST:INSIDE. Repeatable.
+    #[arg(long = "ro", value_name = "HOST[:INSIDE]")]
+    ro: Vec<String>,
+    /// Make a host path visible read-write: HOST or HOST:INSIDE. Repeatable.
+    #[arg(long = "rw", value_name = "HOST[:INSIDE]")]
+    rw: Vec<String>,
+    /// Set a variable inside: NAME=VALUE, or NAME to pass palisade's own value. Repeatable.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+    /// Write the JSON report to PATH, or to stdout with `-` (after the command's output).
+    #[arg(long, value_name = "PATH|-", num_args = 0..=1, default_missing_value = "-")]
+    json: Option<String>,
+    /// Give the command a pseudo-terminal of its own (default: when stdin is a terminal).
+    #[arg(long, overrides_with = "no_tty")]
+    tty: bool,
+    /// Never allocate a pseudo-terminal.
+    #[arg(long = "no-tty", overrides_with = "tty")]
+    no_tty: bool,
+    /// Do not print the one-line summary on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                EXIT_SANDBOX_ERROR
+            } else {
+                0
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let code = match cli.cmd {
+        Cmd::Run(a) => match run(a) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisade: error: {e:#}");
+                EXIT_SANDBOX_ERROR
+            }
+        },
+    };
+    std::process::exit(code);
+}
+
+fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let tty = if a.tty {
+        true
+    } else if a.no_tty {
+        false
+    } else {
+        std::io::stdin().is_terminal()
+    };
+    let mut b = Sandbox::builder()
+        .command(a.command.clone())
+        .tty(tty)
+        .keep_scratch(a.keep);
+    if let Some(s) = &a.scratch {
+        b = b.scratch_dir(s);
+    }
+    for s in &a.ro {
+        b = b.bind_spec(Bind::parse(s, false)?);
+    }
+    for s in &a.rw {
+        b = b.bind_spec(Bind::parse(s, true)?);
+    }
+    let mut has_term = false;
+    for e in &a.env {
+        let v = if e.contains('=') {
+            EnvVar::parse(e)?
+        } else {
+            let val = std::env::var(e).with_context(|| {
+                format!(
+                    "--env {e}: `{e}` is not set in palisade's environment; use --env {e}=VALUE"
+                )
+            })?;
+            EnvVar::new(e, &val)?
+        };
+        has_term |= v.name.as_str() == "TERM";
+        b = b.env(v.name.as_str(), &v.value);
+    }
+    if tty && !has_term {
+        if let Ok(t) = std::env::var("TERM") {
+            b = b.env("TERM", &t);
+        }
+    }
+    let sandbox = b.build()?;
+    let signals = forward_signals::Forwarder::install();
+    let raw = if tty { term::RawGuard::enter() } else { None };
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
+    let input = if tty { Some(0) } else { None };
+    let report = sandbox.run(
+        palisade_linux::Sinks {
+            stdout: &mut out,
+            stderr: &mut err,
+            input,
+        },
+        |r| {
+            if let Some(pty) = r.pty() {
+                term::copy_winsize(pty);
+            }
+            signals.attach(r);
+        },
+    );
+    drop(raw);
+    drop(out);
+    emit(&a, &report)?;
+    Ok(report.exit_code_for_cli())
+}
+
+fn emit(a: &RunArgs, report: &Report) -> anyhow::Result<()> {
+    if !a.quiet || report.status == palisade::Status::SandboxError {
+        eprintln!("{}", report.summary());
+    }
+    match a.json.as_deref() {
+        None => {}
+        Some("-") => {
+            let mut o = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut o, report)?;
+            writeln!(o)?;
+        }
+        Some(p) => {
+            let s = serde_json::to_string_pretty(report)?;
+            std::fs::write(p, s + "\n")
+                .with_context(|| format!("--json {p}: cannot write the report"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Terminal handling for `--tty` (the binary's business, not the library's).
+mod term {
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
+
+    pub struct RawGuard(libc::termios);
+
+    impl RawGuard {
+        /// Puts the caller's terminal in raw mode so keys reach the sandbox's pty as typed.
+        pub fn enter() -> Option<RawGuard> {
+            let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
+            // SAFETY: tcgetattr fills `t` on success; it is only read then.
+            let saved = unsafe {
+                if libc::tcgetattr(0, t.as_mut_ptr()) != 0 {
+                    return None;
+                }
+                t.assume_init()
+            };
+            let mut raw = saved;
+            // SAFETY: cfmakeraw and tcsetattr on a valid termios for fd 0.
+            unsafe {
+                libc::cfmakeraw(&mut raw);
+                libc::tcsetattr(0, libc::TCSANOW, &raw);
+            }
+            Some(RawGuard(saved))
+        }
+    }
+
+    impl Drop for RawGuard {
+        fn drop(&mut self) {
+            // SAFETY: restoring the saved termios on fd 0.
+            unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.0) };
+        }
+    }
+
+    pub fn copy_winsize(pty: &File) {
+        // SAFETY: TIOCGWINSZ fills a winsize; TIOCSWINSZ reads one.
+        unsafe {
+            let mut ws: libc::winsize = std::mem::zeroed();
+            if libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) == 0 {
+                libc::ioctl(pty.as_raw_fd(), libc::TIOCSWINSZ, &ws);
+            }
+        }
+    }
+}
+
+/// Forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT received by the CLI to the sandbox (whose init
+/// passes them to the payload). Installed by the binary only: the library sets no handlers.
+mod forward_signals {
+    use palisade_linux::Running;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::sync::{Arc, Mutex};
+
+    pub struct Forwarder {
+        target: Arc<Mutex<Option<OwnedFd>>>,
+    }
+
+    const SIGNALS: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+    impl Forwarder {
+        pub fn install() -> Forwarder {
+            let target: Arc<Mutex<Option<OwnedFd>>> = Arc::new(Mutex::new(None));
+            // SAFETY: building a signal set and blocking it in this (still single) thread, so the
+            // waiter thread below is the only one that takes these signals.
+            let set = unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                for s in SIGNALS {
+                    libc::sigaddset(&mut set, s);
+                }
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                set
+            };
+            let t = target.clone();
+            std::thread::spawn(move || loop {
+                let mut sig = 0;
+                // SAFETY: sigwait on a set of blocked signals.
+                if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                    continue;
+                }
+                if let Some(fd) = t
+                    .lock()
+                    .ok()
+                    .and_then(|g| g.as_ref().map(|f| f.as_raw_fd()))
+                {
+                    // SAFETY: pidfd_send_signal on a pidfd we keep open.
+                    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, 0usize, 0u32) };
+                }
+            });
+            Forwarder { target }
+        }
+
+        pub fn attach(&self, r: &Running) {
+            let pid = r.pid();
+            // SAFETY: pidfd_open on the sandbox init, our child that is not yet reaped.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+            if fd >= 0 {
+                // SAFETY: a new descriptor we own.
+                *self.target.lock().expect("not poisoned") =
+                    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            }
+        }
+    }
+}

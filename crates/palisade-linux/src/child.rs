@@ -1,0 +1,650 @@
+//! The sandbox side: init (pid 1 of the new pid namespace) and the payload it forks.
+//!
+//! This code runs right after `clone3` in a copy of the supervisor, which may have had other
+//! threads. It therefore calls only async-signal-safe code until `execve` or `_exit`: raw system
+//! calls over the precomputed [`Plan`], no allocation, no locks, no formatting, no panics on any
+//! path a well-formed plan can take. Errors travel to the supervisor as fixed-size [`Msg`] records.
+//!
+//! The order below is the one in `docs/setup-order.md`; each step says why it is where it is.
+
+use crate::plan::{Op, Plan};
+use crate::sys::{self, SysResult};
+use libc::c_int;
+
+/// A record on the init → supervisor pipe. Writes of this size are atomic (< `PIPE_BUF`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Msg {
+    pub kind: u32,
+    pub step: u32,
+    pub index: u32,
+    pub value: i32,
+}
+
+pub const MSG_SETUP_ERROR: u32 = 1;
+pub const MSG_EXEC_ERROR: u32 = 2;
+pub const MSG_STARTED: u32 = 3;
+pub const MSG_EXITED: u32 = 4;
+
+impl Msg {
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&self.kind.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.step.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.index.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.value.to_ne_bytes());
+        b
+    }
+    pub fn from_bytes(b: &[u8; 16]) -> Msg {
+        let w = |i: usize| [b[i], b[i + 1], b[i + 2], b[i + 3]];
+        Msg {
+            kind: u32::from_ne_bytes(w(0)),
+            step: u32::from_ne_bytes(w(4)),
+            index: u32::from_ne_bytes(w(8)),
+            value: i32::from_ne_bytes(w(12)),
+        }
+    }
+}
+
+/// Setup steps, as reported in a `MSG_SETUP_ERROR`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Step {
+    DeathSignal = 1,
+    Ids,
+    Stdio,
+    CloseFds,
+    MountsPrivate,
+    OpenSource,
+    SourceChanged,
+    RootTmpfs,
+    Op,
+    PivotRoot,
+    DetachOldRoot,
+    RootReadOnly,
+    Hostname,
+    Loopback,
+    Pty,
+    Signals,
+    Fork,
+    DropInitPrivileges,
+}
+
+impl Step {
+    pub fn from_u32(v: u32) -> Option<Step> {
+        use Step::*;
+        [
+            DeathSignal,
+            Ids,
+            Stdio,
+            CloseFds,
+            MountsPrivate,
+            OpenSource,
+            SourceChanged,
+            RootTmpfs,
+            Op,
+            PivotRoot,
+            DetachOldRoot,
+            RootReadOnly,
+            Hostname,
+            Loopback,
+            Pty,
+            Signals,
+            Fork,
+            DropInitPrivileges,
+        ]
+        .into_iter()
+        .find(|s| *s as u32 == v)
+    }
+}
+
+/// Descriptors the child works with; all of them are ≥ 3 and listed in `keep`, sorted.
+pub struct ChildFds {
+    /// Become the payload's 0, 1, 2 (ignored with a terminal: the pty replaces them).
+    pub stdio: [c_int; 3],
+    /// Write end of the init → supervisor pipe.
+    pub msg: c_int,
+    /// Read end of the supervisor → init "maps are written" pipe.
+    pub go: c_int,
+    /// Socket on which init sends the pty master to the supervisor, or -1.
+    pub pty_sock: c_int,
+    /// Every descriptor init keeps; all others are closed. Sorted ascending.
+    pub keep: Vec<c_int>,
+}
+
+type Fail = (Step, u32, i32);
+
+fn at(step: Step) -> impl Fn(sys::Errno) -> Fail {
+    move |e| (step, 0, e)
+}
+
+fn send(fd: c_int, m: Msg) {
+    let _ = sys::write_all(fd, &m.to_bytes());
+}
+
+/// Entry point of the child after `clone3`. Never returns.
+pub fn init(plan: &mut Plan, fds: &ChildFds) -> ! {
+    let mut slave: c_int = -1;
+    if let Err((step, index, errno)) = setup(plan, fds, &mut slave) {
+        send(
+            fds.msg,
+            Msg {
+                kind: MSG_SETUP_ERROR,
+                step: step as u32,
+                index,
+                value: errno,
+            },
+        );
+        sys::exit(1);
+    }
+    supervise(plan, fds, slave)
+}
+
+fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail> {
+    // 1. Die with the supervisor. Set before waiting for "go": if the supervisor is already
+    //    gone, the read below sees end-of-file instead, so there is no window.
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
+    let mut b = [0u8; 1];
+    if sys::read_full(fds.go, &mut b) != Ok(1) {
+        sys::exit(1); // The supervisor gave up (its own error is reported there).
+    }
+    // Not dumpable: the payload (same uid) cannot ptrace init or read its /proc/1/{mem,environ,fd},
+    // which hold a copy of the supervisor's memory, environment included. Only now: until the maps
+    // are written, an unprivileged supervisor needs to open our /proc files, which non-dumpable
+    // makes root's.
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::DeathSignal))?;
+    // SAFETY: umask only changes this process's file-creation mask. 0 here so that the modes in the
+    // plan (1777 on /tmp) are exact; the payload gets 022 back.
+    unsafe { libc::umask(0) };
+
+    // 2. Become the mapped ids. For a root-launched sandbox this is what moves the process off
+    //    host uid 0 (until now its kernel uid was still 0, unmapped here: files owned by host root
+    //    would pass the owner check). Supplementary groups go first, while we may still drop them.
+    let ids = plan.ids;
+    // SAFETY: plain id-changing system calls on this process.
+    unsafe {
+        if ids.privileged && libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err((Step::Ids, 0, errno()));
+        }
+        if libc::setresgid(ids.gid, ids.gid, ids.gid) != 0
+            || libc::setresuid(ids.uid, ids.uid, ids.uid) != 0
+        {
+            return Err((Step::Ids, 1, errno()));
+        }
+    }
+
+    // 3. Only stdin/stdout/stderr cross the boundary: put ours in place, close everything else
+    //    inherited (clone3 copied the whole descriptor table, close-on-exec or not).
+    for (target, src) in fds.stdio.iter().enumerate() {
+        // SAFETY: dup2 onto 0..2 of descriptors the supervisor passed open.
+        if *src != target as c_int && unsafe { libc::dup2(*src, target as c_int) } < 0 {
+            return Err((Step::Stdio, target as u32, errno()));
+        }
+    }
+    let mut next: u32 = 3;
+    for &fd in &fds.keep {
+        if fd as u32 > next {
+            sys::close_range(next, fd as u32 - 1, 0).map_err(at(Step::CloseFds))?;
+        }
+        next = fd as u32 + 1;
+    }
+    sys::close_range(next, u32::MAX, 0).map_err(at(Step::CloseFds))?;
+
+    // 4. No mount event crosses between host and sandbox, in either direction.
+    sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(at(Step::MountsPrivate))?;
+
+    // 5. Open every bind source now, before anything is mounted over them (a source may live in
+    //    the host's /tmp). openat2 with no symlink resolution at all: a path swapped for a symlink
+    //    since the supervisor checked it fails here, and the device/inode check catches a swapped
+    //    directory. The mount later uses the descriptor, not the path.
+    for (i, s) in plan.sources.iter_mut().enumerate() {
+        if s.tree >= 0 {
+            continue;
+        }
+        let fd = sys::open_path_noresolve(
+            &s.path,
+            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+        )
+        .map_err(|e| (Step::OpenSource, i as u32, e))?;
+        match sys::dev_ino(fd) {
+            Ok((d, n)) if d == s.dev && n == s.ino => s.fd = fd,
+            Ok(_) => return Err((Step::SourceChanged, i as u32, libc::ESTALE)),
+            Err(e) => return Err((Step::OpenSource, i as u32, e)),
+        }
+    }
+
+    // 6. The new root is a fresh tmpfs (on the host's /tmp mount point, inside our namespace
+    //    only); everything below is built relative to it.
+    sys::mount(
+        Some(c"palisade"),
+        c"/tmp",
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(c"mode=0755,size=4m"),
+    )
+    .map_err(at(Step::RootTmpfs))?;
+    // SAFETY: chdir to a NUL-terminated path.
+    if unsafe { libc::chdir(c"/tmp".as_ptr()) } != 0 {
+        return Err((Step::RootTmpfs, 1, errno()));
+    }
+
+    // 7. The view: binds read-only, recursive, nosuid, nodev; /proc (needs the old root still
+    //    attached: the kernel only allows a new procfs where one is already fully visible); /dev;
+    //    /tmp; scratch; the policy's binds.
+    for (i, op) in plan.ops.iter().enumerate() {
+        run_op(plan, op).map_err(|e| (Step::Op, i as u32, e))?;
+    }
+
+    // 8. pivot_root onto the new root with the old one stacked beneath, then detach the old one:
+    //    no path leads back to the host's tree, and no scaffolding directory remains.
+    sys::pivot_root(c".", c".").map_err(at(Step::PivotRoot))?;
+    sys::umount2(c".", libc::MNT_DETACH).map_err(at(Step::DetachOldRoot))?;
+    // SAFETY: chdir to a NUL-terminated path.
+    unsafe { libc::chdir(c"/".as_ptr()) };
+    // 9. The root itself read-only: only /tmp, /dev/shm, scratch and --rw binds stay writable.
+    sys::mount_setattr(libc::AT_FDCWD, c"/", 0, sys::MOUNT_ATTR_RDONLY, 0, -1)
+        .map_err(at(Step::RootReadOnly))?;
+
+    // 10. Host name, then loopback up (the only interface of the new network namespace).
+    let h = plan.hostname.as_bytes();
+    // SAFETY: the pointer and length describe the hostname bytes.
+    if unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) } != 0 {
+        return Err((Step::Hostname, 0, errno()));
+    }
+    loopback_up().map_err(at(Step::Loopback))?;
+
+    // 11. With a terminal: a pty from the sandbox's own devpts; the master goes to the supervisor.
+    if plan.tty {
+        *slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
+    }
+    Ok(())
+}
+
+fn errno() -> i32 {
+    // SAFETY: reading the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
+    use crate::sys::*;
+    match op {
+        Op::Mkdir { path, mode } => mkdir_p1(path, *mode),
+        Op::Touch { path } => {
+            let fd = openat(
+                libc::AT_FDCWD,
+                path,
+                libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW,
+                0o644,
+            )?;
+            close(fd);
+            Ok(())
+        }
+        Op::Symlink { target, path } => symlink(target, path),
+        Op::Write { path, data } => {
+            let fd = openat(
+                libc::AT_FDCWD,
+                path,
+                libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_NOFOLLOW,
+                0o644,
+            )?;
+            let r = write_all(fd, data);
+            close(fd);
+            r
+        }
+        Op::Tmpfs { path, flags, data } => {
+            mount(Some(c"tmpfs"), path, Some(c"tmpfs"), *flags, Some(data))
+        }
+        Op::Proc { path } => mount(
+            Some(c"proc"),
+            path,
+            Some(c"proc"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        ),
+        Op::Devpts { path } => mount(
+            Some(c"devpts"),
+            path,
+            Some(c"devpts"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some(c"newinstance,ptmxmode=0666,mode=0620"),
+        ),
+        Op::Bind {
+            source,
+            path,
+            attrs,
+        } => {
+            let s = &plan.sources[*source];
+            let tree = if s.tree >= 0 {
+                s.tree
+            } else {
+                open_tree(
+                    s.fd,
+                    c"",
+                    OPEN_TREE_CLONE
+                        | OPEN_TREE_CLOEXEC
+                        | libc::AT_EMPTY_PATH as u32
+                        | libc::AT_RECURSIVE as u32,
+                )?
+            };
+            let flags = libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32;
+            mount_setattr(tree, c"", flags, *attrs, 0, -1)?;
+            move_mount_fd(tree, libc::AT_FDCWD, path)?;
+            close(tree);
+            Ok(())
+        }
+        Op::ReadOnly { path, optional } => {
+            let tree = match open_tree(
+                libc::AT_FDCWD,
+                path,
+                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32,
+            ) {
+                Err(libc::ENOENT) if *optional => return Ok(()),
+                r => r?,
+            };
+            let attrs =
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+            mount_setattr(
+                tree,
+                c"",
+                libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32,
+                attrs,
+                0,
+                -1,
+            )?;
+            move_mount_fd(tree, libc::AT_FDCWD, path)?;
+            close(tree);
+            Ok(())
+        }
+        Op::NoNestedUserns => {
+            let fd = openat(
+                libc::AT_FDCWD,
+                c"proc/sys/user/max_user_namespaces",
+                libc::O_WRONLY,
+                0,
+            )?;
+            let r = write_all(fd, b"0\n");
+            close(fd);
+            r
+        }
+    }
+}
+
+fn loopback_up() -> SysResult<()> {
+    // SAFETY: socket/ioctl on a zeroed ifreq whose name is set to "lo"; the fd is closed after.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(errno());
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        ifr.ifr_name[0] = b'l' as libc::c_char;
+        ifr.ifr_name[1] = b'o' as libc::c_char;
+        ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        let r = libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr);
+        let e = errno();
+        sys::close(fd);
+        if r < 0 {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn open_pty(sock: c_int) -> SysResult<c_int> {
+    let master = sys::openat(
+        libc::AT_FDCWD,
+        c"/dev/ptmx",
+        libc::O_RDWR | libc::O_NOCTTY,
+        0,
+    )?;
+    let unlock: c_int = 0;
+    // SAFETY: ioctls on the pty master we just opened, with the argument types they take.
+    let slave = unsafe {
+        if libc::ioctl(master, libc::TIOCSPTLCK, &unlock) < 0 {
+            return Err(errno());
+        }
+        libc::ioctl(
+            master,
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if slave < 0 {
+        return Err(errno());
+    }
+    send_fd(sock, master)?;
+    sys::close(master);
+    sys::close(sock);
+    Ok(slave)
+}
+
+fn send_fd(sock: c_int, fd: c_int) -> SysResult<()> {
+    // A cmsg buffer for one descriptor, aligned for cmsghdr.
+    #[repr(C, align(8))]
+    struct Buf([u8; 24]);
+    let mut buf = Buf([0; 24]);
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: msghdr points at live stack buffers; CMSG_* compute offsets inside `buf`, which is
+    // large enough for CMSG_SPACE(sizeof(int)) = 24 on 64-bit Linux.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = buf.0.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as _;
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        (*cm).cmsg_level = libc::SOL_SOCKET;
+        (*cm).cmsg_type = libc::SCM_RIGHTS;
+        (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<c_int>(), fd);
+        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) < 0 {
+            return Err(errno());
+        }
+    }
+    Ok(())
+}
+
+/// After setup: fork the payload, report whether its exec worked, then reap and forward signals
+/// until it exits. Init's own exit then makes the kernel kill everything left in the namespace.
+fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int) -> ! {
+    let fail = |step: Step, e: i32| -> ! {
+        send(
+            fds.msg,
+            Msg {
+                kind: MSG_SETUP_ERROR,
+                step: step as u32,
+                index: 0,
+                value: e,
+            },
+        );
+        sys::exit(1)
+    };
+    // Block every signal: init takes them with sigwaitinfo (a pid-namespace init ignores signals
+    // it has no handler for, but blocked signals are queued and can be taken).
+    // SAFETY: sigset manipulation on a local set and this thread's mask.
+    let all = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        if libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut()) != 0 {
+            fail(Step::Signals, errno());
+        }
+        all
+    };
+    let mut p = [0 as c_int; 2];
+    // SAFETY: pipe2 fills the two-element array.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        fail(Step::Fork, errno());
+    }
+    let (exec_r, exec_w) = (p[0], p[1]);
+    // SAFETY: fork in a single-threaded process (init has one thread); the child runs only
+    // async-signal-safe code until execve.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        fail(Step::Fork, errno());
+    }
+    if pid == 0 {
+        payload(plan, fds, slave, exec_w);
+    }
+    sys::close(exec_w);
+    sys::close(slave);
+    // Init needs no privilege from here on: kill() of its own child with the same uid suffices.
+    let _ = sys::capset_empty();
+    let _ = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1);
+    let mut eb = [0u8; 8];
+    match sys::read_full(exec_r, &mut eb) {
+        Ok(8) => {
+            let index = u32::from_ne_bytes([eb[0], eb[1], eb[2], eb[3]]);
+            let value = i32::from_ne_bytes([eb[4], eb[5], eb[6], eb[7]]);
+            let mut st = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            send(
+                fds.msg,
+                Msg {
+                    kind: MSG_EXEC_ERROR,
+                    step: 0,
+                    index,
+                    value,
+                },
+            );
+            sys::exit(1);
+        }
+        _ => send(
+            fds.msg,
+            Msg {
+                kind: MSG_STARTED,
+                step: 0,
+                index: 0,
+                value: pid,
+            },
+        ),
+    }
+    sys::close(exec_r);
+    loop {
+        // SAFETY: sigwaitinfo on a full set with all of them blocked; info is a valid out-pointer.
+        let sig = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::sigwaitinfo(&all, &mut info)
+        };
+        if sig < 0 {
+            continue;
+        }
+        if sig == libc::SIGCHLD {
+            loop {
+                let mut st = 0;
+                // SAFETY: reaping any child of init without blocking.
+                let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+                if r == pid {
+                    send(
+                        fds.msg,
+                        Msg {
+                            kind: MSG_EXITED,
+                            step: 0,
+                            index: 0,
+                            value: st,
+                        },
+                    );
+                    sys::exit(0);
+                }
+                if r <= 0 {
+                    break;
+                }
+            }
+        } else {
+            // SAFETY: forwarding a signal to the payload.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+}
+
+fn payload(plan: &Plan, fds: &ChildFds, slave: c_int, exec_w: c_int) -> ! {
+    let report = |index: u32, e: i32| -> ! {
+        let mut b = [0u8; 8];
+        b[0..4].copy_from_slice(&index.to_ne_bytes());
+        b[4..8].copy_from_slice(&e.to_ne_bytes());
+        let _ = sys::write_all(exec_w, &b);
+        sys::exit(127)
+    };
+    const NO_CAND: u32 = u32::MAX;
+    // SAFETY: resetting this process's signal dispositions and mask to defaults; the supervisor
+    // may ignore SIGPIPE (Rust does), and ignored dispositions survive exec.
+    unsafe {
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // A new session: no controlling terminal shared with the caller, so TIOCSTI cannot push
+        // keystrokes into it (CVE-2017-5226).
+        if libc::setsid() < 0 {
+            report(NO_CAND, errno());
+        }
+        if slave >= 0 {
+            if libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
+                report(NO_CAND, errno());
+            }
+            for t in 0..3 {
+                libc::dup2(slave, t);
+            }
+            sys::close(slave);
+        }
+        if libc::chdir(plan.workdir.as_ptr()) != 0 {
+            report(NO_CAND, errno());
+        }
+        libc::umask(0o022);
+        let zero = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &zero);
+    }
+    // Capabilities: lock the securebits first (needs CAP_SETPCAP) so that no exec, not even of a
+    // uid-0 process inside, grants capabilities again; then empty the bounding and ambient sets and
+    // the thread's own sets; then no_new_privs.
+    const SECBITS: libc::c_ulong = 0xEF; // NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, all locked; KEEP_CAPS off and locked
+    if let Err(e) = sys::prctl(libc::PR_SET_SECUREBITS, SECBITS) {
+        report(NO_CAND, e);
+    }
+    for cap in 0..64 {
+        if sys::prctl(libc::PR_CAPBSET_DROP, cap).is_err() {
+            break; // EINVAL past the kernel's last capability
+        }
+    }
+    if let Err(e) = sys::prctl3(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as _, 0) {
+        report(NO_CAND, e);
+    }
+    if let Err(e) = sys::capset_empty() {
+        report(NO_CAND, e);
+    }
+    if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
+        report(NO_CAND, e);
+    }
+    // Everything but 0, 1, 2 closes at exec (the exec-error pipe too, which is how init learns
+    // that exec worked).
+    let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+    let _ = fds;
+    let ex = &plan.exec;
+    let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);
+    for (i, cand) in ex.candidates.iter().enumerate() {
+        let e = sys::execve(cand.as_ptr(), ex.argv_ptrs.as_ptr(), ex.envp_ptrs.as_ptr());
+        match e {
+            // Like execvp: keep searching past missing entries; remember a permission error.
+            libc::ENOENT | libc::ENOTDIR => {
+                if result.0 == NO_CAND {
+                    result = (i as u32, e);
+                }
+            }
+            libc::EACCES => result = (i as u32, e),
+            _ => report(i as u32, e),
+        }
+    }
+    report(result.0, result.1)
+}

@@ -1,0 +1,68 @@
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why a sandbox could not be set up or started. None of these is the payload's own result.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Policy(#[from] palisade_policy::PolicyError),
+    #[error("{field} `{}`: {source}", path.display())]
+    HostPath {
+        field: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{field} `{}` is not a directory", path.display())]
+    NotADirectory { field: &'static str, path: PathBuf },
+    #[error("{field} `{}` is not writable by uid {uid}; choose a directory you can write", path.display())]
+    NotWritable {
+        field: &'static str,
+        path: PathBuf,
+        uid: u32,
+    },
+    #[error("host device `{}` is missing; palisade binds it into the sandbox's /dev", path.display())]
+    MissingHostDevice { path: PathBuf },
+    #[error("`{program}` has no `/` and the sandbox's PATH has no absolute directory to search")]
+    NoSearchPath { program: String },
+    #[error("{op} failed: {source}")]
+    Supervisor {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not create the sandbox's namespaces: {source}; {hint}")]
+    Namespaces {
+        #[source]
+        source: std::io::Error,
+        hint: &'static str,
+    },
+    #[error("could not write the user namespace map ({file}): {source}")]
+    IdMap {
+        file: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not prepare {what} `{}`: {source}{hint}", path.display())]
+    HostMount {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+        hint: &'static str,
+    },
+    #[error("sandbox setup failed at step \"{step}\": {source}")]
+    Child {
+        step: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run `{program}`: {source}")]
+    Exec {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sandbox's init ended before the payload started")]
+    InitVanished,
+}

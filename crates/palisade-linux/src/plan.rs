@@ -1,0 +1,655 @@
+//! The filesystem view and the exec plan, computed on the supervisor side before `clone3`.
+//!
+//! Everything the child will need is built here, with allocation allowed: C strings, pointer
+//! arrays, the list of mount operations. The child then only walks this plan with raw system calls
+//! (see `child`), which keeps it async-signal-safe even when the supervisor has other threads.
+//!
+//! The view is a fresh tmpfs root holding: read-only binds of the system directories (`/usr`, the
+//! merged-`/usr` links, `/lib*`, `/bin`, `/sbin`, `/opt`); a short list of `/etc` entries; generated
+//! `passwd`, `group`, `hosts`, `resolv.conf` and `hostname`; a fresh `/proc` with `/proc/sys` and
+//! `/proc/sysrq-trigger` read-only; a minimal `/dev`; `/tmp` on its own tmpfs; the scratch directory
+//! at [`SCRATCH_DIR`]; and the policy's extra binds. Nothing else of the host exists inside.
+
+use crate::error::SetupError;
+use libc::{c_char, c_int, c_ulong};
+use palisade_policy::{Policy, Scratch, DEFAULT_PATH, SCRATCH_DIR};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Host directories made visible read-only when they exist (a symlink is recreated as one).
+pub const SYSTEM_DIRS: &[&str] = &[
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt",
+];
+
+/// `/etc` entries made visible read-only when they exist: the loader, certificates, time zone,
+/// name-service switch, alternatives, and protocol tables. Never the whole of `/etc`.
+pub const ETC_ENTRIES: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "alternatives",
+    "protocols",
+    "services",
+    "host.conf",
+    "gai.conf",
+    "mime.types",
+    "os-release",
+    "debian_version",
+];
+
+/// Device nodes bound from the host's `/dev`.
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+const TMP_SIZE: &str = "size=256m";
+const SCRATCH_SIZE: &str = "size=1g";
+
+/// One host path the child opens (or the supervisor pre-opens) and binds.
+#[derive(Debug)]
+pub struct Source {
+    /// Canonical host path, opened by the child with no symlink resolution at all.
+    pub path: CString,
+    /// Device and inode seen by the supervisor; the child refuses a different file.
+    pub dev: u64,
+    pub ino: u64,
+    /// A detached mount tree prepared by the supervisor (root only), or -1.
+    pub tree: c_int,
+    /// Map ownership through the sandbox's user namespace (root-launched writable binds).
+    pub idmap: bool,
+    /// Filled by the child once opened.
+    pub fd: c_int,
+    /// Opened by the supervisor as a detached tree before `clone3` (root only: it can read paths
+    /// the mapped sandbox uid cannot, and only it may set an idmap).
+    pub in_supervisor: bool,
+}
+
+/// One step of building the new root. Paths are relative to the new root (the child's cwd).
+#[derive(Debug)]
+pub enum Op {
+    Mkdir {
+        path: CString,
+        mode: u32,
+    },
+    Touch {
+        path: CString,
+    },
+    Symlink {
+        target: CString,
+        path: CString,
+    },
+    Write {
+        path: CString,
+        data: Vec<u8>,
+    },
+    Tmpfs {
+        path: CString,
+        flags: c_ulong,
+        data: CString,
+    },
+    Proc {
+        path: CString,
+    },
+    Devpts {
+        path: CString,
+    },
+    Bind {
+        source: usize,
+        path: CString,
+        attrs: u64,
+    },
+    /// Re-attach an existing path onto itself read-only (e.g. `proc/sys`); `optional` paths may
+    /// be missing (a kernel built without them).
+    ReadOnly {
+        path: CString,
+        optional: bool,
+    },
+    /// Forbid nested user namespaces: this namespace's `user.max_user_namespaces` = 0.
+    NoNestedUserns,
+}
+
+/// Identity of the payload inside, and how it maps to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ids {
+    /// uid/gid inside the sandbox.
+    pub uid: u32,
+    pub gid: u32,
+    /// Host uid/gid the inside ids map to.
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// Launched by root: the map is written with privilege and supplementary groups are cleared.
+    pub privileged: bool,
+}
+
+/// The program to run: candidate paths in `PATH` order, argv and envp as C arrays.
+#[derive(Debug)]
+pub struct Exec {
+    pub candidates: Vec<CString>,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub argv_ptrs: Vec<*const c_char>,
+    pub envp_ptrs: Vec<*const c_char>,
+}
+
+// SAFETY: the raw pointers point into the CStrings owned by the same struct, whose heap buffers
+// never move; the struct is only read after construction.
+unsafe impl Send for Exec {}
+unsafe impl Sync for Exec {}
+
+/// Everything the child needs.
+#[derive(Debug)]
+pub struct Plan {
+    pub sources: Vec<Source>,
+    pub ops: Vec<Op>,
+    pub hostname: CString,
+    pub ids: Ids,
+    pub exec: Exec,
+    pub tty: bool,
+    pub workdir: CString,
+}
+
+/// What the plan needs to know of the host; a trait so that tests can describe a host.
+pub trait HostFs {
+    /// `lstat`: `None` if absent.
+    fn lstat(&self, p: &Path) -> Option<std::fs::Metadata>;
+    fn readlink(&self, p: &Path) -> Option<PathBuf>;
+}
+
+/// The real host.
+pub struct RealHost;
+
+impl HostFs for RealHost {
+    fn lstat(&self, p: &Path) -> Option<std::fs::Metadata> {
+        std::fs::symlink_metadata(p).ok()
+    }
+    fn readlink(&self, p: &Path) -> Option<PathBuf> {
+        std::fs::read_link(p).ok()
+    }
+}
+
+fn c(s: impl AsRef<[u8]>) -> CString {
+    // Policy values are validated to contain no NUL byte; host paths from the kernel cannot.
+    CString::new(s.as_ref()).expect("no NUL byte in a validated value")
+}
+
+fn rel(inside: &str) -> CString {
+    c(inside.trim_start_matches('/'))
+}
+
+struct Builder<'h> {
+    host: &'h dyn HostFs,
+    sources: Vec<Source>,
+    ops: Vec<Op>,
+}
+
+impl Builder<'_> {
+    fn source(&mut self, path: &Path, meta: &std::fs::Metadata, idmap: bool) -> usize {
+        self.user_source(path, meta, idmap, false)
+    }
+
+    fn user_source(
+        &mut self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        idmap: bool,
+        in_supervisor: bool,
+    ) -> usize {
+        self.sources.push(Source {
+            path: c(path.as_os_str().as_bytes()),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            tree: -1,
+            idmap,
+            fd: -1,
+            in_supervisor,
+        });
+        self.sources.len() - 1
+    }
+
+    /// Creates `inside` and its missing ancestors (directories), then the mount point itself.
+    fn mount_point(&mut self, inside: &str, dir: bool) {
+        let mut acc = String::new();
+        let comps: Vec<&str> = inside.trim_start_matches('/').split('/').collect();
+        for (i, comp) in comps.iter().enumerate() {
+            if !acc.is_empty() {
+                acc.push('/');
+            }
+            acc.push_str(comp);
+            let last = i + 1 == comps.len();
+            if last && !dir {
+                self.ops.push(Op::Touch { path: c(&acc) });
+            } else if !self
+                .ops
+                .iter()
+                .any(|o| matches!(o, Op::Mkdir { path, .. } if path.as_bytes() == acc.as_bytes()))
+            {
+                self.ops.push(Op::Mkdir {
+                    path: c(&acc),
+                    mode: 0o755,
+                });
+            }
+        }
+    }
+
+    /// Mirrors host `/name` (a symlink stays a symlink) read-only with `attrs`.
+    fn mirror(&mut self, host_path: &Path, inside: &str, attrs: u64) {
+        let Some(meta) = self.host.lstat(host_path) else {
+            return;
+        };
+        if meta.file_type().is_symlink() {
+            if let Some(t) = self.host.readlink(host_path) {
+                self.ops.push(Op::Symlink {
+                    target: c(t.as_os_str().as_bytes()),
+                    path: rel(inside),
+                });
+            }
+            return;
+        }
+        let s = self.source(host_path, &meta, false);
+        self.mount_point(inside, meta.is_dir());
+        self.ops.push(Op::Bind {
+            source: s,
+            path: rel(inside),
+            attrs,
+        });
+    }
+}
+
+/// Resolves a user-given host path: canonical (symlinks the user wrote are followed once, here),
+/// then described by `lstat` so the child can check it opened the same file.
+pub fn resolve_host(
+    field: &'static str,
+    p: &Path,
+) -> Result<(PathBuf, std::fs::Metadata), SetupError> {
+    let canon = std::fs::canonicalize(p).map_err(|e| SetupError::HostPath {
+        field,
+        path: p.to_owned(),
+        source: e,
+    })?;
+    let meta = std::fs::symlink_metadata(&canon).map_err(|e| SetupError::HostPath {
+        field,
+        path: p.to_owned(),
+        source: e,
+    })?;
+    Ok((canon, meta))
+}
+
+/// Builds the plan for `policy` on `host`, for a payload with identity `ids`.
+pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, SetupError> {
+    policy.validate()?;
+    let ro = crate::sys::MOUNT_ATTR_RDONLY
+        | crate::sys::MOUNT_ATTR_NOSUID
+        | crate::sys::MOUNT_ATTR_NODEV;
+    let rw = crate::sys::MOUNT_ATTR_NOSUID | crate::sys::MOUNT_ATTR_NODEV;
+    let mut b = Builder {
+        host,
+        sources: Vec::new(),
+        ops: Vec::new(),
+    };
+
+    for d in SYSTEM_DIRS {
+        b.mirror(&Path::new("/").join(d), &format!("/{d}"), ro);
+    }
+    b.ops.push(Op::Mkdir {
+        path: c("etc"),
+        mode: 0o755,
+    });
+    for e in ETC_ENTRIES {
+        b.mirror(&Path::new("/etc").join(e), &format!("/etc/{e}"), ro);
+    }
+    let (uid, gid) = (ids.uid, ids.gid);
+    let passwd = if uid == 0 {
+        format!("root:x:0:0:root:{SCRATCH_DIR}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+    } else {
+        format!("root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{gid}:sandbox:{SCRATCH_DIR}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+    };
+    let group = if gid == 0 {
+        "root:x:0:\nnogroup:x:65534:\n".to_owned()
+    } else {
+        format!("root:x:0:\nsandbox:x:{gid}:\nnogroup:x:65534:\n")
+    };
+    let h = &policy.hostname;
+    let files: [(&str, String); 5] = [
+        ("etc/passwd", passwd),
+        ("etc/group", group),
+        (
+            "etc/hosts",
+            format!(
+                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{h}\n"
+            ),
+        ),
+        (
+            "etc/resolv.conf",
+            "# palisade: the sandbox has no network\nnameserver 127.0.0.1\n".to_owned(),
+        ),
+        ("etc/hostname", format!("{h}\n")),
+    ];
+    for (p, d) in files {
+        b.ops.push(Op::Write {
+            path: c(p),
+            data: d.into_bytes(),
+        });
+    }
+
+    // /proc: a new instance for the new pid namespace; its sysctl tree and sysrq read-only.
+    b.ops.push(Op::Mkdir {
+        path: c("proc"),
+        mode: 0o555,
+    });
+    b.ops.push(Op::Proc { path: c("proc") });
+    b.ops.push(Op::NoNestedUserns);
+    b.ops.push(Op::ReadOnly {
+        path: c("proc/sys"),
+        optional: false,
+    });
+    b.ops.push(Op::ReadOnly {
+        path: c("proc/sysrq-trigger"),
+        optional: true,
+    });
+
+    // /dev: a small tmpfs with bound device nodes, a private devpts and /dev/shm.
+    let (nosuid, nodev, noexec) = (libc::MS_NOSUID, libc::MS_NODEV, libc::MS_NOEXEC);
+    b.ops.push(Op::Mkdir {
+        path: c("dev"),
+        mode: 0o755,
+    });
+    b.ops.push(Op::Tmpfs {
+        path: c("dev"),
+        flags: nosuid | noexec,
+        data: c("mode=0755,size=1m,nr_inodes=64"),
+    });
+    for n in DEV_NODES {
+        let hp = Path::new("/dev").join(n);
+        let Some(meta) = host.lstat(&hp) else {
+            return Err(SetupError::MissingHostDevice { path: hp });
+        };
+        let s = b.source(&hp, &meta, false);
+        b.ops.push(Op::Touch {
+            path: c(format!("dev/{n}")),
+        });
+        b.ops.push(Op::Bind {
+            source: s,
+            path: c(format!("dev/{n}")),
+            attrs: crate::sys::MOUNT_ATTR_NOSUID | crate::sys::MOUNT_ATTR_NOEXEC,
+        });
+    }
+    b.ops.push(Op::Mkdir {
+        path: c("dev/pts"),
+        mode: 0o755,
+    });
+    b.ops.push(Op::Devpts { path: c("dev/pts") });
+    b.ops.push(Op::Symlink {
+        target: c("pts/ptmx"),
+        path: c("dev/ptmx"),
+    });
+    b.ops.push(Op::Mkdir {
+        path: c("dev/shm"),
+        mode: 0o1777,
+    });
+    b.ops.push(Op::Tmpfs {
+        path: c("dev/shm"),
+        flags: nosuid | nodev | noexec,
+        data: c("mode=1777,size=64m"),
+    });
+    for (l, t) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        b.ops.push(Op::Symlink {
+            target: c(t),
+            path: c(format!("dev/{l}")),
+        });
+    }
+
+    b.ops.push(Op::Mkdir {
+        path: c("tmp"),
+        mode: 0o1777,
+    });
+    b.ops.push(Op::Tmpfs {
+        path: c("tmp"),
+        flags: nosuid | nodev,
+        data: c(format!("mode=1777,{TMP_SIZE}")),
+    });
+
+    b.ops.push(Op::Mkdir {
+        path: rel(SCRATCH_DIR),
+        mode: 0o755,
+    });
+    match &policy.scratch {
+        Scratch::Ephemeral => b.ops.push(Op::Tmpfs {
+            path: rel(SCRATCH_DIR),
+            flags: nosuid | nodev,
+            data: c(format!("mode=0755,{SCRATCH_SIZE}")),
+        }),
+        Scratch::Host { path } => {
+            let (canon, meta) = resolve_host("--scratch", path)?;
+            if !meta.is_dir() {
+                return Err(SetupError::NotADirectory {
+                    field: "--scratch",
+                    path: canon,
+                });
+            }
+            let s = b.user_source(&canon, &meta, ids.privileged, ids.privileged);
+            b.ops.push(Op::Bind {
+                source: s,
+                path: rel(SCRATCH_DIR),
+                attrs: rw,
+            });
+        }
+    }
+
+    // The policy's binds, parents before children.
+    let mut binds: Vec<_> = policy.binds.iter().collect();
+    binds.sort_by_key(|b| b.target.as_str().matches('/').count());
+    for bind in binds {
+        let field = if bind.writable { "--rw" } else { "--ro" };
+        let (canon, meta) = resolve_host(field, &bind.source)?;
+        let s = b.user_source(
+            &canon,
+            &meta,
+            bind.writable && ids.privileged,
+            ids.privileged,
+        );
+        b.mount_point(bind.target.as_str(), meta.is_dir());
+        b.ops.push(Op::Bind {
+            source: s,
+            path: rel(bind.target.as_str()),
+            attrs: if bind.writable { rw } else { ro },
+        });
+    }
+
+    let exec = exec_plan(policy)?;
+    Ok(Plan {
+        sources: b.sources,
+        ops: b.ops,
+        hostname: c(&policy.hostname),
+        ids,
+        exec,
+        tty: policy.tty,
+        workdir: c(SCRATCH_DIR),
+    })
+}
+
+/// The environment the payload starts with: `PATH`, `HOME`, `LANG` (and `TERM` with a terminal),
+/// then the policy's variables, which may override these.
+pub fn environment(policy: &Policy) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), SCRATCH_DIR.into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    if policy.tty {
+        env.push(("TERM".into(), "xterm-256color".into()));
+    }
+    for v in &policy.env {
+        match env.iter_mut().find(|(n, _)| n == v.name.as_str()) {
+            Some(slot) => slot.1 = v.value.clone(),
+            None => env.push((v.name.to_string(), v.value.clone())),
+        }
+    }
+    env
+}
+
+fn exec_plan(policy: &Policy) -> Result<Exec, SetupError> {
+    let env = environment(policy);
+    let prog = &policy.command[0];
+    let candidates: Vec<CString> = if prog.contains('/') {
+        vec![c(prog)]
+    } else {
+        let path = env
+            .iter()
+            .find(|(n, _)| n == "PATH")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or(DEFAULT_PATH);
+        path.split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(|d| c(format!("{}/{prog}", d.trim_end_matches('/'))))
+            .collect()
+    };
+    if candidates.is_empty() {
+        return Err(SetupError::NoSearchPath {
+            program: prog.clone(),
+        });
+    }
+    let argv: Vec<CString> = policy.command.iter().map(c).collect();
+    let envp: Vec<CString> = env.iter().map(|(n, v)| c(format!("{n}={v}"))).collect();
+    let mut argv_ptrs: Vec<*const c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const c_char> = envp.iter().map(|a| a.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    Ok(Exec {
+        candidates,
+        argv,
+        envp,
+        argv_ptrs,
+        envp_ptrs,
+    })
+}
+
+/// A human description of op `i`, for error messages.
+pub fn describe(plan: &Plan, i: usize) -> String {
+    let show = |p: &CString| format!("/{}", p.to_string_lossy());
+    match plan.ops.get(i) {
+        Some(Op::Mkdir { path, .. }) => format!("create directory {}", show(path)),
+        Some(Op::Touch { path }) => format!("create mount point {}", show(path)),
+        Some(Op::Symlink { path, .. }) => format!("create symlink {}", show(path)),
+        Some(Op::Write { path, .. }) => format!("write {}", show(path)),
+        Some(Op::Tmpfs { path, .. }) => format!("mount a tmpfs on {}", show(path)),
+        Some(Op::Proc { .. }) => "mount a fresh /proc (a host /proc with masked or over-mounted entries, as in some containers, prevents this)".into(),
+        Some(Op::Devpts { .. }) => "mount a private devpts on /dev/pts".into(),
+        Some(Op::Bind { source, path, .. }) => format!(
+            "bind host {} on {}",
+            plan.sources[*source].path.to_string_lossy(),
+            show(path)
+        ),
+        Some(Op::ReadOnly { path, .. }) => format!("make {} read-only", show(path)),
+        Some(Op::NoNestedUserns) => "set user.max_user_namespaces to 0 inside".into(),
+        None => format!("step {i}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_policy::Bind;
+
+    fn ids() -> Ids {
+        Ids {
+            uid: 1000,
+            gid: 1000,
+            host_uid: 1000,
+            host_gid: 1000,
+            privileged: false,
+        }
+    }
+
+    #[test]
+    fn environment_is_minimal_and_overridable() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.env
+            .push(palisade_policy::EnvVar::parse("LANG=de_DE.UTF-8").unwrap());
+        p.env
+            .push(palisade_policy::EnvVar::parse("MODE=x").unwrap());
+        let env = environment(&p);
+        assert_eq!(
+            env,
+            vec![
+                ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+                ("HOME".to_owned(), SCRATCH_DIR.to_owned()),
+                ("LANG".to_owned(), "de_DE.UTF-8".to_owned()),
+                ("MODE".to_owned(), "x".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn program_is_searched_in_the_sandbox_path() {
+        let mut p = Policy::new(["python3", "-c", "pass"]).unwrap();
+        p.env
+            .push(palisade_policy::EnvVar::parse("PATH=/opt/bin:relative:/usr/bin/").unwrap());
+        let e = exec_plan(&p).unwrap();
+        let cands: Vec<_> = e.candidates.iter().map(|c| c.to_str().unwrap()).collect();
+        assert_eq!(cands, ["/opt/bin/python3", "/usr/bin/python3"]);
+        assert_eq!(e.argv_ptrs.len(), 4);
+        assert!(e.argv_ptrs[3].is_null());
+        let p = Policy::new(["./run.sh"]).unwrap();
+        assert_eq!(exec_plan(&p).unwrap().candidates, vec![c("./run.sh")]);
+    }
+
+    #[test]
+    fn view_has_no_whole_etc_and_binds_after_mount_points() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.binds
+            .push(Bind::parse("/usr/share:/data/deep/share", false).unwrap());
+        let plan = build(&p, ids(), &RealHost).unwrap();
+        // No bind of /etc itself, only entries under it.
+        assert!(!plan.sources.iter().any(|s| s.path.as_bytes() == b"/etc"));
+        assert!(!plan
+            .sources
+            .iter()
+            .any(|s| s.path.as_bytes().starts_with(b"/home")));
+        // Every bind's mount point is created before the bind.
+        for (i, op) in plan.ops.iter().enumerate() {
+            if let Op::Bind { path, .. } = op {
+                let made = plan.ops[..i].iter().any(|o| match o {
+                    Op::Mkdir { path: p, .. } | Op::Touch { path: p } => p == path,
+                    _ => false,
+                });
+                assert!(made, "no mount point before binding {path:?}");
+            }
+        }
+        let mkdirs: Vec<_> = plan
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::Mkdir { path, .. } if path.to_bytes().starts_with(b"data") => {
+                    Some(path.to_str().unwrap())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(mkdirs, ["data", "data/deep", "data/deep/share"]);
+    }
+
+    #[test]
+    fn missing_bind_source_names_the_option() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.binds
+            .push(Bind::parse("/nonexistent/palisade-test", true).unwrap());
+        let e = build(&p, ids(), &RealHost).unwrap_err().to_string();
+        assert!(
+            e.contains("--rw") && e.contains("/nonexistent/palisade-test"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,609 @@
+//! The supervisor side: prepare the plan, `clone3` the sandbox's init into new namespaces, write
+//! its id maps, relay its output, and collect how it ended.
+//!
+//! A [`Running`] sandbox owns every resource of one run (pidfd, pipes, pty master); dropping it
+//! kills the sandbox. Nothing here is global: one process can hold many of them at once.
+
+use crate::child::{self, ChildFds, Msg, Step};
+use crate::error::SetupError;
+use crate::plan::{self, Ids};
+use crate::sys;
+use libc::c_int;
+use palisade_policy::{Policy, Scratch};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+/// Host uid and gid that a root-launched sandbox's ids map to: never host root, and not an id a
+/// normal system hands out (outside the ranges of `login.defs`, `/etc/subuid` and systemd's
+/// container ranges, below 2^31 so signed-int tools cope).
+pub const ROOT_MAPPED_ID: u32 = 2_147_000_000;
+
+/// Namespaces every sandbox gets.
+pub const NAMESPACES: u64 = sys::CLONE_NEWUSER
+    | sys::CLONE_NEWNS
+    | sys::CLONE_NEWPID
+    | sys::CLONE_NEWNET
+    | sys::CLONE_NEWIPC
+    | sys::CLONE_NEWUTS
+    | sys::CLONE_NEWCGROUP;
+
+/// What the payload's standard input is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stdin {
+    /// The supervisor's own standard input.
+    #[default]
+    Inherit,
+    /// `/dev/null`.
+    Null,
+}
+
+/// How the payload ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Termination {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+    /// Init vanished without reporting (killed from outside).
+    Vanished,
+}
+
+/// What the supervisor observed of one run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub termination: Termination,
+    /// Whether the payload's core was dumped (never, core dumps are off; reported for honesty).
+    pub wall: Duration,
+    pub user_cpu: Duration,
+    pub system_cpu: Duration,
+    /// Peak resident set size of the largest process, in bytes.
+    pub max_rss: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// A started sandbox.
+pub struct Running {
+    pid: i32,
+    pidfd: OwnedFd,
+    msg: File,
+    stdout: Option<File>,
+    stderr: Option<File>,
+    pty: Option<File>,
+    started: Instant,
+    ids: Ids,
+    done: bool,
+}
+
+fn io_err(op: &'static str) -> impl Fn(io::Error) -> SetupError {
+    move |source| SetupError::Supervisor { op, source }
+}
+
+fn last_os(op: &'static str) -> SetupError {
+    SetupError::Supervisor {
+        op,
+        source: io::Error::last_os_error(),
+    }
+}
+
+/// A pipe whose ends are close-on-exec and numbered ≥ 3 (so the child can dup2 onto 0..2 freely).
+fn pipe() -> Result<(OwnedFd, OwnedFd), SetupError> {
+    let mut p = [0 as c_int; 2];
+    // SAFETY: pipe2 fills the array with two new descriptors that we then own.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(last_os("pipe2"));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    Ok((above2(r)?, above2(w)?))
+}
+
+fn above2(fd: OwnedFd) -> Result<OwnedFd, SetupError> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor that we own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if n < 0 {
+        return Err(last_os("fcntl(F_DUPFD_CLOEXEC)"));
+    }
+    // SAFETY: `n` is a new descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+fn devnull() -> Result<OwnedFd, SetupError> {
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(io_err("open /dev/null"))?;
+    above2(f.into())
+}
+
+/// The ids the payload gets, and what they map to on the host.
+fn choose_ids(policy: &Policy) -> Result<Ids, SetupError> {
+    // SAFETY: trivially safe id queries.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if euid != 0 {
+        if let Scratch::Host { path } = &policy.scratch {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+                SetupError::NotWritable {
+                    field: "--scratch",
+                    path: path.clone(),
+                    uid: euid,
+                }
+            })?;
+            // SAFETY: access() with a NUL-terminated path.
+            if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+                return Err(SetupError::NotWritable {
+                    field: "--scratch",
+                    path: path.clone(),
+                    uid: euid,
+                });
+            }
+        }
+        return Ok(Ids {
+            uid: euid,
+            gid: egid,
+            host_uid: euid,
+            host_gid: egid,
+            privileged: false,
+        });
+    }
+    // Root: the payload is the scratch directory's owner inside (root for an ephemeral scratch),
+    // mapped to ROOT_MAPPED_ID outside. The scratch is then idmapped through the same namespace,
+    // so files written there land on disk owned by that owner, never by ROOT_MAPPED_ID.
+    let (uid, gid) = match &policy.scratch {
+        Scratch::Ephemeral => (0, 0),
+        Scratch::Host { path } => {
+            let (_, meta) = plan::resolve_host("--scratch", path)?;
+            (meta.uid(), meta.gid())
+        }
+    };
+    Ok(Ids {
+        uid,
+        gid,
+        host_uid: ROOT_MAPPED_ID,
+        host_gid: ROOT_MAPPED_ID,
+        privileged: true,
+    })
+}
+
+fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError> {
+    std::fs::write(format!("/proc/{pid}/{file}"), data)
+        .map_err(|source| SetupError::IdMap { file, source })
+}
+
+/// Starts `policy`'s command in a new sandbox and returns once it has been exec'd (or failed to).
+pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
+    let ids = choose_ids(policy)?;
+    let mut plan = plan::build(policy, ids, &plan::RealHost)?;
+
+    let (msg_r, msg_w) = pipe()?;
+    let (go_r, go_w) = pipe()?;
+    let mut keep: Vec<c_int> = vec![msg_w.as_raw_fd(), go_r.as_raw_fd()];
+    let mut child_side: Vec<OwnedFd> = Vec::new();
+    let (stdio, out_r, err_r, pty_parent, pty_child) = if policy.tty {
+        let null = devnull()?;
+        let (a, b) = socketpair()?;
+        keep.push(b.as_raw_fd());
+        let n = null.as_raw_fd();
+        child_side.push(null);
+        ([n, n, n], None, None, Some(a), Some(b))
+    } else {
+        let (or, ow) = pipe()?;
+        let (er, ew) = pipe()?;
+        let input = match stdin {
+            Stdin::Inherit => 0,
+            Stdin::Null => {
+                let n = devnull()?;
+                let raw = n.as_raw_fd();
+                child_side.push(n);
+                raw
+            }
+        };
+        let s = [input, ow.as_raw_fd(), ew.as_raw_fd()];
+        child_side.push(ow);
+        child_side.push(ew);
+        (s, Some(or), Some(er), None, None)
+    };
+
+    // Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
+    let mut trees: Vec<OwnedFd> = Vec::new();
+    for s in plan.sources.iter_mut().filter(|s| s.in_supervisor) {
+        let path = std::path::PathBuf::from(s.path.to_string_lossy().into_owned());
+        let hm = |source: i32, hint: &'static str| SetupError::HostMount {
+            what: "bind source",
+            path: path.clone(),
+            source: io::Error::from_raw_os_error(source),
+            hint,
+        };
+        let fd = sys::open_path_noresolve(
+            &s.path,
+            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+        )
+        .map_err(|e| hm(e, ""))?;
+        // SAFETY: fd was just opened and is ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        if sys::dev_ino(fd.as_raw_fd()) != Ok((s.dev, s.ino)) {
+            return Err(hm(
+                libc::ESTALE,
+                " (it changed while palisade was checking it)",
+            ));
+        }
+        let flags = sys::OPEN_TREE_CLONE
+            | sys::OPEN_TREE_CLOEXEC
+            | libc::AT_EMPTY_PATH as u32
+            | libc::AT_RECURSIVE as u32;
+        let t = sys::open_tree(fd.as_raw_fd(), c"", flags).map_err(|e| hm(e, ""))?;
+        // SAFETY: t was just created and is ours.
+        let t = above2(unsafe { OwnedFd::from_raw_fd(t) })?;
+        s.tree = t.as_raw_fd();
+        keep.push(t.as_raw_fd());
+        trees.push(t);
+    }
+    keep.sort_unstable();
+    let fds = ChildFds {
+        stdio,
+        msg: msg_w.as_raw_fd(),
+        go: go_r.as_raw_fd(),
+        pty_sock: pty_child.as_ref().map_or(-1, |p| p.as_raw_fd()),
+        keep,
+    };
+
+    let started = Instant::now();
+    // SAFETY: the child branch calls child::init, which is async-signal-safe (see its module doc)
+    // and never returns.
+    let (pid, pidfd) = match unsafe { sys::clone3(NAMESPACES) } {
+        Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
+        Ok(sys::Forked::Parent { pid, pidfd }) => (pid, pidfd),
+        Err(e) => return Err(namespaces_error(e)),
+    };
+    // SAFETY: clone3 returned a new pidfd that we own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    drop((msg_w, go_r, pty_child, child_side));
+    let mut running = Running {
+        pid,
+        pidfd,
+        msg: File::from(msg_r),
+        stdout: out_r.map(File::from),
+        stderr: err_r.map(File::from),
+        pty: None,
+        started,
+        ids,
+        done: false,
+    };
+
+    // The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
+    // setgroups is denied (otherwise dropping a group could grant access, CVE-2014-8989).
+    if ids.privileged {
+        write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
+        write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+        if plan.sources.iter().any(|s| s.idmap) {
+            let ns = File::open(format!("/proc/{pid}/ns/user"))
+                .map_err(io_err("open the sandbox's user namespace"))?;
+            for s in plan.sources.iter().filter(|s| s.idmap) {
+                let attrs = sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+                sys::mount_setattr(s.tree, c"", libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32, attrs, 0, ns.as_raw_fd())
+                    .map_err(|e| SetupError::HostMount {
+                        what: "an idmapped mount of",
+                        path: s.path.to_string_lossy().into_owned().into(),
+                        source: io::Error::from_raw_os_error(e),
+                        hint: "; the file system must support idmapped mounts (ext4, xfs, btrfs, tmpfs on Linux 6.3+)",
+                    })?;
+            }
+        }
+    } else {
+        write_proc(pid, "setgroups", "deny")?;
+        write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
+        write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+    }
+    drop(trees);
+    sys::write_all(go_w.as_raw_fd(), b"g").map_err(|e| SetupError::Supervisor {
+        op: "start the sandbox",
+        source: io::Error::from_raw_os_error(e),
+    })?;
+    drop(go_w);
+
+    if let Some(sock) = pty_parent {
+        running.pty = recv_fd(sock.as_raw_fd()).map(File::from);
+    }
+    let mut b = [0u8; 16];
+    let n = sys::read_full(running.msg.as_raw_fd(), &mut b).unwrap_or(0);
+    if n != 16 {
+        return Err(SetupError::InitVanished);
+    }
+    let m = Msg::from_bytes(&b);
+    match m.kind {
+        child::MSG_STARTED => Ok(running),
+        child::MSG_SETUP_ERROR => {
+            let step = Step::from_u32(m.step);
+            let what = match step {
+                Some(Step::Op) => plan::describe(&plan, m.index as usize),
+                Some(Step::OpenSource) | Some(Step::SourceChanged) => format!(
+                    "open host path {}{}",
+                    plan.sources
+                        .get(m.index as usize)
+                        .map_or(String::new(), |s| s.path.to_string_lossy().into_owned()),
+                    if step == Some(Step::SourceChanged) {
+                        " (it changed while palisade was checking it)"
+                    } else {
+                        ""
+                    }
+                ),
+                Some(s) => format!("{s:?}"),
+                None => format!("step {}", m.step),
+            };
+            Err(SetupError::Child {
+                step: what,
+                source: io::Error::from_raw_os_error(m.value),
+            })
+        }
+        child::MSG_EXEC_ERROR => {
+            let program = policy.command[0].clone();
+            Err(SetupError::Exec {
+                program,
+                source: io::Error::from_raw_os_error(m.value),
+            })
+        }
+        _ => Err(SetupError::InitVanished),
+    }
+}
+
+fn namespaces_error(e: i32) -> SetupError {
+    let hint = match e {
+        libc::EPERM | libc::EACCES => {
+            "unprivileged user namespaces are refused on this host (on Ubuntu 24.04: AppArmor's kernel.apparmor_restrict_unprivileged_userns; in a container: its seccomp profile); run `palisade doctor`"
+        }
+        libc::ENOSPC => "the user.max_user_namespaces limit is reached or 0; raise it with `sysctl user.max_user_namespaces=15000`",
+        libc::ENOSYS => "the kernel has no clone3 (Linux 5.3 or newer is required)",
+        libc::EINVAL => "the kernel lacks one of the namespaces palisade needs (user, mount, pid, net, ipc, uts, cgroup)",
+        _ => "run `palisade doctor`",
+    };
+    SetupError::Namespaces {
+        source: io::Error::from_raw_os_error(e),
+        hint,
+    }
+}
+
+fn socketpair() -> Result<(OwnedFd, OwnedFd), SetupError> {
+    let mut p = [0 as c_int; 2];
+    // SAFETY: socketpair fills the array with two new descriptors that we then own.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            p.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(last_os("socketpair"));
+    }
+    // SAFETY: both were just created.
+    let (a, b) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    Ok((above2(a)?, above2(b)?))
+}
+
+fn recv_fd(sock: c_int) -> Option<OwnedFd> {
+    #[repr(C, align(8))]
+    struct Buf([u8; 64]);
+    let mut buf = Buf([0; 64]);
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: msghdr points at live buffers; we only read a cmsg the kernel filled and check its
+    // level, type and length before taking the descriptor.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = buf.0.as_mut_ptr().cast();
+        msg.msg_controllen = buf.0.len() as _;
+        if libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) <= 0 {
+            return None;
+        }
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        if cm.is_null()
+            || (*cm).cmsg_level != libc::SOL_SOCKET
+            || (*cm).cmsg_type != libc::SCM_RIGHTS
+        {
+            return None;
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<c_int>());
+        Some(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Where the payload's output goes.
+pub struct Sinks<'a> {
+    pub stdout: &'a mut dyn Write,
+    pub stderr: &'a mut dyn Write,
+    /// With a terminal: the caller's input, relayed into the pty (e.g. the supervisor's stdin).
+    pub input: Option<c_int>,
+}
+
+impl Running {
+    /// The sandbox init's pid on the host.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The ids the payload runs with, and their host mapping.
+    pub fn ids(&self) -> Ids {
+        self.ids
+    }
+
+    /// The pty master (with a terminal), e.g. to resize it.
+    pub fn pty(&self) -> Option<&File> {
+        self.pty.as_ref()
+    }
+
+    /// Sends `sig` to the sandbox's init, which forwards it to the payload.
+    pub fn signal(&self, sig: i32) -> io::Result<()> {
+        // SAFETY: pidfd_send_signal on our own pidfd with no siginfo.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                sig,
+                0usize,
+                0u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Kills the whole sandbox at once: init dies, and with it every process in its namespace.
+    pub fn kill(&self) {
+        let _ = self.signal(libc::SIGKILL);
+    }
+
+    /// Relays output until the payload has exited and every output stream is closed, then reaps
+    /// init and returns what happened.
+    pub fn wait(mut self, sinks: Sinks<'_>) -> Result<Outcome, SetupError> {
+        let mut term = Termination::Vanished;
+        let (mut out_n, mut err_n) = (0u64, 0u64);
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut msg_open = true;
+        let mut input = sinks.input;
+        loop {
+            let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
+            let mut add = |fd: c_int| {
+                pfds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+            };
+            let out_fd = self
+                .stdout
+                .as_ref()
+                .map(|f| f.as_raw_fd())
+                .or(self.pty.as_ref().map(|f| f.as_raw_fd()));
+            let err_fd = self.stderr.as_ref().map(|f| f.as_raw_fd());
+            for fd in [out_fd, err_fd].into_iter().flatten() {
+                add(fd);
+            }
+            if msg_open {
+                add(self.msg.as_raw_fd());
+            }
+            if let (Some(i), Some(_)) = (input, self.pty.as_ref()) {
+                add(i);
+            }
+            if pfds.is_empty() {
+                break;
+            }
+            // SAFETY: pfds is a valid array of pollfd of the given length.
+            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, -1) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(SetupError::Supervisor {
+                    op: "poll",
+                    source: e,
+                });
+            }
+            for p in pfds.iter().filter(|p| p.revents != 0) {
+                if Some(p.fd) == out_fd {
+                    let src = self
+                        .stdout
+                        .as_mut()
+                        .or(self.pty.as_mut())
+                        .expect("polled output exists");
+                    match src.read(&mut buf) {
+                        Ok(0) | Err(_) => {
+                            // EOF (or EIO on a pty whose last slave closed).
+                            self.stdout = None;
+                            self.pty = None;
+                        }
+                        Ok(n) => {
+                            out_n += n as u64;
+                            let _ = sinks
+                                .stdout
+                                .write_all(&buf[..n])
+                                .and_then(|_| sinks.stdout.flush());
+                        }
+                    }
+                } else if Some(p.fd) == err_fd {
+                    let src = self.stderr.as_mut().expect("polled stderr exists");
+                    match src.read(&mut buf) {
+                        Ok(0) | Err(_) => self.stderr = None,
+                        Ok(n) => {
+                            err_n += n as u64;
+                            let _ = sinks
+                                .stderr
+                                .write_all(&buf[..n])
+                                .and_then(|_| sinks.stderr.flush());
+                        }
+                    }
+                } else if p.fd == self.msg.as_raw_fd() {
+                    let mut b = [0u8; 16];
+                    match sys::read_full(p.fd, &mut b) {
+                        Ok(16) => {
+                            let m = Msg::from_bytes(&b);
+                            if m.kind == child::MSG_EXITED {
+                                let st = m.value;
+                                term = if libc::WIFSIGNALED(st) {
+                                    Termination::Signaled(libc::WTERMSIG(st))
+                                } else {
+                                    Termination::Exited(libc::WEXITSTATUS(st))
+                                };
+                            }
+                        }
+                        _ => msg_open = false,
+                    }
+                } else if Some(p.fd) == input {
+                    // SAFETY: reading into our buffer from the caller's input descriptor.
+                    let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
+                    if n <= 0 {
+                        input = None;
+                    } else if let Some(pty) = self.pty.as_mut() {
+                        let _ = pty.write_all(&buf[..n as usize]);
+                    }
+                }
+            }
+        }
+        // Reap init; its rusage covers every process it reaped, i.e. all of the sandbox's.
+        let mut st = 0;
+        // SAFETY: an all-zero rusage is valid to be overwritten.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child with valid out-pointers.
+        let r = unsafe { libc::wait4(self.pid, &mut st, 0, &mut ru) };
+        self.done = true;
+        if r < 0 {
+            return Err(last_os("wait4"));
+        }
+        let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        Ok(Outcome {
+            termination: term,
+            wall: self.started.elapsed(),
+            user_cpu: tv(ru.ru_utime),
+            system_cpu: tv(ru.ru_stime),
+            max_rss: ru.ru_maxrss as u64 * 1024,
+            stdout_bytes: out_n,
+            stderr_bytes: err_n,
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.done {
+            self.kill();
+            let mut st = 0;
+            // SAFETY: reaping our own child after killing it.
+            unsafe { libc::waitpid(self.pid, &mut st, 0) };
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Raw system calls that `libc` does not wrap, and small helpers around the ones it does.
+//!
+//! Every function here is async-signal-safe: a system call and nothing else, no allocation, no
+//! lock. The sandbox's child side (after `clone3`) uses only these. Errors come back as the raw
+//! `errno` value so the child can send them to the supervisor in a fixed-size record.
+
+use libc::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
+
+/// A raw `errno` value.
+pub type Errno = i32;
+
+/// The result of a raw call.
+pub type SysResult<T> = Result<T, Errno>;
+
+pub const CLONE_NEWUSER: u64 = libc::CLONE_NEWUSER as u64;
+pub const CLONE_NEWNS: u64 = libc::CLONE_NEWNS as u64;
+pub const CLONE_NEWPID: u64 = libc::CLONE_NEWPID as u64;
+pub const CLONE_NEWNET: u64 = libc::CLONE_NEWNET as u64;
+pub const CLONE_NEWIPC: u64 = libc::CLONE_NEWIPC as u64;
+pub const CLONE_NEWUTS: u64 = libc::CLONE_NEWUTS as u64;
+pub const CLONE_NEWCGROUP: u64 = libc::CLONE_NEWCGROUP as u64;
+pub const CLONE_PIDFD: u64 = 0x1000;
+
+pub const OPEN_TREE_CLONE: c_uint = 1;
+pub const OPEN_TREE_CLOEXEC: c_uint = libc::O_CLOEXEC as c_uint;
+pub const MOVE_MOUNT_F_EMPTY_PATH: c_uint = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn errno() -> Errno {
+    // SAFETY: `__errno_location` returns the calling thread's errno slot, always valid to read.
+    unsafe { *libc::__errno_location() }
+}
+
+fn check(r: c_long) -> SysResult<c_long> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+fn check_int(r: c_int) -> SysResult<c_int> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+/// What `clone3` returned.
+pub enum Forked {
+    /// In the parent: the child's pid and a pidfd for it.
+    Parent { pid: i32, pidfd: c_int },
+    /// In the child.
+    Child,
+}
+
+/// `clone3` without a new stack (fork-like), with namespace `flags` and a pidfd.
+///
+/// # Safety
+/// In the child, only async-signal-safe code may run until `exec` or `_exit`: if the parent has
+/// other threads, any lock they held (the allocator's included) stays held forever in the child.
+pub unsafe fn clone3(flags: u64) -> SysResult<Forked> {
+    let mut pidfd: c_int = -1;
+    let mut args = CloneArgs {
+        flags: flags | CLONE_PIDFD,
+        pidfd: &mut pidfd as *mut c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: `args` is a valid, fully initialized clone_args of the size passed; with stack 0
+    // the child continues on a copy of this stack, like fork(). The caller upholds the
+    // async-signal-safety contract above.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match check(r)? {
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent {
+            pid: pid as i32,
+            pidfd,
+        }),
+    }
+}
+
+/// `openat2(AT_FDCWD, path, O_PATH|O_CLOEXEC, resolve)`.
+pub fn open_path_noresolve(path: &std::ffi::CStr, resolve: u64) -> SysResult<c_int> {
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: `path` is NUL-terminated and `how` is a valid open_how of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    check(r).map(|fd| fd as c_int)
+}
+
+/// `open_tree(dirfd, path, flags)`; use `c""` with `AT_EMPTY_PATH` for the fd itself.
+pub fn open_tree(dirfd: c_int, path: &std::ffi::CStr, flags: c_uint) -> SysResult<c_int> {
+    // SAFETY: `path` is NUL-terminated; the call only reads it.
+    let r = unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) };
+    check(r).map(|fd| fd as c_int)
+}
+
+/// `mount_setattr(dirfd, path, flags, {attr_set, attr_clr, userns_fd})`.
+pub fn mount_setattr(
+    dirfd: c_int,
+    path: &std::ffi::CStr,
+    flags: c_uint,
+    set: u64,
+    clr: u64,
+    userns: c_int,
+) -> SysResult<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clr,
+        propagation: 0,
+        userns_fd: userns.max(0) as u64,
+    };
+    // SAFETY: `path` is NUL-terminated and `attr` is a valid mount_attr of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(r).map(drop)
+}
+
+/// `move_mount(from_fd, "", to_dirfd, to_path, MOVE_MOUNT_F_EMPTY_PATH)`.
+pub fn move_mount_fd(from: c_int, to_dirfd: c_int, to: &std::ffi::CStr) -> SysResult<()> {
+    // SAFETY: both paths are NUL-terminated.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from,
+            c"".as_ptr(),
+            to_dirfd,
+            to.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    check(r).map(drop)
+}
+
+/// `mount(2)`. `None` passes NULL.
+pub fn mount(
+    src: Option<&std::ffi::CStr>,
+    target: &std::ffi::CStr,
+    fstype: Option<&std::ffi::CStr>,
+    flags: c_ulong,
+    data: Option<&std::ffi::CStr>,
+) -> SysResult<()> {
+    let p = |c: Option<&std::ffi::CStr>| c.map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is NULL or a NUL-terminated string that outlives the call.
+    let r = unsafe {
+        libc::mount(
+            p(src),
+            target.as_ptr(),
+            p(fstype),
+            flags,
+            p(data).cast::<c_void>(),
+        )
+    };
+    check_int(r).map(drop)
+}
+
+/// `pivot_root(new, old)`.
+pub fn pivot_root(new: &std::ffi::CStr, old: &std::ffi::CStr) -> SysResult<()> {
+    // SAFETY: both paths are NUL-terminated.
+    let r = unsafe { libc::syscall(libc::SYS_pivot_root, new.as_ptr(), old.as_ptr()) };
+    check(r).map(drop)
+}
+
+/// `umount2(path, flags)`.
+pub fn umount2(path: &std::ffi::CStr, flags: c_int) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::umount2(path.as_ptr(), flags) }).map(drop)
+}
+
+/// `close_range(first, last, flags)`.
+pub fn close_range(first: c_uint, last: c_uint, flags: c_uint) -> SysResult<()> {
+    // SAFETY: closes descriptors only; the caller decides which.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) }).map(drop)
+}
+
+/// `close(fd)`, ignoring the result (nothing useful can be done about it).
+pub fn close(fd: c_int) {
+    if fd >= 0 {
+        // SAFETY: closing a descriptor the caller owns.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Writes all of `buf`, retrying on `EINTR` and short writes.
+pub fn write_all(fd: c_int, mut buf: &[u8]) -> SysResult<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a valid slice for its length.
+        let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[r as usize..];
+    }
+    Ok(())
+}
+
+/// Reads into `buf` until it is full or end of file; returns the bytes read.
+pub fn read_full(fd: c_int, buf: &mut [u8]) -> SysResult<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
+        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            break;
+        }
+        n += r as usize;
+    }
+    Ok(n)
+}
+
+/// `openat(dirfd, path, flags, mode)`.
+pub fn openat(
+    dirfd: c_int,
+    path: &std::ffi::CStr,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> SysResult<c_int> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::openat(dirfd, path.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+}
+
+/// `mkdirat(AT_FDCWD, path, mode)`; an existing entry is not an error.
+pub fn mkdir_p1(path: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    match check_int(unsafe { libc::mkdir(path.as_ptr(), mode) }) {
+        Ok(_) | Err(libc::EEXIST) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// `symlink(target, path)`.
+pub fn symlink(target: &std::ffi::CStr, path: &std::ffi::CStr) -> SysResult<()> {
+    // SAFETY: both paths are NUL-terminated.
+    check_int(unsafe { libc::symlink(target.as_ptr(), path.as_ptr()) }).map(drop)
+}
+
+/// `fstat(fd)` → `(st_dev, st_ino)`.
+pub fn dev_ino(fd: c_int) -> SysResult<(u64, u64)> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    check_int(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// `prctl(option, arg2, 0, 0, 0)`.
+pub fn prctl(option: c_int, arg2: c_ulong) -> SysResult<c_int> {
+    // SAFETY: the options used here take integer arguments only.
+    check_int(unsafe { libc::prctl(option, arg2, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong) })
+}
+
+/// `prctl(option, arg2, arg3, 0, 0)`.
+pub fn prctl3(option: c_int, arg2: c_ulong, arg3: c_ulong) -> SysResult<c_int> {
+    // SAFETY: the options used here take integer arguments only.
+    check_int(unsafe { libc::prctl(option, arg2, arg3, 0 as c_ulong, 0 as c_ulong) })
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Empties the effective, permitted and inheritable capability sets of the calling thread.
+pub fn capset_empty() -> SysResult<()> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: version 3 takes a header and two data records, both valid for the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) })
+        .map(drop)
+}
+
+/// `execve(path, argv, envp)`; returns only on failure.
+pub fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> Errno {
+    // SAFETY: the caller passes NUL-terminated strings and NULL-terminated pointer arrays that
+    // stay alive until the call returns.
+    unsafe { libc::execve(path, argv, envp) };
+    errno()
+}
+
+/// `_exit(code)`: leaves without running atexit handlers or destructors (the parent's).
+pub fn exit(code: c_int) -> ! {
+    // SAFETY: `_exit` is async-signal-safe and never returns.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,248 @@
+//! The report of one run: what happened, what it cost, which layers held.
+
+use palisade_linux::{Ids, Outcome, SetupError, Termination};
+use serde::Serialize;
+
+/// Exit code of `palisade run` when palisade itself failed (bad option or policy, setup failure).
+pub const EXIT_SANDBOX_ERROR: i32 = 125;
+/// Exit code when the command exists but cannot be executed.
+pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit code when the command was not found inside the sandbox.
+pub const EXIT_NOT_FOUND: i32 = 127;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Exit code 0.
+    Ok,
+    /// A non-zero exit code.
+    Exit,
+    /// Killed by a signal.
+    Signal,
+    /// palisade failed; the program's result is unknown (or it never ran).
+    SandboxError,
+}
+
+/// One isolation layer and whether it was enforced for this run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Layer {
+    pub name: &'static str,
+    pub enforced: bool,
+    pub detail: String,
+}
+
+/// Everything palisade knows about one run. Serialized as the `--json` report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub status: Status,
+    /// The payload's exit code (`exit`, `ok`).
+    pub exit_code: Option<i32>,
+    /// The signal that killed the payload (`signal`).
+    pub signal: Option<i32>,
+    pub signal_name: Option<&'static str>,
+    /// What failed, for `sandbox-error`.
+    pub error: Option<String>,
+    pub wall_time_ms: f64,
+    pub cpu_user_ms: f64,
+    pub cpu_system_ms: f64,
+    /// Peak resident set of the largest process.
+    pub max_rss_bytes: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub uid: Option<u32>,
+    pub host_uid: Option<u32>,
+    /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
+    pub scratch: Option<String>,
+    pub layers: Vec<Layer>,
+}
+
+impl Report {
+    /// The exit code `palisade run` ends with: the payload's own, 128+signal, or a reserved code.
+    pub fn exit_code_for_cli(&self) -> i32 {
+        match self.status {
+            Status::Ok => 0,
+            Status::Exit => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
+            Status::Signal => 128 + self.signal.unwrap_or(0),
+            Status::SandboxError => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
+        }
+    }
+
+    pub(crate) fn from_outcome(o: &Outcome, ids: Ids, scratch: Option<String>) -> Report {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        let (status, exit_code, signal, error) = match o.termination {
+            Termination::Exited(0) => (Status::Ok, Some(0), None, None),
+            Termination::Exited(c) => (Status::Exit, Some(c), None, None),
+            Termination::Signaled(s) => (Status::Signal, None, Some(s), None),
+            Termination::Vanished => (
+                Status::SandboxError,
+                None,
+                None,
+                Some(
+                    "the sandbox's init was killed from outside before the payload ended"
+                        .to_owned(),
+                ),
+            ),
+        };
+        Report {
+            status,
+            exit_code,
+            signal,
+            signal_name: signal.and_then(signal_name),
+            error,
+            wall_time_ms: ms(o.wall),
+            cpu_user_ms: ms(o.user_cpu),
+            cpu_system_ms: ms(o.system_cpu),
+            max_rss_bytes: o.max_rss,
+            stdout_bytes: o.stdout_bytes,
+            stderr_bytes: o.stderr_bytes,
+            uid: Some(ids.uid),
+            host_uid: Some(ids.host_uid),
+            scratch,
+            layers: layers(Some(ids)),
+        }
+    }
+
+    pub(crate) fn from_error(
+        e: &SetupError,
+        wall: std::time::Duration,
+        scratch: Option<String>,
+    ) -> Report {
+        let code = match e {
+            SetupError::Exec { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ENOTDIR) => EXIT_NOT_FOUND,
+                _ => EXIT_CANNOT_EXECUTE,
+            },
+            _ => EXIT_SANDBOX_ERROR,
+        };
+        Report {
+            status: Status::SandboxError,
+            exit_code: Some(code),
+            signal: None,
+            signal_name: None,
+            error: Some(error_chain(e)),
+            wall_time_ms: wall.as_secs_f64() * 1000.0,
+            cpu_user_ms: 0.0,
+            cpu_system_ms: 0.0,
+            max_rss_bytes: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            uid: None,
+            host_uid: None,
+            scratch,
+            layers: layers(None),
+        }
+    }
+
+    /// One line for humans, e.g. `palisade: ok · exit 0 · 3.1 ms · cpu 0.4 ms · rss 1.2 MiB`.
+    pub fn summary(&self) -> String {
+        let what = match self.status {
+            Status::Ok => "ok · exit 0".to_owned(),
+            Status::Exit => format!("exit {}", self.exit_code.unwrap_or(-1)),
+            Status::Signal => format!(
+                "killed by signal {} ({})",
+                self.signal.unwrap_or(0),
+                self.signal_name.unwrap_or("?")
+            ),
+            Status::SandboxError => {
+                return format!(
+                    "palisade: sandbox error: {}",
+                    self.error.as_deref().unwrap_or("unknown")
+                )
+            }
+        };
+        let mut s = format!(
+            "palisade: {what} · {:.1} ms · cpu {:.1} ms · rss {:.1} MiB · out {} B · err {} B",
+            self.wall_time_ms,
+            self.cpu_user_ms + self.cpu_system_ms,
+            self.max_rss_bytes as f64 / 1048576.0,
+            self.stdout_bytes,
+            self.stderr_bytes
+        );
+        if let Some(p) = &self.scratch {
+            s.push_str(&format!(" · scratch {p}"));
+        }
+        s
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+fn signal_name(s: i32) -> Option<&'static str> {
+    Some(match s {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// The layers of this version. Those marked not enforced are not built yet; the report says so
+/// rather than implying protection it does not give.
+fn layers(ids: Option<Ids>) -> Vec<Layer> {
+    let on = |name, detail: String| Layer {
+        name,
+        enforced: ids.is_some(),
+        detail,
+    };
+    let mut v = vec![
+        on(
+            "user-namespace",
+            match ids {
+                Some(i) => format!("uid {} / gid {} inside = host uid {} / gid {}; nested user namespaces disabled", i.uid, i.gid, i.host_uid, i.host_gid),
+                None => "not started".into(),
+            },
+        ),
+        on("mount-namespace", "fresh tmpfs root, read-only system binds, pivot_root, old root detached".into()),
+        on("pid-namespace", "own pid 1 (palisade init); every process dies with the payload".into()),
+        on("network-namespace", "only loopback; no route out".into()),
+        on("ipc-namespace", "own SysV IPC and POSIX message queues".into()),
+        on("uts-namespace", "own host name".into()),
+        on("cgroup-namespace", "own cgroup root view".into()),
+        on("capabilities", "all sets empty, bounding and ambient cleared, securebits locked".into()),
+        on("no-new-privs", "set before exec".into()),
+        on("environment", "cleared; PATH, HOME, LANG (TERM with a tty) and --env only".into()),
+        on("file-descriptors", "only stdin, stdout, stderr cross".into()),
+        on("session", "new session (setsid): no TIOCSTI into the caller's terminal".into()),
+    ];
+    for (name, issue) in [
+        ("seccomp", "#4"),
+        ("landlock", "#4"),
+        ("cgroup-limits", "#8"),
+        ("egress-proxy", "#3"),
+    ] {
+        v.push(Layer {
+            name,
+            enforced: false,
+            detail: format!("not built yet (issue {issue})"),
+        });
+    }
+    v
+}

@@ -1,0 +1,258 @@
+//! The library entry point: build a policy, run it, get a [`Report`].
+
+use crate::report::Report;
+use palisade_linux::{Running, SetupError, Sinks, Stdin};
+use palisade_policy::{Bind, EnvVar, Policy, PolicyError, Scratch};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// A sandbox ready to run: a validated policy plus how to treat the scratch directory.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    policy: Policy,
+    keep: bool,
+    stdin: Stdin,
+}
+
+/// Output captured by [`Sandbox::output`].
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub report: Report,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Builds a [`Sandbox`]; every setter validates, and the first error is returned by `build`.
+#[derive(Debug, Default)]
+pub struct Builder {
+    command: Vec<String>,
+    scratch: Option<PathBuf>,
+    keep: bool,
+    binds: Vec<Bind>,
+    env: Vec<EnvVar>,
+    tty: bool,
+    stdin_null: bool,
+    error: Option<PolicyError>,
+}
+
+impl Builder {
+    /// The program and its arguments.
+    pub fn command<I, S>(mut self, argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.command = argv.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// A host directory to use as scratch (writable, the working directory, `$HOME`).
+    pub fn scratch_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.scratch = Some(dir.into());
+        self
+    }
+
+    /// Keep the ephemeral scratch: a host temporary directory is used and left behind.
+    pub fn keep_scratch(mut self, keep: bool) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// Makes a host path visible read-only at the same path inside.
+    pub fn ro(self, host: impl AsRef<Path>) -> Self {
+        self.bind(host, false)
+    }
+
+    /// Makes a host path visible read-write at the same path inside.
+    pub fn rw(self, host: impl AsRef<Path>) -> Self {
+        self.bind(host, true)
+    }
+
+    fn bind(mut self, host: impl AsRef<Path>, writable: bool) -> Self {
+        match Bind::parse(&host.as_ref().to_string_lossy(), writable) {
+            Ok(b) => self.binds.push(b),
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// Adds a parsed bind (`HOST[:INSIDE]`).
+    pub fn bind_spec(mut self, b: Bind) -> Self {
+        self.binds.push(b);
+        self
+    }
+
+    /// Sets a variable inside.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        match EnvVar::new(name, value) {
+            Ok(v) => self.env.push(v),
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// Gives the payload a pty of its own.
+    pub fn tty(mut self, tty: bool) -> Self {
+        self.tty = tty;
+        self
+    }
+
+    /// Standard input from `/dev/null` instead of the caller's.
+    pub fn stdin_null(mut self, null: bool) -> Self {
+        self.stdin_null = null;
+        self
+    }
+
+    /// Validates everything and returns the sandbox.
+    pub fn build(self) -> Result<Sandbox, PolicyError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let mut policy = Policy::new(self.command)?;
+        if let Some(s) = self.scratch {
+            policy.scratch = Scratch::Host { path: s };
+        }
+        policy.binds = self.binds;
+        policy.env = self.env;
+        policy.tty = self.tty;
+        policy.validate()?;
+        Ok(Sandbox {
+            policy,
+            keep: self.keep,
+            stdin: if self.stdin_null {
+                Stdin::Null
+            } else {
+                Stdin::Inherit
+            },
+        })
+    }
+
+    /// Builds and runs, capturing output (see [`Sandbox::output`]).
+    pub fn output(self) -> Result<Output, PolicyError> {
+        Ok(self.stdin_null(true).build()?.output())
+    }
+}
+
+impl Sandbox {
+    /// Starts a builder.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// A sandbox for an already validated policy.
+    pub fn from_policy(policy: Policy, keep: bool, stdin: Stdin) -> Result<Sandbox, PolicyError> {
+        policy.validate()?;
+        Ok(Sandbox {
+            policy,
+            keep,
+            stdin,
+        })
+    }
+
+    /// The effective policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Runs to completion, capturing stdout and stderr in memory.
+    pub fn output(&self) -> Output {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let report = self.run(
+            Sinks {
+                stdout: &mut out,
+                stderr: &mut err,
+                input: None,
+            },
+            |_| {},
+        );
+        Output {
+            report,
+            stdout: out,
+            stderr: err,
+        }
+    }
+
+    /// Runs to completion, relaying output to `sinks`. `started` is called with the running
+    /// sandbox (e.g. to forward signals to it) before output is relayed. A failure of palisade is a
+    /// report with status `sandbox-error`, never the payload's result.
+    pub fn run(&self, sinks: Sinks<'_>, started: impl FnOnce(&Running)) -> Report {
+        let t0 = Instant::now();
+        let mut policy = self.policy.clone();
+        let mut kept: Option<PathBuf> = None;
+        if self.keep && policy.scratch == Scratch::Ephemeral {
+            match make_temp_dir() {
+                Ok(d) => {
+                    policy.scratch = Scratch::Host { path: d.clone() };
+                    kept = Some(d);
+                }
+                Err(source) => {
+                    let e = SetupError::Supervisor {
+                        op: "create the scratch directory",
+                        source,
+                    };
+                    return Report::from_error(&e, t0.elapsed(), None);
+                }
+            }
+        }
+        let scratch = match &policy.scratch {
+            Scratch::Host { path } => Some(path.display().to_string()),
+            Scratch::Ephemeral => None,
+        };
+        let running = match palisade_linux::spawn(&policy, self.stdin) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(d) = &kept {
+                    let _ = std::fs::remove_dir(d);
+                }
+                return Report::from_error(&e, t0.elapsed(), scratch);
+            }
+        };
+        started(&running);
+        let ids = running.ids();
+        match running.wait(sinks) {
+            Ok(o) => Report::from_outcome(&o, ids, scratch),
+            Err(e) => Report::from_error(&e, t0.elapsed(), scratch),
+        }
+    }
+
+    /// Convenience for writers that are not `dyn`.
+    pub fn run_to(&self, stdout: &mut impl Write, stderr: &mut impl Write) -> Report {
+        self.run(
+            Sinks {
+                stdout,
+                stderr,
+                input: None,
+            },
+            |_| {},
+        )
+    }
+}
+
+fn make_temp_dir() -> std::io::Result<PathBuf> {
+    let base = std::env::var_os("TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let pid = std::process::id();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    for i in 0..100u32 {
+        let p = base.join(format!(
+            "palisade-{pid}-{:x}",
+            (now as u64).wrapping_add(i as u64 * 7919)
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free temporary directory name",
+    ))
+}
+
+use std::os::unix::fs::DirBuilderExt;
