@@ -161,17 +161,14 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     //    host uid 0 (until now its kernel uid was still 0, unmapped here: files owned by host root
     //    would pass the owner check). Supplementary groups go first, while we may still drop them.
     let ids = plan.ids;
-    // SAFETY: plain id-changing system calls on this process.
-    unsafe {
-        if ids.privileged && libc::setgroups(0, std::ptr::null()) != 0 {
-            return Err((Step::Ids, 0, errno()));
-        }
-        if libc::setresgid(ids.gid, ids.gid, ids.gid) != 0
-            || libc::setresuid(ids.uid, ids.uid, ids.uid) != 0
-        {
-            return Err((Step::Ids, 1, errno()));
-        }
+    // Raw system calls, not glibc's wrappers: in a multi-threaded process glibc's set*id broadcast
+    // the change to every thread it knows of and wait for them, and the threads it knows of were
+    // left behind in the supervisor. That wait would never end.
+    if ids.privileged {
+        sys::setgroups_empty().map_err(|e| (Step::Ids, 0, e))?;
     }
+    sys::setresgid(ids.gid).map_err(|e| (Step::Ids, 1, e))?;
+    sys::setresuid(ids.uid).map_err(|e| (Step::Ids, 2, e))?;
 
     // 3. Only stdin/stdout/stderr cross the boundary: put ours in place, close everything else
     //    inherited (clone3 copied the whole descriptor table, close-on-exec or not).
@@ -481,9 +478,10 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int) -> ! {
         fail(Step::Fork, errno());
     }
     let (exec_r, exec_w) = (p[0], p[1]);
-    // SAFETY: fork in a single-threaded process (init has one thread); the child runs only
+    // A raw fork: glibc's fork() runs atfork handlers and takes locks (the allocator's among them)
+    // that a thread of the supervisor may have held when clone3 copied it. The child runs only
     // async-signal-safe code until execve.
-    let pid = unsafe { libc::fork() };
+    let pid = sys::raw_fork();
     if pid < 0 {
         fail(Step::Fork, errno());
     }

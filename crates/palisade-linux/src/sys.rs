@@ -357,6 +357,43 @@ pub fn capset_empty() -> SysResult<()> {
         .map(drop)
 }
 
+/// `setgroups(0, NULL)` as a raw system call (see `setresuid`).
+pub fn setgroups_empty() -> SysResult<()> {
+    // SAFETY: an empty group list.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) })
+        .map(drop)
+}
+
+/// `setresuid(id, id, id)` as a raw system call: glibc's wrapper would try to synchronize with
+/// threads that do not exist in a child of `clone3`.
+pub fn setresuid(id: u32) -> SysResult<()> {
+    // SAFETY: changes this thread's ids only.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, id, id, id) }).map(drop)
+}
+
+/// `setresgid(id, id, id)` as a raw system call (see `setresuid`).
+pub fn setresgid(id: u32) -> SysResult<()> {
+    // SAFETY: changes this thread's ids only.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, id, id, id) }).map(drop)
+}
+
+/// `fork()` as a raw `clone(SIGCHLD)`: no atfork handlers, no glibc locks. Returns the child's
+/// pid in the parent, 0 in the child, or -1.
+pub fn raw_fork() -> c_int {
+    // SAFETY: clone with only SIGCHLD and no new stack behaves as fork; the caller keeps the child
+    // async-signal-safe until exec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::SIGCHLD as c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        ) as c_int
+    }
+}
+
 /// `execve(path, argv, envp)`; returns only on failure.
 pub fn execve(
     path: *const c_char,
