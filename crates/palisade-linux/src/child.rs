@@ -632,7 +632,9 @@ fn payload(plan: &Plan, fds: &ChildFds, slave: c_int, exec_w: c_int) -> ! {
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);
     for (i, cand) in ex.candidates.iter().enumerate() {
-        let e = sys::execve(cand.as_ptr(), ex.argv_ptrs.as_ptr(), ex.envp_ptrs.as_ptr());
+        // SAFETY: the candidate and the pointer arrays come from plan::Exec, which keeps every
+        // string alive and terminates both arrays with NULL.
+        let e = unsafe { sys::execve(cand.as_ptr(), ex.argv_ptrs.as_ptr(), ex.envp_ptrs.as_ptr()) };
         match e {
             // Like execvp: keep searching past missing entries; remember a permission error.
             libc::ENOENT | libc::ENOTDIR => {

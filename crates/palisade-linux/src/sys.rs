@@ -395,13 +395,16 @@ pub fn raw_fork() -> c_int {
 }
 
 /// `execve(path, argv, envp)`; returns only on failure.
-pub fn execve(
+///
+/// # Safety
+/// `path` must be a NUL-terminated string, `argv` and `envp` NULL-terminated arrays of
+/// NUL-terminated strings, all alive until the call returns.
+pub unsafe fn execve(
     path: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> Errno {
-    // SAFETY: the caller passes NUL-terminated strings and NULL-terminated pointer arrays that
-    // stay alive until the call returns.
+    // SAFETY: upheld by the caller, see above.
     unsafe { libc::execve(path, argv, envp) };
     errno()
 }

@@ -1,0 +1,250 @@
+//! `palisade-probe`: attacks the sandbox from inside and prints one line per attempt.
+//!
+//! Every line has the form `probe <what>: <result>` where `<result>` is `ok [detail]`,
+//! `denied <ERRNO>` or `absent` (ENOENT). Tests parse these lines; a user can run the probe to see
+//! the wall: `palisade run --ro $(which palisade-probe):/probe -- /probe all`.
+//!
+//! This is test tooling, not part of the boundary, so it calls libc directly: an attack has to
+//! use the raw system calls the kernel offers.
+
+use std::ffi::CString;
+use std::io::Write;
+
+fn errno_name(e: i32) -> String {
+    let n = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EACCES => "EACCES",
+        libc::EROFS => "EROFS",
+        libc::ENOSPC => "ENOSPC",
+        libc::EINVAL => "EINVAL",
+        libc::ENETUNREACH => "ENETUNREACH",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::EHOSTUNREACH => "EHOSTUNREACH",
+        libc::ENOTTY => "ENOTTY",
+        libc::EBADF => "EBADF",
+        libc::EIO => "EIO",
+        libc::ENOSYS => "ENOSYS",
+        libc::EXDEV => "EXDEV",
+        _ => return format!("errno{e}"),
+    };
+    n.to_owned()
+}
+
+fn line(what: &str, r: Result<String, i32>) {
+    let s = match r {
+        Ok(d) if d.is_empty() => format!("probe {what}: ok"),
+        Ok(d) => format!("probe {what}: ok {d}"),
+        Err(libc::ENOENT) => format!("probe {what}: absent"),
+        Err(e) => format!("probe {what}: denied {}", errno_name(e)),
+    };
+    println!("{s}");
+    let _ = std::io::stdout().flush();
+}
+
+fn ioerr(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn last() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn read(path: &str) -> Result<String, i32> {
+    std::fs::read(path)
+        .map(|b| {
+            format!(
+                "{} bytes {}",
+                b.len(),
+                String::from_utf8_lossy(&b[..b.len().min(200)])
+                    .replace('\n', "\\n")
+                    .replace('\0', "\\0")
+            )
+        })
+        .map_err(ioerr)
+}
+
+fn write(path: &str) -> Result<String, i32> {
+    std::fs::write(path, b"written by palisade-probe\n")
+        .map(|_| String::new())
+        .map_err(ioerr)
+}
+
+fn caps() -> Result<String, i32> {
+    let s = std::fs::read_to_string("/proc/self/status").map_err(ioerr)?;
+    let get = |k: &str| {
+        s.lines()
+            .find(|l| l.starts_with(k))
+            .map(|l| l[k.len()..].trim().to_owned())
+            .unwrap_or_default()
+    };
+    Ok(format!(
+        "CapEff={} CapPrm={} CapBnd={} CapAmb={} NoNewPrivs={}",
+        get("CapEff:"),
+        get("CapPrm:"),
+        get("CapBnd:"),
+        get("CapAmb:"),
+        get("NoNewPrivs:")
+    ))
+}
+
+fn pids() -> Result<String, i32> {
+    let mut v: Vec<u32> = std::fs::read_dir("/proc")
+        .map_err(ioerr)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort();
+    Ok(v.iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
+fn fds() -> Result<String, i32> {
+    // read_dir holds one descriptor open for the listing itself; leave it out.
+    let dir = std::fs::read_dir("/proc/self/fd").map_err(ioerr)?;
+    let mut v: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort();
+    let mut out = Vec::new();
+    for fd in v {
+        if let Ok(t) = std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+            if t.to_string_lossy().starts_with("/proc/") && t.to_string_lossy().ends_with("/fd") {
+                continue;
+            }
+            out.push(format!("{fd}->{}", t.display()));
+        }
+    }
+    Ok(out.join(","))
+}
+
+fn kill(pid: i32) -> Result<String, i32> {
+    // SAFETY: kill(2) with a pid and SIGKILL; the attack under test.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+        Ok(String::new())
+    } else {
+        Err(last())
+    }
+}
+
+fn unshare_user() -> Result<String, i32> {
+    // SAFETY: unshare(2) of this process only.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
+        Ok(String::new())
+    } else {
+        Err(last())
+    }
+}
+
+fn tiocsti() -> Result<String, i32> {
+    let c: libc::c_char = b'#' as _;
+    // SAFETY: TIOCSTI takes a pointer to one char.
+    if unsafe { libc::ioctl(0, libc::TIOCSTI, &c) } == 0 {
+        Ok(String::new())
+    } else {
+        Err(last())
+    }
+}
+
+fn isatty() -> Result<String, i32> {
+    // SAFETY: isatty and ttyname on fd 0.
+    unsafe {
+        if libc::isatty(0) == 1 {
+            let n = libc::ttyname(0);
+            let name = if n.is_null() {
+                "?".into()
+            } else {
+                std::ffi::CStr::from_ptr(n).to_string_lossy().into_owned()
+            };
+            Ok(name)
+        } else {
+            Err(last())
+        }
+    }
+}
+
+fn connect(addr: &str) -> Result<String, i32> {
+    let a: std::net::SocketAddr = addr.parse().map_err(|_| libc::EINVAL)?;
+    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3))
+        .map(|_| String::new())
+        .map_err(ioerr)
+}
+
+fn daemon(marker: &str) -> Result<String, i32> {
+    // Double fork: the grandchild is reparented to the sandbox's init and lingers.
+    let exe = std::env::current_exe().map_err(ioerr)?;
+    let exe = CString::new(exe.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
+    let args = [
+        exe.clone(),
+        CString::new("linger").unwrap(),
+        CString::new(marker).map_err(|_| libc::EINVAL)?,
+    ];
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // SAFETY: fork/setsid/execv in a single-threaded probe; the child only execs or exits.
+    unsafe {
+        match libc::fork() {
+            -1 => return Err(last()),
+            0 => {
+                libc::setsid();
+                if libc::fork() == 0 {
+                    libc::execv(exe.as_ptr(), argv.as_ptr());
+                }
+                libc::_exit(0);
+            }
+            pid => {
+                let mut st = 0;
+                libc::waitpid(pid, &mut st, 0);
+            }
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    Ok(String::new())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
+    match a(0) {
+        "read" => line(&format!("read {}", a(1)), read(a(1))),
+        "write" => line(&format!("write {}", a(1)), write(a(1))),
+        "env" => {
+            for (k, v) in std::env::vars_os() {
+                println!("probe env: {}={}", k.to_string_lossy(), v.to_string_lossy());
+            }
+        }
+        "caps" => line("caps", caps()),
+        "pids" => line("pids", pids()),
+        "fds" => line("fds", fds()),
+        "kill" => line(&format!("kill {}", a(1)), kill(a(1).parse().unwrap_or(-1))),
+        "unshare-user" => line("unshare-user", unshare_user()),
+        "tiocsti" => line("tiocsti", tiocsti()),
+        "isatty" => line("isatty", isatty()),
+        "connect" => line(&format!("connect {}", a(1)), connect(a(1))),
+        "daemon" => line("daemon", daemon(a(1))),
+        "linger" => loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        },
+        "exit" => std::process::exit(a(1).parse().unwrap_or(1)),
+        "segv" => {
+            // SAFETY: deliberately raises SIGSEGV by writing through a null pointer.
+            unsafe { std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1) };
+        }
+        "whoami" => {
+            // SAFETY: trivially safe id queries.
+            let (u, g) = unsafe { (libc::getuid(), libc::getgid()) };
+            line(
+                "whoami",
+                Ok(format!("uid={u} gid={g} pid={}", std::process::id())),
+            );
+        }
+        other => {
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon linger exit segv whoami");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The boundary, attacked from inside real sandboxes. Each test fails if the probe could not run.
+//! Run as root and as an unprivileged user (see `.ci/run`).
+
+mod common;
+use common::*;
+use std::os::unix::fs::MetadataExt;
+
+#[test]
+fn canary_in_the_invoking_users_home_is_absent() {
+    let home = home_dir();
+    let canary = home.join(format!(".palisade-canary-{}", unique("c")));
+    std::fs::write(&canary, "CANARY-SECRET")
+        .expect("the test must be able to write a canary in its own home");
+    let r = probe(&[], &["read", &canary.display().to_string()]);
+    let _ = std::fs::remove_file(&canary);
+    assert_eq!(
+        r.probe(&format!("read {}", canary.display())),
+        "absent",
+        "{}",
+        r.stderr
+    );
+    let r = probe(&[], &["read", &home.display().to_string()]);
+    assert!(!r.stdout.contains("CANARY-SECRET"));
+}
+
+#[test]
+fn etc_shadow_and_host_etc_are_absent() {
+    let r = probe(&[], &["read", "/etc/shadow"]);
+    assert_eq!(r.probe("read /etc/shadow"), "absent");
+    let r = probe(&[], &["read", "/etc/machine-id"]);
+    assert_eq!(r.probe("read /etc/machine-id"), "absent");
+    // What is there is the synthesized file, not the host's.
+    let r = probe(&[], &["read", "/etc/passwd"]);
+    let line = r.probe("read /etc/passwd");
+    assert!(line.starts_with("ok"), "{line}");
+    assert!(
+        !line.contains("postgres") && !line.contains("palisade-test:x"),
+        "host passwd leaked: {line}"
+    );
+}
+
+#[test]
+fn writes_outside_scratch_fail() {
+    for p in [
+        "/usr/palisade-x",
+        "/etc/palisade-x",
+        "/palisade-x",
+        "/bin/palisade-x",
+        "/proc/sys/kernel/hostname",
+    ] {
+        let r = probe(&[], &["write", p]);
+        let got = r.probe(&format!("write {p}"));
+        assert!(
+            got.starts_with("denied"),
+            "write to {p} was not refused: {got}"
+        );
+    }
+    assert!(!std::path::Path::new("/usr/palisade-x").exists());
+}
+
+#[test]
+fn writes_in_scratch_land_on_the_host_owned_by_the_invoking_user() {
+    let d = TempDir::new("scratch");
+    let r = probe(&["--scratch", &d.s()], &["write", "/workspace/out.txt"]);
+    assert_eq!(r.probe("write /workspace/out.txt"), "ok", "{}", r.stderr);
+    let meta = std::fs::metadata(d.path().join("out.txt"))
+        .expect("the file written in scratch is on the host");
+    assert_eq!(meta.uid(), euid(), "file owner on the host");
+    // Relative paths land in scratch too: it is the working directory.
+    let r = probe(&["--scratch", &d.s()], &["write", "rel.txt"]);
+    assert_eq!(r.probe("write rel.txt"), "ok");
+    assert!(d.path().join("rel.txt").exists());
+}
+
+#[test]
+fn payload_is_never_host_root() {
+    let r = probe(&[], &["caps"]);
+    let caps = r.probe("caps");
+    assert!(caps.contains("CapEff=0000000000000000"), "{caps}");
+    assert!(caps.contains("CapPrm=0000000000000000"), "{caps}");
+    assert!(caps.contains("CapBnd=0000000000000000"), "{caps}");
+    assert!(caps.contains("CapAmb=0000000000000000"), "{caps}");
+    assert!(caps.contains("NoNewPrivs=1"), "{caps}");
+    let d = TempDir::new("json");
+    let rep = d.path().join("r.json");
+    let r = run(
+        &["--json", &rep.display().to_string()],
+        &["/probe", "whoami"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+    assert_ne!(
+        j["host_uid"], 0,
+        "the payload's host uid must never be 0: {j}"
+    );
+}
+
+#[test]
+fn secrets_in_the_environment_do_not_leak() {
+    let secret = unique("FAKE-SECRET-VALUE");
+    let mut c = command(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "/probe env; /probe read /proc/1/environ; /probe read /proc/self/environ",
+        ],
+    );
+    c.env("FAKE_SECRET", &secret)
+        .env("SSH_AUTH_SOCK", "/tmp/agent.sock");
+    let r: Run = c.output().unwrap().into();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("probe env: HOME=/workspace"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !r.stdout.contains(&secret),
+        "the secret leaked:\n{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("SSH_AUTH_SOCK"), "{}", r.stdout);
+    let init_env = r.probe("read /proc/1/environ");
+    assert!(
+        init_env.starts_with("denied") || init_env == "ok 0 bytes ",
+        "{init_env}"
+    );
+    let names: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("probe env: "))
+        .map(|l| l.split('=').next().unwrap())
+        .collect();
+    for n in &names {
+        assert!(
+            ["PATH", "HOME", "LANG", "PWD", "SHLVL", "_"].contains(n),
+            "unexpected variable {n} in {names:?}"
+        );
+    }
+}
+
+#[test]
+fn supervisor_environ_is_out_of_reach() {
+    let secret = unique("SUPERVISOR-SECRET");
+    let mut c = command(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "for p in /proc/[0-9]*; do /probe read $p/environ; done",
+        ],
+    );
+    c.env("FAKE_SECRET", &secret);
+    let r: Run = c.output().unwrap().into();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("probe read /proc/1/environ"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains(&secret), "{}", r.stdout);
+}
+
+#[test]
+fn proc_lists_only_sandbox_processes_and_host_pids_cannot_be_killed() {
+    let mut victim = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("sleep is needed on the host");
+    let vp = victim.id().to_string();
+    let r = run(
+        &[],
+        &["/bin/sh", "-c", &format!("/probe pids; /probe kill {vp}")],
+    );
+    let pids = r.probe("pids");
+    let list: Vec<u32> = pids
+        .trim_start_matches("ok ")
+        .split(',')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(
+        list.contains(&1) && list.len() <= 4,
+        "pids inside: {list:?}"
+    );
+    assert!(!list.contains(&victim.id()) || victim.id() < 10);
+    assert_eq!(r.probe(&format!("kill {vp}")), "denied ESRCH");
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host process was killed"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
+#[test]
+fn nested_user_namespaces_are_refused() {
+    let r = probe(&[], &["unshare-user"]);
+    assert!(
+        r.probe("unshare-user").starts_with("denied"),
+        "{}",
+        r.stdout
+    );
+    let r = run(&[], &["unshare", "-U", "true"]);
+    assert_ne!(r.code, 0, "unshare -U succeeded inside: {}", r.stderr);
+    assert!(
+        r.stderr.contains("unshare"),
+        "util-linux unshare must be installed: {}",
+        r.stderr
+    );
+}
+
+#[test]
+fn exit_codes_pass_through_and_signals_are_reported() {
+    for code in [0, 1, 42] {
+        let r = probe(&[], &["exit", &code.to_string()]);
+        assert_eq!(r.code, code, "{}", r.stderr);
+    }
+    let d = TempDir::new("segv");
+    let rep = d.path().join("r.json");
+    let r = run(&["--json", &rep.display().to_string()], &["/probe", "segv"]);
+    assert_eq!(r.code, 128 + 11, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+    assert_eq!(j["status"], "signal");
+    assert_eq!(j["signal"], 11);
+    assert_eq!(j["signal_name"], "SIGSEGV");
+}
+
+#[test]
+fn the_hosts_loopback_is_unreachable() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    // Control: the listener is real and reachable from the host.
+    std::net::TcpStream::connect(addr).expect("the host listener must accept from the host");
+    let r = probe(&[], &["connect", &addr.to_string()]);
+    assert!(
+        r.probe(&format!("connect {addr}")).starts_with("denied"),
+        "{}",
+        r.stdout
+    );
+    let r = probe(&[], &["connect", "10.255.255.1:80"]);
+    assert_eq!(r.probe("connect 10.255.255.1:80"), "denied ENETUNREACH");
+}
+
+#[test]
+fn a_double_forked_daemon_does_not_survive_the_run() {
+    let marker = unique("palisade-daemon-marker");
+    let r = run(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("/probe daemon {marker}; /probe pids"),
+        ],
+    );
+    assert_eq!(r.probe("daemon"), "ok");
+    let n = r.probe("pids").split(',').count();
+    assert!(
+        n >= 4,
+        "the daemon was not running during the run: {}",
+        r.stdout
+    );
+    assert_eq!(
+        host_pids_with(&marker),
+        Vec::<u32>::new(),
+        "the daemon outlived the run"
+    );
+}
+
+#[test]
+fn sigkill_of_the_supervisor_kills_the_payload() {
+    let marker = unique("palisade-orphan-marker");
+    let mut child = command(&[], &["/probe", "linger", &marker])
+        .spawn()
+        .unwrap();
+    let mut seen = false;
+    for _ in 0..200 {
+        if !host_pids_with(&format!("linger\0{marker}")).is_empty() {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(seen, "the payload never started");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    for _ in 0..200 {
+        if host_pids_with(&format!("linger\0{marker}")).is_empty() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!(
+        "the payload survived its supervisor: {:?}",
+        host_pids_with(&marker)
+    );
+}
+
+#[test]
+fn inherited_descriptors_do_not_cross() {
+    let d = TempDir::new("fd");
+    let secret = d.path().join("open-secret");
+    std::fs::write(&secret, "x").unwrap();
+    let f = std::fs::File::open(&secret).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: clearing FD_CLOEXEC on a descriptor this test owns, so the child inherits it.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let r = probe(&[], &["fds"]);
+    let fds = r.probe("fds");
+    let nums: Vec<&str> = fds
+        .trim_start_matches("ok ")
+        .split(',')
+        .map(|e| e.split("->").next().unwrap())
+        .collect();
+    assert_eq!(
+        nums,
+        ["0", "1", "2"],
+        "descriptors inside: {fds} (the test's open fd was {fd})"
+    );
+    assert!(!fds.contains("open-secret"));
+    drop(f);
+}
+
+#[test]
+fn tiocsti_cannot_inject_into_the_callers_terminal() {
+    let mut master = 0;
+    let mut slave = 0;
+    // SAFETY: openpty fills two descriptors we then own.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty failed: a pty is needed for this test");
+    let spawn_on_pty = |mut c: std::process::Command| -> Run {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the stdio descriptor is a dup of our pty slave.
+        let s: std::os::fd::OwnedFd =
+            unsafe { std::os::fd::FromRawFd::from_raw_fd(libc::dup(slave)) };
+        c.stdin(std::process::Stdio::from(s));
+        // SAFETY: setsid and TIOCSCTTY are async-signal-safe; they make the pty the child's
+        // controlling terminal, as a user's shell would have it.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setsid();
+                libc::ioctl(0, libc::TIOCSCTTY, 0);
+                Ok(())
+            });
+        }
+        c.output().unwrap().into()
+    };
+    // Control: without palisade, the probe on this terminal can inject (proves the test can fail).
+    let mut direct = std::process::Command::new(probe_bin());
+    direct.arg("tiocsti");
+    let control = spawn_on_pty(direct);
+    let mut c = std::process::Command::new(palisade_bin());
+    c.args([
+        "run",
+        "-q",
+        "--no-tty",
+        "--ro",
+        &format!("{}:/probe", probe_bin().display()),
+        "--",
+        "/probe",
+        "tiocsti",
+    ]);
+    let sandboxed = spawn_on_pty(c);
+    // SAFETY: closing descriptors we own.
+    unsafe {
+        libc::close(master);
+        libc::close(slave);
+    }
+    let legacy = std::fs::read_to_string("/proc/sys/dev/tty/legacy_tiocsti")
+        .map(|s| s.trim() == "1")
+        .unwrap_or(true);
+    if legacy {
+        assert_eq!(
+            control.probe("tiocsti"),
+            "ok",
+            "control: TIOCSTI should work outside the sandbox"
+        );
+    } else {
+        eprintln!(
+            "note: dev.tty.legacy_tiocsti=0 on this host; the kernel refuses TIOCSTI everywhere"
+        );
+    }
+    assert_eq!(
+        sandboxed.probe("tiocsti"),
+        "denied EPERM",
+        "{}",
+        sandboxed.stderr
+    );
+}
+
+#[test]
+fn tty_mode_gives_a_private_pty() {
+    let r = probe(&["--tty"], &["isatty"]);
+    let got = r.probe("isatty");
+    assert!(got.starts_with("ok /dev/pts/"), "{got} {}", r.stderr);
+}
+
+#[test]
+fn binds_are_read_only_or_writable_as_asked() {
+    let ro = TempDir::new("ro");
+    std::fs::write(ro.path().join("data.txt"), "DATA").unwrap();
+    let rw = TempDir::new("rw");
+    let r = run(
+        &[
+            "--ro",
+            &format!("{}:/data", ro.s()),
+            "--rw",
+            &format!("{}:/out", rw.s()),
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            "/probe read /data/data.txt; /probe write /data/new; /probe write /out/new",
+        ],
+    );
+    assert!(r.probe("read /data/data.txt").contains("DATA"));
+    assert_eq!(r.probe("write /data/new"), "denied EROFS");
+    assert_eq!(r.probe("write /out/new"), "ok");
+    assert_eq!(
+        std::fs::metadata(rw.path().join("new")).unwrap().uid(),
+        euid()
+    );
+}
+
+#[test]
+fn a_bind_source_that_is_a_symlink_is_resolved_once_by_the_supervisor() {
+    let d = TempDir::new("link");
+    std::fs::create_dir(d.path().join("real")).unwrap();
+    std::fs::write(d.path().join("real/f"), "REAL").unwrap();
+    std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
+    let r = run(
+        &[
+            "--ro",
+            &format!("{}:/data", d.path().join("link").display()),
+        ],
+        &["/probe", "read", "/data/f"],
+    );
+    assert!(r.probe("read /data/f").contains("REAL"));
+}

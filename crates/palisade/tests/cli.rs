@@ -1,0 +1,144 @@
+//! The CLI's contract: exit codes, errors for bad input, the report.
+
+mod common;
+use common::*;
+
+#[test]
+fn a_bad_option_gives_the_reserved_code_and_names_the_option() {
+    let r = run(&["--bogus-option"], &["true"]);
+    assert_eq!(r.code, 125, "{}", r.stderr);
+    assert!(r.stderr.contains("--bogus-option"), "{}", r.stderr);
+}
+
+#[test]
+fn bad_values_are_refused_before_anything_runs() {
+    let d = TempDir::new("bad");
+    let marker = d.path().join("ran");
+    let m = marker.display().to_string();
+    for (opts, needle) in [
+        (vec!["--ro", "relative/path"], "--ro"),
+        (vec!["--rw", "/tmp:/proc/x"], "/proc"),
+        (vec!["--env", "1BAD=x"], "1BAD"),
+        (
+            vec!["--env", "PALISADE_SURELY_UNSET_VAR"],
+            "PALISADE_SURELY_UNSET_VAR",
+        ),
+        (
+            vec!["--scratch", "/nonexistent/palisade"],
+            "/nonexistent/palisade",
+        ),
+        (
+            vec!["--ro", "/nonexistent/palisade-src"],
+            "/nonexistent/palisade-src",
+        ),
+    ] {
+        let mut o = opts.clone();
+        o.extend(["--rw", d.path().to_str().unwrap()]);
+        let r = run(&o, &["/probe", "write", &m]);
+        assert_eq!(r.code, 125, "{opts:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(needle),
+            "{opts:?}: message does not name `{needle}`: {}",
+            r.stderr
+        );
+        assert!(!marker.exists(), "{opts:?}: the command ran");
+    }
+}
+
+#[test]
+fn a_missing_command_gives_127_and_says_so() {
+    let r = run(&[], &["palisade-no-such-command"]);
+    assert_eq!(r.code, 127, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("palisade-no-such-command"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&[], &["/etc/hostname"]);
+    assert_eq!(r.code, 126, "{}", r.stderr);
+}
+
+#[test]
+fn env_passes_values_by_name_only_when_asked() {
+    let mut c = command(&["--env", "PASSED", "--env", "SET=v=1"], &["/probe", "env"]);
+    c.env("PASSED", "host-value").env("NOT_PASSED", "x");
+    let r: Run = c.output().unwrap().into();
+    assert!(
+        r.stdout.contains("probe env: PASSED=host-value"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("probe env: SET=v=1"), "{}", r.stdout);
+    assert!(!r.stdout.contains("NOT_PASSED"), "{}", r.stdout);
+}
+
+#[test]
+fn json_report_describes_the_run() {
+    let r = run(
+        &["--json", "-"],
+        &["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
+    );
+    assert_eq!(r.code, 3);
+    let json_start = r.stdout.find('{').expect("a JSON report on stdout");
+    assert_eq!(&r.stdout[..json_start], "out\n");
+    let j: serde_json::Value = serde_json::from_str(&r.stdout[json_start..]).unwrap();
+    assert_eq!(j["status"], "exit");
+    assert_eq!(j["exit_code"], 3);
+    assert_eq!(j["stdout_bytes"], 4);
+    assert_eq!(j["stderr_bytes"], 4);
+    assert!(j["wall_time_ms"].as_f64().unwrap() > 0.0);
+    let layers = j["layers"].as_array().unwrap();
+    let enforced = |n: &str| {
+        layers
+            .iter()
+            .find(|l| l["name"] == n)
+            .map(|l| l["enforced"].as_bool().unwrap())
+    };
+    for n in [
+        "user-namespace",
+        "mount-namespace",
+        "pid-namespace",
+        "network-namespace",
+        "capabilities",
+        "no-new-privs",
+    ] {
+        assert_eq!(enforced(n), Some(true), "{n}");
+    }
+    assert_eq!(
+        enforced("seccomp"),
+        Some(false),
+        "the report must not claim layers that are not built"
+    );
+    assert_eq!(r.stderr, "err\n");
+}
+
+#[test]
+fn a_sandbox_error_is_never_the_programs_result() {
+    let d = TempDir::new("err");
+    let rep = d.path().join("r.json");
+    let r = run(
+        &[
+            "--json",
+            &rep.display().to_string(),
+            "--ro",
+            "/nonexistent/x",
+        ],
+        &["true"],
+    );
+    assert_eq!(r.code, 125);
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+    assert_eq!(j["status"], "sandbox-error");
+    assert!(j["error"].as_str().unwrap().contains("/nonexistent/x"));
+}
+
+#[test]
+fn keep_leaves_the_scratch_directory_and_reports_it() {
+    let r = run(&["--keep", "--json", "-"], &["/probe", "write", "kept.txt"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value =
+        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let dir =
+        std::path::PathBuf::from(j["scratch"].as_str().expect("the kept scratch is reported"));
+    assert!(dir.join("kept.txt").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,163 @@
+//! Helpers for the boundary tests: run the real `palisade` binary with the real probe inside.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+/// The `palisade` binary: `PALISADE_BIN` (CI copies binaries where an unprivileged user can read
+/// them) or the one cargo built for this test.
+pub fn palisade_bin() -> PathBuf {
+    std::env::var_os("PALISADE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_palisade").into())
+}
+
+/// The probe binary, which the tests bind into the sandbox at `/probe`.
+pub fn probe_bin() -> PathBuf {
+    let p: PathBuf = std::env::var_os("PALISADE_PROBE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_palisade-probe").into());
+    assert!(
+        p.exists(),
+        "the probe binary {} is missing: the boundary tests cannot run without it",
+        p.display()
+    );
+    p
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// The result of the probe line for `what`, e.g. `denied EROFS`; panics if the probe printed no
+    /// such line (it could not run, which must fail the test, never pass it).
+    pub fn probe(&self, what: &str) -> String {
+        let prefix = format!("probe {what}: ");
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the probe printed no `{what}` line\nexit {}\nstdout:\n{}\nstderr:\n{}",
+                    self.code, self.stdout, self.stderr
+                )
+            })
+            .to_owned()
+    }
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code().unwrap_or_else(|| {
+                128 + std::os::unix::process::ExitStatusExt::signal(&o.status).unwrap_or(0)
+            }),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// `palisade run -q --no-tty --ro PROBE:/probe <opts> -- <cmd>`.
+pub fn command(opts: &[&str], cmd: &[&str]) -> Command {
+    let mut c = Command::new(palisade_bin());
+    let probe = format!("{}:/probe", probe_bin().display());
+    c.args(["run", "-q", "--no-tty", "--ro", &probe])
+        .args(opts)
+        .arg("--")
+        .args(cmd);
+    c.stdin(Stdio::null());
+    c
+}
+
+pub fn run(opts: &[&str], cmd: &[&str]) -> Run {
+    command(opts, cmd)
+        .output()
+        .expect("palisade could not be started")
+        .into()
+}
+
+/// `run` with the probe as the command.
+pub fn probe(opts: &[&str], args: &[&str]) -> Run {
+    let mut cmd = vec!["/probe"];
+    cmd.extend_from_slice(args);
+    run(opts, &cmd)
+}
+
+/// A fresh directory under the system temp dir, owned by the test's user, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let base = std::env::temp_dir();
+        for i in 0..1000 {
+            let p = base.join(format!("palisade-test-{tag}-{}-{i}", std::process::id()));
+            if std::fs::create_dir(&p).is_ok() {
+                return TempDir(p);
+            }
+        }
+        panic!(
+            "no temporary directory could be created under {}",
+            base.display()
+        );
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+    pub fn s(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The invoking user's home directory, from the password database.
+pub fn home_dir() -> PathBuf {
+    // SAFETY: getpwuid returns a pointer into static storage or NULL; we copy the string at once
+    // in this single call site.
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        assert!(!pw.is_null(), "the test's user has no password entry");
+        PathBuf::from(
+            std::ffi::CStr::from_ptr((*pw).pw_dir)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
+
+pub fn euid() -> u32 {
+    // SAFETY: trivially safe.
+    unsafe { libc::geteuid() }
+}
+
+/// Host pids whose command line contains `marker`.
+pub fn host_pids_with(marker: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&c).contains(marker) {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
+pub fn unique(tag: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}-{}-{n}", std::process::id())
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs the whole suite: formatting, lints, unit tests, and the boundary tests twice, as root and as
+# an unprivileged user (the sandbox takes different paths for each). Needs root (it switches to the
+# test user); `.ci/setup` creates that user. Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TEST_USER=${PALISADE_TEST_USER:-palisade-test}
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/test.sh: run as root (it also runs the suite as $TEST_USER); run .ci/setup first" >&2
+    exit 1
+fi
+id "$TEST_USER" >/dev/null 2>&1 || { echo "scripts/test.sh: user $TEST_USER is missing; run .ci/setup" >&2; exit 1; }
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== tests as root"
+cargo test --workspace --quiet 2>&1 | tee /tmp/palisade-root-tests.log
+
+echo "== tests as $TEST_USER (unprivileged)"
+# Build once as root, then run the same test binaries as the test user from a directory it can read.
+stage=$(mktemp -d /tmp/palisade-stage.XXXXXX)
+trap 'rm -rf "$stage"' EXIT
+chmod 755 "$stage"
+cargo test --workspace --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' > "$stage/tests.txt"
+cp target/debug/palisade target/debug/palisade-probe "$stage/"
+n=0
+while read -r exe; do
+    cp "$exe" "$stage/"
+    n=$((n + 1))
+done < "$stage/tests.txt"
+chmod -R a+rX "$stage"
+[ "$n" -gt 0 ] || { echo "no test binaries found" >&2; exit 1; }
+home=$(getent passwd "$TEST_USER" | cut -d: -f6)
+status=0
+while read -r exe; do
+    b="$stage/$(basename "$exe")"
+    echo "-- $(basename "$exe") as $TEST_USER"
+    (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
+        PALISADE_BIN="$stage/palisade" PALISADE_PROBE="$stage/palisade-probe" "$b" --quiet) || status=1
+done < "$stage/tests.txt"
+exit $status
