@@ -137,7 +137,8 @@ pub fn init(plan: &mut Plan, fds: &ChildFds) -> ! {
         );
         sys::exit(1);
     }
-    supervise(plan, fds, slave)
+    let stack_top = plan.payload_stack.as_mut_ptr_range().end;
+    supervise(plan, fds, slave, stack_top)
 }
 
 fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail> {
@@ -448,7 +449,7 @@ fn send_fd(sock: c_int, fd: c_int) -> SysResult<()> {
 
 /// After setup: fork the payload, report whether its exec worked, then reap and forward signals
 /// until it exits. Init's own exit then makes the kernel kill everything left in the namespace.
-fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int) -> ! {
+fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> ! {
     let fail = |step: Step, e: i32| -> ! {
         send(
             fds.msg,
@@ -472,57 +473,67 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int) -> ! {
         }
         all
     };
-    let mut p = [0 as c_int; 2];
-    // SAFETY: pipe2 fills the two-element array.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        fail(Step::Fork, errno());
-    }
-    let (exec_r, exec_w) = (p[0], p[1]);
-    // A raw fork: glibc's fork() runs atfork handlers and takes locks (the allocator's among them)
-    // that a thread of the supervisor may have held when clone3 copied it. The child runs only
-    // async-signal-safe code until execve.
-    let pid = sys::raw_fork();
+    // The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
+    // allocated, so init's memory is not copied and init resumes only once the payload has
+    // exec'd (or failed to, writing the error into `args`, which the two share until then).
+    let mut args = PayloadArgs {
+        plan,
+        slave,
+        err_index: 0,
+        err_errno: 0,
+    };
+    // Align the top of the stack down to 16 bytes, as the ABI wants at a call.
+    let top = (stack_top as usize & !15) as *mut libc::c_void;
+    // SAFETY: `top` is the end of a live, unused buffer owned by the plan; payload_entry only
+    // runs async-signal-safe code and touches nothing of init's but `args`; CLONE_VFORK keeps
+    // init suspended (and `args` alive) until the child execs or exits.
+    let pid = unsafe {
+        libc::clone(
+            payload_entry,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut args as *mut PayloadArgs).cast(),
+        )
+    };
     if pid < 0 {
         fail(Step::Fork, errno());
     }
-    if pid == 0 {
-        payload(plan, fds, slave, exec_w);
-    }
-    sys::close(exec_w);
     sys::close(slave);
+    // SAFETY: the child wrote these (if at all) before exec or exit; volatile so the read is not
+    // folded with the initialization above.
+    let (index, value) = unsafe {
+        (
+            std::ptr::read_volatile(&args.err_index),
+            std::ptr::read_volatile(&args.err_errno),
+        )
+    };
     // Init needs no privilege from here on: kill() of its own child with the same uid suffices.
     let _ = sys::capset_empty();
     let _ = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1);
-    let mut eb = [0u8; 8];
-    match sys::read_full(exec_r, &mut eb) {
-        Ok(8) => {
-            let index = u32::from_ne_bytes([eb[0], eb[1], eb[2], eb[3]]);
-            let value = i32::from_ne_bytes([eb[4], eb[5], eb[6], eb[7]]);
-            let mut st = 0;
-            // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(pid, &mut st, 0) };
-            send(
-                fds.msg,
-                Msg {
-                    kind: MSG_EXEC_ERROR,
-                    step: 0,
-                    index,
-                    value,
-                },
-            );
-            sys::exit(1);
-        }
-        _ => send(
+    if value != 0 {
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        send(
             fds.msg,
             Msg {
-                kind: MSG_STARTED,
+                kind: MSG_EXEC_ERROR,
                 step: 0,
-                index: 0,
-                value: pid,
+                index,
+                value,
             },
-        ),
+        );
+        sys::exit(1);
     }
-    sys::close(exec_r);
+    send(
+        fds.msg,
+        Msg {
+            kind: MSG_STARTED,
+            step: 0,
+            index: 0,
+            value: pid,
+        },
+    );
     loop {
         // SAFETY: sigwaitinfo on a full set with all of them blocked; info is a valid out-pointer.
         let sig = unsafe {
@@ -560,12 +571,29 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int) -> ! {
     }
 }
 
-fn payload(plan: &Plan, fds: &ChildFds, slave: c_int, exec_w: c_int) -> ! {
+/// What init and the payload share until the payload execs.
+struct PayloadArgs<'a> {
+    plan: &'a Plan,
+    slave: c_int,
+    err_index: u32,
+    err_errno: i32,
+}
+
+extern "C" fn payload_entry(arg: *mut libc::c_void) -> c_int {
+    // SAFETY: `arg` is the PayloadArgs that init passed to clone and keeps alive (CLONE_VFORK).
+    let args = unsafe { &mut *arg.cast::<PayloadArgs>() };
+    payload(args)
+}
+
+fn payload(args: &mut PayloadArgs) -> ! {
+    let (plan, slave) = (args.plan, args.slave);
+    let err = args as *mut PayloadArgs;
     let report = |index: u32, e: i32| -> ! {
-        let mut b = [0u8; 8];
-        b[0..4].copy_from_slice(&index.to_ne_bytes());
-        b[4..8].copy_from_slice(&e.to_ne_bytes());
-        let _ = sys::write_all(exec_w, &b);
+        // SAFETY: `err` points at init's PayloadArgs, alive until we exit (CLONE_VFORK).
+        unsafe {
+            (*err).err_index = index;
+            (*err).err_errno = if e == 0 { libc::EIO } else { e };
+        }
         sys::exit(127)
     };
     const NO_CAND: u32 = u32::MAX;
@@ -625,10 +653,8 @@ fn payload(plan: &Plan, fds: &ChildFds, slave: c_int, exec_w: c_int) -> ! {
     if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
         report(NO_CAND, e);
     }
-    // Everything but 0, 1, 2 closes at exec (the exec-error pipe too, which is how init learns
-    // that exec worked).
+    // Everything but 0, 1, 2 closes at exec.
     let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
-    let _ = fds;
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);
     for (i, cand) in ex.candidates.iter().enumerate() {

@@ -1,20 +1,22 @@
 //! palisade's Linux backend: namespaces, the filesystem view, capabilities, descriptors and the
 //! in-sandbox init. All of palisade's `unsafe` code lives in this crate, behind [`spawn`].
 //!
-//! ```no_run
+//! ```
 //! use palisade_linux::{spawn, Sinks, Stdin, Termination};
 //! use palisade_policy::Policy;
 //!
 //! let policy = Policy::new(["sh", "-c", "echo hello from inside"]).unwrap();
 //! let running = spawn(&policy, Stdin::Null).unwrap();
 //! let (mut out, mut err) = (Vec::new(), Vec::new());
-//! let outcome = running.wait(Sinks { stdout: &mut out, stderr: &mut err, input: None }).unwrap();
+//! let sinks = Sinks { stdout: &mut out, stderr: &mut err, input: None, signals: None };
+//! let outcome = running.wait(sinks).unwrap();
 //! assert_eq!(outcome.termination, Termination::Exited(0));
 //! assert_eq!(out, b"hello from inside\n");
 //! ```
 
 pub mod child;
 mod error;
+pub mod host;
 pub mod plan;
 mod spawn;
 pub mod sys;

@@ -154,7 +154,13 @@ pub struct Plan {
     pub exec: Exec,
     pub tty: bool,
     pub workdir: CString,
+    /// The stack the payload starts on (see `child::supervise`), allocated here so that the child
+    /// never allocates.
+    pub payload_stack: Vec<u8>,
 }
+
+/// Size of the payload's start-up stack: it only runs until exec.
+const PAYLOAD_STACK: usize = 256 * 1024;
 
 /// What the plan needs to know of the host; a trait so that tests can describe a host.
 pub trait HostFs {
@@ -477,6 +483,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         exec,
         tty: policy.tty,
         workdir: c(SCRATCH_DIR),
+        payload_stack: vec![0; PAYLOAD_STACK],
     })
 }
 

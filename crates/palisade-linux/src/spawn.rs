@@ -426,6 +426,8 @@ pub struct Sinks<'a> {
     pub stderr: &'a mut dyn Write,
     /// With a terminal: the caller's input, relayed into the pty (e.g. the supervisor's stdin).
     pub input: Option<c_int>,
+    /// Signals to forward to the sandbox while waiting (SIGWINCH resizes the pty instead).
+    pub signals: Option<&'a crate::host::ForwardedSignals>,
 }
 
 impl Running {
@@ -476,13 +478,10 @@ impl Running {
         let mut msg_open = true;
         let mut input = sinks.input;
         loop {
-            let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
-            let mut add = |fd: c_int| {
-                pfds.push(libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
+            let pollin = |fd: c_int| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
             };
             let out_fd = self
                 .stdout
@@ -490,17 +489,22 @@ impl Running {
                 .map(|f| f.as_raw_fd())
                 .or(self.pty.as_ref().map(|f| f.as_raw_fd()));
             let err_fd = self.stderr.as_ref().map(|f| f.as_raw_fd());
-            for fd in [out_fd, err_fd].into_iter().flatten() {
-                add(fd);
-            }
-            if msg_open {
-                add(self.msg.as_raw_fd());
-            }
-            if let (Some(i), Some(_)) = (input, self.pty.as_ref()) {
-                add(i);
-            }
+            let msg_fd = msg_open.then(|| self.msg.as_raw_fd());
+            let mut pfds: Vec<libc::pollfd> = [out_fd, err_fd, msg_fd]
+                .into_iter()
+                .flatten()
+                .map(pollin)
+                .collect();
+            // Done once the payload's status is in and its output is drained; the caller's input
+            // and signals alone do not keep the loop going.
             if pfds.is_empty() {
                 break;
+            }
+            if let (Some(i), Some(_)) = (input, self.pty.as_ref()) {
+                pfds.push(pollin(i));
+            }
+            if let Some(s) = sinks.signals {
+                pfds.push(pollin(s.fd()));
             }
             // SAFETY: pfds is a valid array of pollfd of the given length.
             let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, -1) };
@@ -562,6 +566,18 @@ impl Running {
                             }
                         }
                         _ => msg_open = false,
+                    }
+                } else if Some(p.fd) == sinks.signals.map(|s| s.fd()) {
+                    while let Some(sig) = sinks.signals.and_then(|s| s.next()) {
+                        match (sig, self.pty.as_ref(), input) {
+                            (libc::SIGWINCH, Some(pty), Some(i)) => {
+                                crate::host::copy_winsize(i, pty)
+                            }
+                            (libc::SIGWINCH, _, _) => {}
+                            _ => {
+                                let _ = self.signal(sig);
+                            }
+                        }
                     }
                 } else if Some(p.fd) == input {
                     // SAFETY: reading into our buffer from the caller's input descriptor.

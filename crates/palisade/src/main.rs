@@ -1,9 +1,12 @@
 //! `palisade`: the command-line front end. Thin: parse, build a policy, run, report.
+#![forbid(unsafe_code)]
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use palisade::policy::{Bind, EnvVar};
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
+use palisade_linux::host::{copy_winsize, ForwardedSignals, RawTerminal};
+use palisade_linux::Sinks;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -127,25 +130,29 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         }
     }
     let sandbox = b.build()?;
-    let signals = forward_signals::Forwarder::install();
-    let raw = if tty { term::RawGuard::enter() } else { None };
+    // Forward the usual termination signals to the sandbox (its init passes them to the payload).
+    let mut wanted = vec![libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+    if tty {
+        wanted.push(libc::SIGWINCH);
+    }
+    let signals = ForwardedSignals::new(&wanted).context("cannot take signals for forwarding")?;
+    let raw = if tty { RawTerminal::enter(0) } else { None };
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
     let input = if tty { Some(0) } else { None };
-    let report = sandbox.run(
-        palisade_linux::Sinks {
-            stdout: &mut out,
-            stderr: &mut err,
-            input,
-        },
-        |r| {
-            if let Some(pty) = r.pty() {
-                term::copy_winsize(pty);
-            }
-            signals.attach(r);
-        },
-    );
+    let sinks = Sinks {
+        stdout: &mut out,
+        stderr: &mut err,
+        input,
+        signals: Some(&signals),
+    };
+    let report = sandbox.run(sinks, |r| {
+        if let Some(pty) = r.pty() {
+            copy_winsize(0, pty);
+        }
+    });
     drop(raw);
     drop(out);
+    drop(signals);
     emit(&a, &report)?;
     Ok(report.exit_code_for_cli())
 }
@@ -168,109 +175,4 @@ fn emit(a: &RunArgs, report: &Report) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Terminal handling for `--tty` (the binary's business, not the library's).
-mod term {
-    use std::fs::File;
-    use std::os::fd::AsRawFd;
-
-    pub struct RawGuard(libc::termios);
-
-    impl RawGuard {
-        /// Puts the caller's terminal in raw mode so keys reach the sandbox's pty as typed.
-        pub fn enter() -> Option<RawGuard> {
-            let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
-            // SAFETY: tcgetattr fills `t` on success; it is only read then.
-            let saved = unsafe {
-                if libc::tcgetattr(0, t.as_mut_ptr()) != 0 {
-                    return None;
-                }
-                t.assume_init()
-            };
-            let mut raw = saved;
-            // SAFETY: cfmakeraw and tcsetattr on a valid termios for fd 0.
-            unsafe {
-                libc::cfmakeraw(&mut raw);
-                libc::tcsetattr(0, libc::TCSANOW, &raw);
-            }
-            Some(RawGuard(saved))
-        }
-    }
-
-    impl Drop for RawGuard {
-        fn drop(&mut self) {
-            // SAFETY: restoring the saved termios on fd 0.
-            unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.0) };
-        }
-    }
-
-    pub fn copy_winsize(pty: &File) {
-        // SAFETY: TIOCGWINSZ fills a winsize; TIOCSWINSZ reads one.
-        unsafe {
-            let mut ws: libc::winsize = std::mem::zeroed();
-            if libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) == 0 {
-                libc::ioctl(pty.as_raw_fd(), libc::TIOCSWINSZ, &ws);
-            }
-        }
-    }
-}
-
-/// Forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT received by the CLI to the sandbox (whose init
-/// passes them to the payload). Installed by the binary only: the library sets no handlers.
-mod forward_signals {
-    use palisade_linux::Running;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::sync::{Arc, Mutex};
-
-    pub struct Forwarder {
-        target: Arc<Mutex<Option<OwnedFd>>>,
-    }
-
-    const SIGNALS: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-
-    impl Forwarder {
-        pub fn install() -> Forwarder {
-            let target: Arc<Mutex<Option<OwnedFd>>> = Arc::new(Mutex::new(None));
-            // SAFETY: building a signal set and blocking it in this (still single) thread, so the
-            // waiter thread below is the only one that takes these signals.
-            let set = unsafe {
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                for s in SIGNALS {
-                    libc::sigaddset(&mut set, s);
-                }
-                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-                set
-            };
-            let t = target.clone();
-            std::thread::spawn(move || loop {
-                let mut sig = 0;
-                // SAFETY: sigwait on a set of blocked signals.
-                if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
-                    continue;
-                }
-                if let Some(fd) = t
-                    .lock()
-                    .ok()
-                    .and_then(|g| g.as_ref().map(|f| f.as_raw_fd()))
-                {
-                    // SAFETY: pidfd_send_signal on a pidfd we keep open.
-                    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, 0usize, 0u32) };
-                }
-            });
-            Forwarder { target }
-        }
-
-        pub fn attach(&self, r: &Running) {
-            let pid = r.pid();
-            // SAFETY: pidfd_open on the sandbox init, our child that is not yet reaped.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
-            if fd >= 0 {
-                // SAFETY: a new descriptor we own.
-                *self.target.lock().expect("not poisoned") =
-                    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-            }
-        }
-    }
 }

@@ -163,6 +163,7 @@ impl Sandbox {
                 stdout: &mut out,
                 stderr: &mut err,
                 input: None,
+                signals: None,
             },
             |_| {},
         );
@@ -174,7 +175,7 @@ impl Sandbox {
     }
 
     /// Runs to completion, relaying output to `sinks`. `started` is called with the running
-    /// sandbox (e.g. to forward signals to it) before output is relayed. A failure of palisade is a
+    /// sandbox (e.g. to size its pty) before output is relayed. A failure of palisade is a
     /// report with status `sandbox-error`, never the payload's result.
     pub fn run(&self, sinks: Sinks<'_>, started: impl FnOnce(&Running)) -> Report {
         let t0 = Instant::now();
@@ -223,6 +224,7 @@ impl Sandbox {
                 stdout,
                 stderr,
                 input: None,
+                signals: None,
             },
             |_| {},
         )

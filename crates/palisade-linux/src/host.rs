@@ -1,0 +1,114 @@
+//! Helpers for a front end's own terminal and signals: the CLI uses them; a server, which has no
+//! terminal and must not touch process-wide signal state, does not.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The caller's terminal in raw mode, restored on drop, so that keys reach the sandbox's pty as
+/// typed (Ctrl-C becomes a byte that the sandbox's own line discipline turns into SIGINT).
+pub struct RawTerminal {
+    fd: RawFd,
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    /// Enters raw mode on `fd`; `None` if it is not a terminal.
+    pub fn enter(fd: RawFd) -> Option<RawTerminal> {
+        let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: tcgetattr fills `t` on success, and only then is it read.
+        let saved = unsafe {
+            if libc::tcgetattr(fd, t.as_mut_ptr()) != 0 {
+                return None;
+            }
+            t.assume_init()
+        };
+        let mut raw = saved;
+        // SAFETY: cfmakeraw edits a valid termios; tcsetattr applies it to our terminal.
+        unsafe {
+            libc::cfmakeraw(&mut raw);
+            libc::tcsetattr(fd, libc::TCSANOW, &raw);
+        }
+        Some(RawTerminal { fd, saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        // SAFETY: restores the termios saved from this same descriptor.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Copies the window size of terminal `from` to the pty `to`.
+pub fn copy_winsize(from: RawFd, to: &File) {
+    // SAFETY: TIOCGWINSZ fills a winsize, TIOCSWINSZ reads one; both descriptors are open.
+    unsafe {
+        let mut ws: libc::winsize = std::mem::zeroed();
+        if libc::ioctl(from, libc::TIOCGWINSZ, &mut ws) == 0 {
+            libc::ioctl(to.as_raw_fd(), libc::TIOCSWINSZ, &ws);
+        }
+    }
+}
+
+/// Signals taken from the calling thread and delivered through a descriptor, so that
+/// [`crate::Running::wait`] can forward them to the sandbox from its poll loop. No handler, no
+/// thread. The calling thread's mask is restored on drop.
+pub struct ForwardedSignals {
+    fd: OwnedFd,
+    old: libc::sigset_t,
+}
+
+impl ForwardedSignals {
+    /// Blocks `signals` in the calling thread and opens a signalfd for them.
+    pub fn new(signals: &[i32]) -> io::Result<ForwardedSignals> {
+        // SAFETY: building a signal set, blocking it in this thread (saving the old mask), and
+        // opening a signalfd on it; the new descriptor is owned below.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &s in signals {
+                libc::sigaddset(&mut set, s);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+                return Err(e);
+            }
+            Ok(ForwardedSignals {
+                fd: OwnedFd::from_raw_fd(fd),
+                old,
+            })
+        }
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The next pending signal, if any.
+    pub(crate) fn next(&self) -> Option<i32> {
+        let mut info = std::mem::MaybeUninit::<libc::signalfd_siginfo>::uninit();
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reading one signalfd_siginfo into a buffer of exactly its size.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), info.as_mut_ptr().cast(), size) };
+        if n as usize != size {
+            return None;
+        }
+        // SAFETY: the kernel filled the whole struct.
+        Some(unsafe { info.assume_init() }.ssi_signo as i32)
+    }
+}
+
+impl Drop for ForwardedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restoring the mask saved in `new`. Signals that arrived meanwhile stay pending
+        // until then and are delivered with their usual effect.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
