@@ -462,7 +462,7 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
         );
         sys::exit(1)
     };
-    // Block every signal: init takes them with sigwaitinfo (a pid-namespace init ignores signals
+    // 12. Block every signal: init takes them with sigwaitinfo (a pid-namespace init ignores signals
     // it has no handler for, but blocked signals are queued and can be taken).
     // SAFETY: sigset manipulation on a local set and this thread's mask.
     let all = unsafe {
@@ -473,7 +473,7 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
         }
         all
     };
-    // The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
+    // 13. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
     // allocated, so init's memory is not copied and init resumes only once the payload has
     // exec'd (or failed to, writing the error into `args`, which the two share until then).
     let mut args = PayloadArgs {
@@ -597,8 +597,10 @@ fn payload(args: &mut PayloadArgs) -> ! {
         sys::exit(127)
     };
     const NO_CAND: u32 = u32::MAX;
-    // SAFETY: resetting this process's signal dispositions and mask to defaults; the supervisor
-    // may ignore SIGPIPE (Rust does), and ignored dispositions survive exec.
+    // 14. Signals back to defaults (the supervisor may ignore SIGPIPE, as Rust does, and an
+    //     ignored disposition survives exec), then a new session, the pty as controlling terminal,
+    //     the scratch directory as working directory, umask 022, no core dumps.
+    // SAFETY: process-local signal, session, directory and limit calls.
     unsafe {
         for sig in 1..libc::SIGRTMAX() {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
@@ -632,7 +634,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
         };
         libc::setrlimit(libc::RLIMIT_CORE, &zero);
     }
-    // Capabilities: lock the securebits first (needs CAP_SETPCAP) so that no exec, not even of a
+    // 15. Capabilities: lock the securebits first (needs CAP_SETPCAP) so that no exec, not even of a
     // uid-0 process inside, grants capabilities again; then empty the bounding and ambient sets and
     // the thread's own sets; then no_new_privs.
     const SECBITS: libc::c_ulong = 0xEF; // NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, all locked; KEEP_CAPS off and locked
@@ -653,7 +655,8 @@ fn payload(args: &mut PayloadArgs) -> ! {
     if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
         report(NO_CAND, e);
     }
-    // Everything but 0, 1, 2 closes at exec.
+    // 16. Everything but 0, 1, 2 closes at exec.
+    // 17. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);

@@ -342,6 +342,10 @@ pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
                 source: io::Error::from_raw_os_error(m.value),
             })
         }
+        child::MSG_EXEC_ERROR if m.index == u32::MAX => Err(SetupError::Child {
+            step: "prepare the payload (session, terminal, capabilities, no_new_privs)".into(),
+            source: io::Error::from_raw_os_error(m.value),
+        }),
         child::MSG_EXEC_ERROR => {
             let program = policy.command[0].clone();
             Err(SetupError::Exec {
