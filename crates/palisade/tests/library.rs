@@ -19,11 +19,22 @@ fn builder_runs_and_captures_output() {
 
 #[test]
 fn builder_rejects_bad_input_before_running() {
-    let e = Sandbox::builder().command(["true"]).env("1X", "y").build().unwrap_err();
+    let e = Sandbox::builder()
+        .command(["true"])
+        .env("1X", "y")
+        .build()
+        .unwrap_err();
     assert!(e.to_string().contains("1X"), "{e}");
-    let e = Sandbox::builder().command(Vec::<String>::new()).build().unwrap_err();
+    let e = Sandbox::builder()
+        .command(Vec::<String>::new())
+        .build()
+        .unwrap_err();
     assert!(e.to_string().contains("command"), "{e}");
-    let e = Sandbox::builder().command(["true"]).ro("relative").build().unwrap_err();
+    let e = Sandbox::builder()
+        .command(["true"])
+        .ro("relative")
+        .build()
+        .unwrap_err();
     assert!(e.to_string().contains("relative"), "{e}");
 }
 
@@ -47,8 +58,15 @@ fn concurrent_sandboxes_from_many_threads() {
                     .output()
                     .unwrap();
                 drop(junk);
-                let ok = out.report.status == Status::Ok && out.stdout == format!("{t}-{i}\n").into_bytes();
-                tx.send((t, i, ok, format!("{:?} {:?}", out.report.status, out.report.error))).unwrap();
+                let ok = out.report.status == Status::Ok
+                    && out.stdout == format!("{t}-{i}\n").into_bytes();
+                tx.send((
+                    t,
+                    i,
+                    ok,
+                    format!("{:?} {:?}", out.report.status, out.report.error),
+                ))
+                .unwrap();
             }
         });
     }
