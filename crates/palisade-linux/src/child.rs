@@ -149,11 +149,6 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     if sys::read_full(fds.go, &mut b) != Ok(1) {
         sys::exit(1); // The supervisor gave up (its own error is reported there).
     }
-    // Not dumpable: the payload (same uid) cannot ptrace init or read its /proc/1/{mem,environ,fd},
-    // which hold a copy of the supervisor's memory, environment included. Only now: until the maps
-    // are written, an unprivileged supervisor needs to open our /proc files, which non-dumpable
-    // makes root's.
-    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::DeathSignal))?;
     // SAFETY: umask only changes this process's file-creation mask. 0 here so that the modes in the
     // plan (1777 on /tmp) are exact; the payload gets 022 back.
     unsafe { libc::umask(0) };
@@ -170,6 +165,18 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     }
     sys::setresgid(ids.gid).map_err(|e| (Step::Ids, 1, e))?;
     sys::setresuid(ids.uid).map_err(|e| (Step::Ids, 2, e))?;
+    // A change of credentials clears the parent-death signal and resets dumpability (the kernel's
+    // commit_creds), so both are set again now. The supervisor holds its end of the "go" pipe open
+    // until the payload has started: if it is gone already, the pipe has hung up and we leave.
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
+    if sys::hung_up(fds.go) {
+        sys::exit(1);
+    }
+    // Not dumpable: the payload (same uid) cannot ptrace init or read its /proc/1/{mem,environ,fd},
+    // which hold a copy of the supervisor's memory, environment included. Only after "go": until
+    // the maps are written, an unprivileged supervisor needs to open our /proc files, which
+    // non-dumpable makes root's.
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::DeathSignal))?;
 
     // 3. Only stdin/stdout/stderr cross the boundary: put ours in place, close everything else
     //    inherited (clone3 copied the whole descriptor table, close-on-exec or not).

@@ -23,4 +23,6 @@ pub mod sys;
 
 pub use error::SetupError;
 pub use plan::Ids;
-pub use spawn::{spawn, Outcome, Running, Sinks, Stdin, Termination, NAMESPACES, ROOT_MAPPED_ID};
+pub use spawn::{
+    spawn, LimitHit, Outcome, Running, Sinks, Stdin, Termination, NAMESPACES, ROOT_MAPPED_ID,
+};

@@ -40,6 +40,15 @@ pub enum Stdin {
     Null,
 }
 
+/// A ceiling that made the supervisor kill the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitHit {
+    /// The wall-clock timeout passed.
+    Timeout,
+    /// stdout plus stderr reached the output cap.
+    Output,
+}
+
 /// How the payload ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Termination {
@@ -55,7 +64,11 @@ pub enum Termination {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub termination: Termination,
-    /// Whether the payload's core was dumped (never, core dumps are off; reported for honesty).
+    /// Set when the supervisor killed the sandbox for a limit; `termination` is then what the
+    /// kill did (usually `Vanished`, as init dies first).
+    pub limit_hit: Option<LimitHit>,
+    /// Output beyond the cap was discarded.
+    pub output_truncated: bool,
     pub wall: Duration,
     pub user_cpu: Duration,
     pub system_cpu: Duration,
@@ -75,6 +88,7 @@ pub struct Running {
     pty: Option<File>,
     started: Instant,
     ids: Ids,
+    limits: palisade_policy::Limits,
     done: bool,
 }
 
@@ -274,6 +288,7 @@ pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
         pty: None,
         started,
         ids,
+        limits: policy.limits,
         done: false,
     };
 
@@ -306,7 +321,8 @@ pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
         op: "start the sandbox",
         source: io::Error::from_raw_os_error(e),
     })?;
-    drop(go_w);
+    // go_w stays open until the payload has started: init checks it for a hang-up after
+    // re-arming its parent-death signal (see child.rs, step 2).
 
     if let Some(sock) = pty_parent {
         running.pty = recv_fd(sock.as_raw_fd()).map(File::from);
@@ -317,6 +333,7 @@ pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
         return Err(SetupError::InitVanished);
     }
     let m = Msg::from_bytes(&b);
+    drop(go_w);
     match m.kind {
         child::MSG_STARTED => Ok(running),
         child::MSG_SETUP_ERROR => {
@@ -481,6 +498,10 @@ impl Running {
         let mut buf = vec![0u8; 64 * 1024];
         let mut msg_open = true;
         let mut input = sinks.input;
+        let deadline = self.started + self.limits.timeout();
+        let cap = self.limits.output_bytes;
+        let mut limit_hit: Option<LimitHit> = None;
+        let mut truncated = false;
         loop {
             let pollin = |fd: c_int| libc::pollfd {
                 fd,
@@ -511,7 +532,25 @@ impl Running {
                 pfds.push(pollin(s.fd()));
             }
             // SAFETY: pfds is a valid array of pollfd of the given length.
-            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, -1) };
+            // Until the deadline (rounded up to whole ms), or without end once the payload is done
+            // or already killed.
+            let wait_ms: c_int = if limit_hit.is_some() || term != Termination::Vanished {
+                -1
+            } else {
+                let left = deadline.saturating_duration_since(Instant::now());
+                left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
+            };
+            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, wait_ms) };
+            if r == 0 {
+                if Instant::now() >= deadline
+                    && limit_hit.is_none()
+                    && term == Termination::Vanished
+                {
+                    self.kill();
+                    limit_hit = Some(LimitHit::Timeout);
+                }
+                continue;
+            }
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -536,11 +575,15 @@ impl Running {
                             self.pty = None;
                         }
                         Ok(n) => {
-                            out_n += n as u64;
+                            let take = n.min(cap.saturating_sub(out_n + err_n) as usize);
+                            out_n += take as u64;
                             let _ = sinks
                                 .stdout
-                                .write_all(&buf[..n])
+                                .write_all(&buf[..take])
                                 .and_then(|_| sinks.stdout.flush());
+                            if take < n {
+                                truncated = true;
+                            }
                         }
                     }
                 } else if Some(p.fd) == err_fd {
@@ -548,11 +591,15 @@ impl Running {
                     match src.read(&mut buf) {
                         Ok(0) | Err(_) => self.stderr = None,
                         Ok(n) => {
-                            err_n += n as u64;
+                            let take = n.min(cap.saturating_sub(out_n + err_n) as usize);
+                            err_n += take as u64;
                             let _ = sinks
                                 .stderr
-                                .write_all(&buf[..n])
+                                .write_all(&buf[..take])
                                 .and_then(|_| sinks.stderr.flush());
+                            if take < n {
+                                truncated = true;
+                            }
                         }
                     }
                 } else if p.fd == self.msg.as_raw_fd() {
@@ -593,6 +640,12 @@ impl Running {
                     }
                 }
             }
+            if truncated && limit_hit.is_none() && term == Termination::Vanished {
+                // Past the cap: kill, then keep draining (and discarding) until the pipes close,
+                // so that the supervisor's memory stays flat whatever the payload writes.
+                self.kill();
+                limit_hit = Some(LimitHit::Output);
+            }
         }
         // Reap init; its rusage covers every process it reaped, i.e. all of the sandbox's.
         let mut st = 0;
@@ -607,6 +660,8 @@ impl Running {
         let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
         Ok(Outcome {
             termination: term,
+            limit_hit,
+            output_truncated: truncated,
             wall: self.started.elapsed(),
             user_cpu: tv(ru.ru_utime),
             system_cpu: tv(ru.ru_stime),

@@ -283,6 +283,18 @@ pub fn read_full(fd: c_int, buf: &mut [u8]) -> SysResult<usize> {
     Ok(n)
 }
 
+/// Whether the other end of pipe `fd` (a read end) is closed.
+pub fn hung_up(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polling one valid pollfd without waiting.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & libc::POLLHUP != 0
+}
+
 /// `openat(dirfd, path, flags, mode)`.
 pub fn openat(
     dirfd: c_int,

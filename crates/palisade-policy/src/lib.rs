@@ -11,10 +11,12 @@
 
 mod env;
 mod error;
+mod limits;
 mod path;
 
 pub use env::{EnvName, EnvVar};
 pub use error::PolicyError;
+pub use limits::{parse_duration, parse_size, Limits, MAX_OUTPUT, MAX_TIMEOUT};
 pub use path::SandboxPath;
 
 use serde::{Deserialize, Serialize};
@@ -62,6 +64,9 @@ pub struct Policy {
     /// Host name inside the sandbox's UTS namespace.
     #[serde(default = "default_hostname")]
     pub hostname: String,
+    /// Ceilings; all on by default.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 fn default_hostname() -> String {
@@ -146,6 +151,7 @@ impl Policy {
             env: Vec::new(),
             tty: false,
             hostname: default_hostname(),
+            limits: Limits::default(),
         };
         p.validate()?;
         Ok(p)
@@ -202,6 +208,7 @@ impl Policy {
                 "letters, digits, `-` and `.`, at most 64 characters (RFC 1123)",
             ));
         }
+        self.limits.validate()?;
         for b in &self.binds {
             let field = if b.writable { "--rw" } else { "--ro" };
             if !b.source.is_absolute() {

@@ -18,5 +18,7 @@ mod sandbox;
 
 pub use palisade_linux::SetupError;
 pub use palisade_policy as policy;
-pub use report::{Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR};
+pub use report::{
+    Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
+};
 pub use sandbox::{Builder, Output, Sandbox};

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use palisade::policy::{Bind, EnvVar};
+use palisade::policy::{parse_duration, parse_size, Bind, EnvVar};
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
 use palisade_linux::host::{copy_winsize, ForwardedSignals, RawTerminal};
 use palisade_linux::Sinks;
@@ -22,9 +22,9 @@ struct Cli {
 enum Cmd {
     /// Run a command in a new sandbox.
     ///
-    /// Exit status: the command's own; 128+N if it was killed by signal N; 125 if palisade itself
-    /// failed (bad option, setup failure); 126 if the command cannot be executed; 127 if it was not
-    /// found inside the sandbox.
+    /// Exit status: the command's own; 128+N if it was killed by signal N; 124 if palisade killed
+    /// it for a limit (timeout, output); 125 if palisade itself failed (bad option, setup failure);
+    /// 126 if the command cannot be executed; 127 if it was not found inside the sandbox.
     Run(RunArgs),
 }
 
@@ -55,6 +55,14 @@ struct RunArgs {
     /// Never allocate a pseudo-terminal.
     #[arg(long = "no-tty", overrides_with = "tty")]
     no_tty: bool,
+    /// Wall-clock limit for the whole run, e.g. 30s, 1.5m, 2h (default 10m). At the deadline every
+    /// process of the sandbox is killed and the status is `timeout` (exit 124).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    timeout: Option<String>,
+    /// Cap on stdout plus stderr, e.g. 1MiB (default 64MiB). Past it, output is discarded, the
+    /// sandbox is killed and the status is `output-limit` (exit 124).
+    #[arg(long = "output-limit", value_name = "SIZE", allow_hyphen_values = true)]
+    output_limit: Option<String>,
     /// Do not print the one-line summary on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -102,6 +110,12 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         .keep_scratch(a.keep);
     if let Some(s) = &a.scratch {
         b = b.scratch_dir(s);
+    }
+    if let Some(t) = &a.timeout {
+        b = b.timeout(parse_duration("--timeout", t)?);
+    }
+    if let Some(o) = &a.output_limit {
+        b = b.output_limit(parse_size("--output-limit", o)?);
     }
     for s in &a.ro {
         b = b.bind_spec(Bind::parse(s, false)?);

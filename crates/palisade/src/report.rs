@@ -1,10 +1,13 @@
 //! The report of one run: what happened, what it cost, which layers held.
 
-use palisade_linux::{Ids, Outcome, SetupError, Termination};
+use palisade_linux::{Ids, LimitHit, Outcome, SetupError, Termination};
 use serde::Serialize;
 
 /// Exit code of `palisade run` when palisade itself failed (bad option or policy, setup failure).
 pub const EXIT_SANDBOX_ERROR: i32 = 125;
+/// Exit code when palisade killed the sandbox for a limit (`timeout`, `output-limit`); the report
+/// says which. The same code as GNU `timeout`.
+pub const EXIT_LIMIT: i32 = 124;
 /// Exit code when the command exists but cannot be executed.
 pub const EXIT_CANNOT_EXECUTE: i32 = 126;
 /// Exit code when the command was not found inside the sandbox.
@@ -20,6 +23,10 @@ pub enum Status {
     Exit,
     /// Killed by a signal.
     Signal,
+    /// Killed by palisade when the wall-clock timeout passed.
+    Timeout,
+    /// Killed by palisade when stdout plus stderr reached the output cap.
+    OutputLimit,
     /// palisade failed; the program's result is unknown (or it never ran).
     SandboxError,
 }
@@ -48,8 +55,13 @@ pub struct Report {
     pub cpu_system_ms: f64,
     /// Peak resident set of the largest process.
     pub max_rss_bytes: u64,
+    /// Bytes relayed (at most the output cap in all).
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// Output beyond the cap was discarded.
+    pub output_truncated: bool,
+    /// The ceilings in force.
+    pub limits: palisade_policy::Limits,
     pub uid: Option<u32>,
     pub host_uid: Option<u32>,
     /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
@@ -64,25 +76,35 @@ impl Report {
             Status::Ok => 0,
             Status::Exit => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
             Status::Signal => 128 + self.signal.unwrap_or(0),
+            Status::Timeout | Status::OutputLimit => EXIT_LIMIT,
             Status::SandboxError => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
         }
     }
 
-    pub(crate) fn from_outcome(o: &Outcome, ids: Ids, scratch: Option<String>) -> Report {
+    pub(crate) fn from_outcome(
+        o: &Outcome,
+        ids: Ids,
+        scratch: Option<String>,
+        limits: palisade_policy::Limits,
+    ) -> Report {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-        let (status, exit_code, signal, error) = match o.termination {
-            Termination::Exited(0) => (Status::Ok, Some(0), None, None),
-            Termination::Exited(c) => (Status::Exit, Some(c), None, None),
-            Termination::Signaled(s) => (Status::Signal, None, Some(s), None),
-            Termination::Vanished => (
-                Status::SandboxError,
-                None,
-                None,
-                Some(
-                    "the sandbox's init was killed from outside before the payload ended"
-                        .to_owned(),
+        let (status, exit_code, signal, error) = match (o.limit_hit, o.termination) {
+            (Some(LimitHit::Timeout), _) => (Status::Timeout, None, None, None),
+            (Some(LimitHit::Output), _) => (Status::OutputLimit, None, None, None),
+            (None, t) => match t {
+                Termination::Exited(0) => (Status::Ok, Some(0), None, None),
+                Termination::Exited(c) => (Status::Exit, Some(c), None, None),
+                Termination::Signaled(s) => (Status::Signal, None, Some(s), None),
+                Termination::Vanished => (
+                    Status::SandboxError,
+                    None,
+                    None,
+                    Some(
+                        "the sandbox's init was killed from outside before the payload ended"
+                            .to_owned(),
+                    ),
                 ),
-            ),
+            },
         };
         Report {
             status,
@@ -96,6 +118,8 @@ impl Report {
             max_rss_bytes: o.max_rss,
             stdout_bytes: o.stdout_bytes,
             stderr_bytes: o.stderr_bytes,
+            output_truncated: o.output_truncated,
+            limits,
             uid: Some(ids.uid),
             host_uid: Some(ids.host_uid),
             scratch,
@@ -107,6 +131,7 @@ impl Report {
         e: &SetupError,
         wall: std::time::Duration,
         scratch: Option<String>,
+        limits: palisade_policy::Limits,
     ) -> Report {
         let code = match e {
             SetupError::Exec { source, .. } => match source.raw_os_error() {
@@ -127,6 +152,8 @@ impl Report {
             max_rss_bytes: 0,
             stdout_bytes: 0,
             stderr_bytes: 0,
+            output_truncated: false,
+            limits,
             uid: None,
             host_uid: None,
             scratch,
@@ -143,6 +170,11 @@ impl Report {
                 "killed by signal {} ({})",
                 self.signal.unwrap_or(0),
                 self.signal_name.unwrap_or("?")
+            ),
+            Status::Timeout => format!("timeout after {} ms: killed", self.limits.timeout_ms),
+            Status::OutputLimit => format!(
+                "output limit of {} bytes reached: killed",
+                self.limits.output_bytes
             ),
             Status::SandboxError => {
                 return format!(
@@ -232,6 +264,15 @@ fn layers(ids: Option<Ids>) -> Vec<Layer> {
         on("file-descriptors", "only stdin, stdout, stderr cross".into()),
         on("session", "new session (setsid): no TIOCSTI into the caller's terminal".into()),
     ];
+    v.push(on(
+        "wall-timeout",
+        "the supervisor kills the whole sandbox at the deadline".into(),
+    ));
+    v.push(on(
+        "output-limit",
+        "the supervisor stops relaying and kills the sandbox at the cap".into(),
+    ));
+    v.push(on("core-dumps", "off (RLIMIT_CORE 0)".into()));
     for (name, issue) in [
         ("seccomp", "#4"),
         ("landlock", "#4"),

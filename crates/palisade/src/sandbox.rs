@@ -33,6 +33,7 @@ pub struct Builder {
     env: Vec<EnvVar>,
     tty: bool,
     stdin_null: bool,
+    limits: palisade_policy::Limits,
     error: Option<PolicyError>,
 }
 
@@ -92,6 +93,18 @@ impl Builder {
         self
     }
 
+    /// Wall-clock timeout for the whole run (default 10 minutes).
+    pub fn timeout(mut self, t: std::time::Duration) -> Self {
+        self.limits.timeout_ms = t.as_millis().min(u64::MAX as u128) as u64;
+        self
+    }
+
+    /// Cap on stdout plus stderr, in bytes (default 64 MiB).
+    pub fn output_limit(mut self, bytes: u64) -> Self {
+        self.limits.output_bytes = bytes;
+        self
+    }
+
     /// Gives the payload a pty of its own.
     pub fn tty(mut self, tty: bool) -> Self {
         self.tty = tty;
@@ -116,6 +129,7 @@ impl Builder {
         policy.binds = self.binds;
         policy.env = self.env;
         policy.tty = self.tty;
+        policy.limits = self.limits;
         policy.validate()?;
         Ok(Sandbox {
             policy,
@@ -192,7 +206,7 @@ impl Sandbox {
                         op: "create the scratch directory",
                         source,
                     };
-                    return Report::from_error(&e, t0.elapsed(), None);
+                    return Report::from_error(&e, t0.elapsed(), None, policy.limits);
                 }
             }
         }
@@ -206,14 +220,14 @@ impl Sandbox {
                 if let Some(d) = &kept {
                     let _ = std::fs::remove_dir(d);
                 }
-                return Report::from_error(&e, t0.elapsed(), scratch);
+                return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
             }
         };
         started(&running);
         let ids = running.ids();
         match running.wait(sinks) {
-            Ok(o) => Report::from_outcome(&o, ids, scratch),
-            Err(e) => Report::from_error(&e, t0.elapsed(), scratch),
+            Ok(o) => Report::from_outcome(&o, ids, scratch, policy.limits),
+            Err(e) => Report::from_error(&e, t0.elapsed(), scratch, policy.limits),
         }
     }
 

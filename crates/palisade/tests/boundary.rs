@@ -270,29 +270,31 @@ fn a_double_forked_daemon_does_not_survive_the_run() {
 #[test]
 fn sigkill_of_the_supervisor_kills_the_payload() {
     let marker = unique("palisade-orphan-marker");
+    // The payload's own command line (the supervisor's and init's start with palisade's path).
+    let payload = format!("/probe\0linger\0{marker}");
     let mut child = command(&[], &["/probe", "linger", &marker])
         .spawn()
         .unwrap();
-    let mut seen = false;
-    for _ in 0..200 {
-        if !host_pids_with(&format!("linger\0{marker}")).is_empty() {
-            seen = true;
+    let mut pids = Vec::new();
+    for _ in 0..400 {
+        pids = host_pids_starting(&payload);
+        if !pids.is_empty() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
-    assert!(seen, "the payload never started");
+    assert!(!pids.is_empty(), "the payload never started");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    for _ in 0..200 {
-        if host_pids_with(&format!("linger\0{marker}")).is_empty() {
+    for _ in 0..400 {
+        if host_pids_starting(&payload).is_empty() {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
     panic!(
         "the payload survived its supervisor: {:?}",
-        host_pids_with(&marker)
+        host_pids_starting(&payload)
     );
 }
 

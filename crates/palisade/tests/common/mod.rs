@@ -154,6 +154,22 @@ pub fn host_pids_with(marker: &str) -> Vec<u32> {
     v
 }
 
+/// Host pids whose command line starts with `prefix` (arguments separated by NUL).
+pub fn host_pids_starting(prefix: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if c.starts_with(prefix.as_bytes()) {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
 pub fn unique(tag: &str) -> String {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -1,0 +1,185 @@
+//! Limits enforced by the supervisor, and the parsers for their human forms.
+
+use crate::PolicyError;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Longest accepted wall-clock timeout: one week.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Largest accepted output cap: 1 TiB.
+pub const MAX_OUTPUT: u64 = 1 << 40;
+
+/// Ceilings of one run. Every one has a default, so a user who sets nothing is still protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock time after which the whole sandbox is killed (status `timeout`), in ms.
+    #[serde(default = "Limits::default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Bytes of stdout plus stderr relayed before the sandbox is killed (status `output-limit`).
+    #[serde(default = "Limits::default_output_bytes")]
+    pub output_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout_ms: Self::default_timeout_ms(),
+            output_bytes: Self::default_output_bytes(),
+        }
+    }
+}
+
+impl Limits {
+    fn default_timeout_ms() -> u64 {
+        10 * 60 * 1000
+    }
+    fn default_output_bytes() -> u64 {
+        64 << 20
+    }
+
+    /// The timeout as a `Duration`.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// Checks ranges (for values that came from a file rather than the parsers below).
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT.as_millis() as u64 {
+            return Err(PolicyError::invalid(
+                "timeout",
+                &self.timeout_ms.to_string(),
+                "a wall-clock time between 1 ms and 7 days",
+            ));
+        }
+        if self.output_bytes == 0 || self.output_bytes > MAX_OUTPUT {
+            return Err(PolicyError::invalid(
+                "output-limit",
+                &self.output_bytes.to_string(),
+                "a size between 1 byte and 1 TiB",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses a duration: a positive number with a unit, `ms`, `s`, `m` or `h` (`1.5s`, `500ms`,
+/// `10m`). A bare number is refused: the unit is never guessed.
+///
+/// ```
+/// use palisade_policy::parse_duration;
+/// use std::time::Duration;
+/// assert_eq!(parse_duration("timeout", "1.5s").unwrap(), Duration::from_millis(1500));
+/// assert!(parse_duration("timeout", "0s").is_err());
+/// assert!(parse_duration("timeout", "10").is_err());
+/// ```
+pub fn parse_duration(field: &'static str, s: &str) -> Result<Duration, PolicyError> {
+    const EXPECTED: &str =
+        "a positive number with a unit: ms, s, m or h (e.g. 30s, 1.5m), at most 7 days";
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(PolicyError::invalid(field, s, EXPECTED)),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| PolicyError::invalid(field, s, EXPECTED))?;
+    let secs = v * scale;
+    if !secs.is_finite() || secs < 0.001 || secs > MAX_TIMEOUT.as_secs_f64() {
+        return Err(PolicyError::invalid(field, s, EXPECTED));
+    }
+    Ok(Duration::from_millis((secs * 1000.0).round() as u64))
+}
+
+/// Parses a size: a positive integer with an optional unit, `k`/`KiB`, `m`/`MiB`, `g`/`GiB`, `t`/`TiB`
+/// (powers of 1024) or `kB`, `MB`, `GB` (powers of 1000); bare numbers are bytes.
+///
+/// ```
+/// use palisade_policy::parse_size;
+/// assert_eq!(parse_size("output-limit", "1MiB").unwrap(), 1 << 20);
+/// assert_eq!(parse_size("output-limit", "512").unwrap(), 512);
+/// assert!(parse_size("output-limit", "-1").is_err());
+/// ```
+pub fn parse_size(field: &'static str, s: &str) -> Result<u64, PolicyError> {
+    const EXPECTED: &str = "a positive size such as 4096, 64k, 1MiB or 2GB, at most 1 TiB";
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit {
+        "" | "B" => 1,
+        "k" | "K" | "KiB" => 1 << 10,
+        "m" | "M" | "MiB" => 1 << 20,
+        "g" | "G" | "GiB" => 1 << 30,
+        "t" | "T" | "TiB" => 1 << 40,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return Err(PolicyError::invalid(field, s, EXPECTED)),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| PolicyError::invalid(field, s, EXPECTED))?;
+    match n.checked_mul(mult) {
+        Some(v) if v > 0 && v <= MAX_OUTPUT => Ok(v),
+        _ => Err(PolicyError::invalid(field, s, EXPECTED)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_duration("t", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            parse_duration("t", "10m").unwrap(),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            parse_duration("t", "2h").unwrap(),
+            Duration::from_secs(7200)
+        );
+        for bad in [
+            "", "s", "10", "-1s", "1x", "1e3s", "0ms", "0.0001s", "999h", "1.2.3s", "NaNs",
+        ] {
+            let e = parse_duration("timeout", bad).unwrap_err().to_string();
+            assert!(e.contains("timeout") && e.contains("unit"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("o", "64k").unwrap(), 65536);
+        assert_eq!(parse_size("o", "2GB").unwrap(), 2_000_000_000);
+        for bad in ["", "0", "-5", "1.5M", "5X", "18446744073709551615T", "2T"] {
+            let e = parse_size("output-limit", bad).unwrap_err().to_string();
+            assert!(e.contains("output-limit"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn defaults_are_on_and_valid() {
+        let l = Limits::default();
+        assert_eq!(l.timeout(), Duration::from_secs(600));
+        assert_eq!(l.output_bytes, 64 << 20);
+        l.validate().unwrap();
+        assert!(Limits { timeout_ms: 0, ..l }.validate().is_err());
+        assert!(Limits {
+            output_bytes: 0,
+            ..l
+        }
+        .validate()
+        .is_err());
+    }
+}

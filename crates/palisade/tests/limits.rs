@@ -1,0 +1,97 @@
+//! Limits the supervisor enforces: wall-clock timeout and output cap. Each test checks the number
+//! the report gives against what was asked.
+
+mod common;
+use common::*;
+
+fn report_of(r: &Run) -> serde_json::Value {
+    let start = r
+        .stdout
+        .rfind("\n{")
+        .map(|i| i + 1)
+        .or_else(|| r.stdout.find('{'))
+        .expect("a JSON report");
+    serde_json::from_str(&r.stdout[start..]).expect("the report is JSON")
+}
+
+#[test]
+fn timeout_kills_everything_including_processes_that_ignore_sigterm() {
+    let marker = unique("palisade-timeout-marker");
+    let script = format!("trap '' TERM; /probe linger {marker} & /probe linger {marker}-2");
+    let r = run(
+        &["--timeout", "1s", "--json", "-"],
+        &["/bin/sh", "-c", &script],
+    );
+    assert_eq!(r.code, 124, "{}", r.stderr);
+    let j = report_of(&r);
+    assert_eq!(j["status"], "timeout");
+    assert_eq!(j["limits"]["timeout_ms"], 1000);
+    let wall = j["wall_time_ms"].as_f64().unwrap();
+    assert!(
+        (1000.0..30000.0).contains(&wall),
+        "wall time {wall} ms for a 1 s timeout"
+    );
+    assert!(
+        j["cpu_user_ms"].as_f64().unwrap() + j["cpu_system_ms"].as_f64().unwrap() < 500.0,
+        "{j}"
+    );
+    assert_eq!(
+        host_pids_with(&marker),
+        Vec::<u32>::new(),
+        "a process outlived the timeout"
+    );
+}
+
+#[test]
+fn output_cap_truncates_kills_and_says_so() {
+    let r = run(
+        &["--output-limit", "1MiB", "--json", "-"],
+        &["/bin/sh", "-c", "yes | head -c 200000000"],
+    );
+    assert_eq!(r.code, 124, "{}", r.stderr);
+    let j = report_of(&r);
+    assert_eq!(j["status"], "output-limit");
+    assert_eq!(j["output_truncated"], true);
+    assert_eq!(j["stdout_bytes"], 1 << 20);
+    assert_eq!(j["limits"]["output_bytes"], 1 << 20);
+    let relayed = r.stdout.len() - serde_json::to_string_pretty(&j).unwrap().len() - 1;
+    assert_eq!(relayed, 1 << 20, "bytes that reached palisade's stdout");
+}
+
+#[test]
+fn output_under_the_cap_is_untouched() {
+    let r = run(
+        &["--output-limit", "1MiB", "--json", "-"],
+        &["/bin/sh", "-c", "head -c 1000 /dev/zero | tr '\\0' x"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j = report_of(&r);
+    assert_eq!(j["status"], "ok");
+    assert_eq!(j["output_truncated"], false);
+    assert_eq!(j["stdout_bytes"], 1000);
+    assert_eq!(
+        j["limits"]["timeout_ms"], 600_000,
+        "the default timeout is on"
+    );
+    assert_eq!(j["limits"]["output_bytes"], 1 << 20);
+}
+
+#[test]
+fn bad_limits_are_refused() {
+    for (opt, val) in [
+        ("--timeout", "0s"),
+        ("--timeout", "10"),
+        ("--timeout", "-1s"),
+        ("--output-limit", "0"),
+        ("--output-limit", "1.5M"),
+        ("--output-limit", "99999T"),
+    ] {
+        let r = run(&[opt, val], &["true"]);
+        assert_eq!(r.code, 125, "{opt} {val}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(opt) && r.stderr.contains(val),
+            "{opt} {val}: {}",
+            r.stderr
+        );
+    }
+}
