@@ -606,7 +606,8 @@ fn payload(args: &mut PayloadArgs) -> ! {
     const NO_CAND: u32 = u32::MAX;
     // 14. Signals back to defaults (the supervisor may ignore SIGPIPE, as Rust does, and an
     //     ignored disposition survives exec), then a new session, the pty as controlling terminal,
-    //     the scratch directory as working directory, umask 022, no core dumps.
+    //     the scratch directory as working directory, umask 022, the rlimits (core dumps off,
+    //     processes, open files, file size).
     // SAFETY: process-local signal, session, directory and limit calls.
     unsafe {
         for sig in 1..libc::SIGRTMAX() {
@@ -635,11 +636,17 @@ fn payload(args: &mut PayloadArgs) -> ! {
             report(NO_CAND, errno());
         }
         libc::umask(0o022);
-        let zero = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        libc::setrlimit(libc::RLIMIT_CORE, &zero);
+        // Limits: core dumps off, processes/threads, open files, file size. RLIMIT_NPROC is
+        // counted per user namespace, so it bounds this sandbox alone.
+        for &(res, v) in &plan.rlimits {
+            let l = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: v,
+            };
+            if libc::setrlimit(res, &l) != 0 {
+                report(NO_CAND, errno());
+            }
+        }
     }
     // 15. Capabilities: lock the securebits first (needs CAP_SETPCAP) so that no exec, not even of a
     // uid-0 process inside, grants capabilities again; then empty the bounding and ambient sets and

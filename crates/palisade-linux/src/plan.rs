@@ -157,6 +157,8 @@ pub struct Plan {
     /// The stack the payload starts on (see `child::supervise`), allocated here so that the child
     /// never allocates.
     pub payload_stack: Vec<u8>,
+    /// Resource limits the payload sets on itself before exec: (resource, value).
+    pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
 }
 
 /// Size of the payload's start-up stack: it only runs until exec.
@@ -484,6 +486,12 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         tty: policy.tty,
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
+        rlimits: vec![
+            (libc::RLIMIT_CORE, 0),
+            (libc::RLIMIT_NPROC, policy.limits.pids),
+            (libc::RLIMIT_NOFILE, policy.limits.open_files),
+            (libc::RLIMIT_FSIZE, policy.limits.file_size_bytes),
+        ],
     })
 }
 

@@ -16,7 +16,10 @@ mod path;
 
 pub use env::{EnvName, EnvVar};
 pub use error::PolicyError;
-pub use limits::{parse_duration, parse_size, Limits, MAX_OUTPUT, MAX_TIMEOUT};
+pub use limits::{
+    parse_count, parse_duration, parse_size, Limits, MAX_OPEN_FILES, MAX_OUTPUT, MAX_PIDS,
+    MAX_TIMEOUT,
+};
 pub use path::SandboxPath;
 
 use serde::{Deserialize, Serialize};

@@ -19,6 +19,16 @@ pub struct Limits {
     /// Bytes of stdout plus stderr relayed before the sandbox is killed (status `output-limit`).
     #[serde(default = "Limits::default_output_bytes")]
     pub output_bytes: u64,
+    /// Processes and threads of the payload's uid inside the sandbox (`RLIMIT_NPROC`, which the
+    /// kernel counts per user namespace), init included.
+    #[serde(default = "Limits::default_pids")]
+    pub pids: u64,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    #[serde(default = "Limits::default_open_files")]
+    pub open_files: u64,
+    /// Largest file a process may write (`RLIMIT_FSIZE`; past it, SIGXFSZ).
+    #[serde(default = "Limits::default_file_size")]
+    pub file_size_bytes: u64,
 }
 
 impl Default for Limits {
@@ -26,6 +36,9 @@ impl Default for Limits {
         Limits {
             timeout_ms: Self::default_timeout_ms(),
             output_bytes: Self::default_output_bytes(),
+            pids: Self::default_pids(),
+            open_files: Self::default_open_files(),
+            file_size_bytes: Self::default_file_size(),
         }
     }
 }
@@ -36,6 +49,15 @@ impl Limits {
     }
     fn default_output_bytes() -> u64 {
         64 << 20
+    }
+    fn default_pids() -> u64 {
+        1024
+    }
+    fn default_open_files() -> u64 {
+        1024
+    }
+    fn default_file_size() -> u64 {
+        1 << 30
     }
 
     /// The timeout as a `Duration`.
@@ -59,7 +81,53 @@ impl Limits {
                 "a size between 1 byte and 1 TiB",
             ));
         }
+        let count = |field: &'static str, v: u64, max: u64, expected: &'static str| {
+            if v == 0 || v > max {
+                Err(PolicyError::invalid(field, &v.to_string(), expected))
+            } else {
+                Ok(())
+            }
+        };
+        count(
+            "pids",
+            self.pids,
+            MAX_PIDS,
+            "a number of processes between 1 and 4194304",
+        )?;
+        count(
+            "open-files",
+            self.open_files,
+            MAX_OPEN_FILES,
+            "a number of descriptors between 1 and 1048576",
+        )?;
+        count(
+            "file-size",
+            self.file_size_bytes,
+            MAX_OUTPUT,
+            "a size between 1 byte and 1 TiB",
+        )?;
         Ok(())
+    }
+}
+
+/// Largest accepted process ceiling (the kernel's own `pid_max` ceiling).
+pub const MAX_PIDS: u64 = 4_194_304;
+/// Largest accepted open-files ceiling (the kernel's default `fs.nr_open`).
+pub const MAX_OPEN_FILES: u64 = 1_048_576;
+
+/// Parses a positive count no larger than `max`.
+///
+/// ```
+/// use palisade_policy::parse_count;
+/// assert_eq!(parse_count("--pids", "32", 100).unwrap(), 32);
+/// assert!(parse_count("--pids", "0", 100).is_err());
+/// assert!(parse_count("--pids", "101", 100).is_err());
+/// ```
+pub fn parse_count(field: &'static str, s: &str, max: u64) -> Result<u64, PolicyError> {
+    const EXPECTED: &str = "a positive whole number within the field's range";
+    match s.trim().parse::<u64>() {
+        Ok(v) if v > 0 && v <= max => Ok(v),
+        _ => Err(PolicyError::invalid(field, s, EXPECTED)),
     }
 }
 

@@ -3,7 +3,9 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use palisade::policy::{parse_duration, parse_size, Bind, EnvVar};
+use palisade::policy::{
+    parse_count, parse_duration, parse_size, Bind, EnvVar, MAX_OPEN_FILES, MAX_PIDS,
+};
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
 use palisade_linux::host::{copy_winsize, ForwardedSignals, RawTerminal};
 use palisade_linux::Sinks;
@@ -63,6 +65,17 @@ struct RunArgs {
     /// sandbox is killed and the status is `output-limit` (exit 124).
     #[arg(long = "output-limit", value_name = "SIZE", allow_hyphen_values = true)]
     output_limit: Option<String>,
+    /// Ceiling on processes and threads inside the sandbox, init included (default 1024); forks
+    /// past it fail with EAGAIN.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pids: Option<String>,
+    /// Open files per process (default 1024).
+    #[arg(long = "open-files", value_name = "N", allow_hyphen_values = true)]
+    open_files: Option<String>,
+    /// Largest file a process may write, e.g. 100MiB (default 1GiB); past it the writer gets
+    /// SIGXFSZ.
+    #[arg(long = "file-size", value_name = "SIZE", allow_hyphen_values = true)]
+    file_size: Option<String>,
     /// Do not print the one-line summary on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -117,6 +130,17 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     if let Some(o) = &a.output_limit {
         b = b.output_limit(parse_size("--output-limit", o)?);
     }
+    let mut limits = b.current_limits();
+    if let Some(p) = &a.pids {
+        limits.pids = parse_count("--pids", p, MAX_PIDS)?;
+    }
+    if let Some(n) = &a.open_files {
+        limits.open_files = parse_count("--open-files", n, MAX_OPEN_FILES)?;
+    }
+    if let Some(f) = &a.file_size {
+        limits.file_size_bytes = parse_size("--file-size", f)?;
+    }
+    b = b.limits(limits);
     for s in &a.ro {
         b = b.bind_spec(Bind::parse(s, false)?);
     }

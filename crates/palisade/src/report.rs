@@ -273,6 +273,11 @@ fn layers(ids: Option<Ids>) -> Vec<Layer> {
         "the supervisor stops relaying and kills the sandbox at the cap".into(),
     ));
     v.push(on("core-dumps", "off (RLIMIT_CORE 0)".into()));
+    v.push(on(
+        "process-ceiling",
+        "RLIMIT_NPROC, counted per user namespace".into(),
+    ));
+    v.push(on("file-limits", "RLIMIT_NOFILE and RLIMIT_FSIZE".into()));
     for (name, issue) in [
         ("seccomp", "#4"),
         ("landlock", "#4"),

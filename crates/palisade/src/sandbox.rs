@@ -105,6 +105,17 @@ impl Builder {
         self
     }
 
+    /// The limits set so far (defaults where none was set).
+    pub fn current_limits(&self) -> palisade_policy::Limits {
+        self.limits
+    }
+
+    /// All limits at once.
+    pub fn limits(mut self, limits: palisade_policy::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Gives the payload a pty of its own.
     pub fn tty(mut self, tty: bool) -> Self {
         self.tty = tty;

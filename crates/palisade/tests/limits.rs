@@ -77,6 +77,59 @@ fn output_under_the_cap_is_untouched() {
 }
 
 #[test]
+fn a_fork_bomb_hits_the_process_ceiling() {
+    // Control: with room, the probe does fork 60 children.
+    let r = run(&["--pids", "200"], &["/probe", "forks", "60"]);
+    assert_eq!(
+        r.probe("forks 60"),
+        "ok spawned=60 error=none",
+        "{}",
+        r.stderr
+    );
+    // Under a ceiling of 32 (init and the probe count too), forks fail with EAGAIN before 32.
+    let r = run(
+        &["--pids", "32", "--json", "-"],
+        &["/probe", "forks", "500"],
+    );
+    let got = r.probe("forks 500");
+    let spawned: u64 = got
+        .split("spawned=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(spawned < 32 && spawned >= 20, "{got}");
+    assert!(got.ends_with("error=EAGAIN"), "{got}");
+    assert_eq!(report_of(&r)["limits"]["pids"], 32);
+}
+
+#[test]
+fn file_size_and_tmp_size_are_bounded() {
+    let r = run(
+        &["--file-size", "1MiB", "--json", "-"],
+        &["/probe", "fill", "/tmp/big", "4194304"],
+    );
+    let j = report_of(&r);
+    assert_eq!(j["status"], "signal", "{}", r.stdout);
+    assert_eq!(j["signal_name"], "SIGXFSZ");
+    assert_eq!(j["limits"]["file_size_bytes"], 1 << 20);
+    // /tmp is a 256 MiB tmpfs: a bigger write fails inside, and the run goes on.
+    let r = run(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "/probe fill /tmp/big 300000000; /probe write /tmp/after",
+        ],
+    );
+    assert_eq!(r.probe("fill /tmp/big"), "denied ENOSPC", "{}", r.stderr);
+    assert_eq!(r.code, 0);
+}
+
+#[test]
 fn bad_limits_are_refused() {
     for (opt, val) in [
         ("--timeout", "0s"),

@@ -27,6 +27,9 @@ fn errno_name(e: i32) -> String {
         libc::EIO => "EIO",
         libc::ENOSYS => "ENOSYS",
         libc::EXDEV => "EXDEV",
+        libc::EAGAIN => "EAGAIN",
+        libc::EFBIG => "EFBIG",
+        libc::EMFILE => "EMFILE",
         _ => return format!("errno{e}"),
     };
     n.to_owned()
@@ -206,6 +209,57 @@ fn daemon(marker: &str) -> Result<String, i32> {
     Ok(String::new())
 }
 
+/// Forks up to `n` children that wait (bounded: never more than asked), reports how many forks
+/// worked and the error of the first that failed, then ends them all.
+fn forks(n: usize) -> Result<String, i32> {
+    let mut kids = Vec::new();
+    let mut fail = 0;
+    for _ in 0..n {
+        // SAFETY: the child only pauses until killed; no Rust code runs in it.
+        match unsafe { libc::fork() } {
+            -1 => {
+                fail = last();
+                break;
+            }
+            0 => loop {
+                // SAFETY: pause() in a child that only waits to be killed.
+                unsafe { libc::pause() };
+            },
+            pid => kids.push(pid),
+        }
+    }
+    for &k in &kids {
+        // SAFETY: killing and reaping our own children.
+        unsafe {
+            libc::kill(k, libc::SIGKILL);
+            libc::waitpid(k, std::ptr::null_mut(), 0);
+        }
+    }
+    let err = if fail == 0 {
+        "none".to_owned()
+    } else {
+        errno_name(fail)
+    };
+    Ok(format!("spawned={} error={err}", kids.len()))
+}
+
+/// Writes `bytes` to `path` in 1 MiB blocks; reports how far it got.
+fn fill(path: &str, bytes: u64) -> Result<String, i32> {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(path).map_err(ioerr)?;
+    let block = vec![b'x'; 1 << 20];
+    let mut done = 0u64;
+    while done < bytes {
+        let n = block.len().min((bytes - done) as usize);
+        if let Err(e) = f.write_all(&block[..n]) {
+            return Err(ioerr(e));
+        }
+        done += n as u64;
+    }
+    f.sync_all().map_err(ioerr)?;
+    Ok(format!("{done} bytes"))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -226,6 +280,11 @@ fn main() {
         "isatty" => line("isatty", isatty()),
         "connect" => line(&format!("connect {}", a(1)), connect(a(1))),
         "daemon" => line("daemon", daemon(a(1))),
+        "forks" => line(&format!("forks {}", a(1)), forks(a(1).parse().unwrap_or(0))),
+        "fill" => line(
+            &format!("fill {}", a(1)),
+            fill(a(1), a(2).parse().unwrap_or(0)),
+        ),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         },
@@ -243,7 +302,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill linger exit segv whoami");
             std::process::exit(2);
         }
     }
