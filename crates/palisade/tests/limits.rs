@@ -101,7 +101,7 @@ fn a_fork_bomb_hits_the_process_ceiling() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(spawned < 32 && spawned >= 20, "{got}");
+    assert!((20..32).contains(&spawned), "{got}");
     assert!(got.ends_with("error=EAGAIN"), "{got}");
     assert_eq!(report_of(&r)["limits"]["pids"], 32);
 }
