@@ -21,6 +21,8 @@ echo "== tests as root"
 cargo test --workspace --quiet 2>&1 | tee /tmp/palisade-root-tests.log
 
 echo "== tests as $TEST_USER (unprivileged)"
+# The one-time delegation root gives a user so that their sandboxes get cgroup ceilings.
+target/debug/palisade cgroup-delegate --user "$TEST_USER"
 # Build once as root, then run the same test binaries as the test user from a directory it can read.
 stage=$(mktemp -d /tmp/palisade-stage.XXXXXX)
 trap 'rm -rf "$stage"' EXIT

@@ -480,6 +480,12 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
         }
         all
     };
+    // The supervisor's "j": whatever it did in parallel with our setup (moving us into the run's
+    // cgroup) is done, so the payload and all its descendants start inside.
+    let mut j = [0u8; 1];
+    if sys::read_full(fds.go, &mut j) != Ok(1) {
+        sys::exit(1);
+    }
     // 13. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
     // allocated, so init's memory is not copied and init resumes only once the payload has
     // exec'd (or failed to, writing the error into `args`, which the two share until then).

@@ -5,6 +5,12 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+/// The effective uid of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 /// The caller's terminal in raw mode, restored on drop, so that keys reach the sandbox's pty as
 /// typed (Ctrl-C becomes a byte that the sandbox's own line discipline turns into SIGINT).
 pub struct RawTerminal {

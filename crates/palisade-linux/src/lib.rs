@@ -6,7 +6,7 @@
 //! use palisade_policy::Policy;
 //!
 //! let policy = Policy::new(["sh", "-c", "echo hello from inside"]).unwrap();
-//! let running = spawn(&policy, Stdin::Null).unwrap();
+//! let running = spawn(&policy, Stdin::Null, None).unwrap();
 //! let (mut out, mut err) = (Vec::new(), Vec::new());
 //! let sinks = Sinks { stdout: &mut out, stderr: &mut err, input: None, signals: None };
 //! let outcome = running.wait(sinks).unwrap();
@@ -24,5 +24,6 @@ pub mod sys;
 pub use error::SetupError;
 pub use plan::Ids;
 pub use spawn::{
-    spawn, LimitHit, Outcome, Running, Sinks, Stdin, Termination, NAMESPACES, ROOT_MAPPED_ID,
+    spawn, BeforeStart, LimitHit, Outcome, Running, Sinks, Stdin, Termination, NAMESPACES,
+    ROOT_MAPPED_ID,
 };

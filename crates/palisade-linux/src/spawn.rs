@@ -191,8 +191,17 @@ fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError
         .map_err(|source| SetupError::IdMap { file, source })
 }
 
+/// Called with the sandbox init's host pid after its namespaces exist, while init builds the
+/// filesystem view and before the payload starts, e.g. to move init into a cgroup (every process
+/// of the sandbox then starts inside). It runs in parallel with init's setup, off the critical path.
+pub type BeforeStart<'a> = &'a dyn Fn(i32) -> io::Result<()>;
+
 /// Starts `policy`'s command in a new sandbox and returns once it has been exec'd (or failed to).
-pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
+pub fn spawn(
+    policy: &Policy,
+    stdin: Stdin,
+    before_start: Option<BeforeStart<'_>>,
+) -> Result<Running, SetupError> {
     let ids = choose_ids(policy)?;
     let mut plan = plan::build(policy, ids, &plan::RealHost)?;
 
@@ -318,6 +327,18 @@ pub fn spawn(policy: &Policy, stdin: Stdin) -> Result<Running, SetupError> {
     }
     drop(trees);
     sys::write_all(go_w.as_raw_fd(), b"g").map_err(|e| SetupError::Supervisor {
+        op: "start the sandbox",
+        source: io::Error::from_raw_os_error(e),
+    })?;
+    // While init builds the view: the caller's hook (the cgroup), then "j", which init waits for
+    // before it starts the payload.
+    if let Some(hook) = before_start {
+        hook(pid).map_err(|source| SetupError::Supervisor {
+            op: "place the sandbox in its cgroup",
+            source,
+        })?;
+    }
+    sys::write_all(go_w.as_raw_fd(), b"j").map_err(|e| SetupError::Supervisor {
         op: "start the sandbox",
         source: io::Error::from_raw_os_error(e),
     })?;

@@ -70,6 +70,31 @@ pub struct Policy {
     /// Ceilings; all on by default.
     #[serde(default)]
     pub limits: Limits,
+    /// Layers the user explicitly accepts to run without when the host cannot enforce them.
+    #[serde(default)]
+    pub allow_degraded: Vec<Degradable>,
+}
+
+/// A layer that may be waived with `--allow-degraded`, loudly, and reported as not enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Degradable {
+    /// Memory and process ceilings through a cgroup (rlimits still apply).
+    Cgroup,
+}
+
+impl Degradable {
+    /// Parses the CLI name.
+    pub fn parse(s: &str) -> Result<Degradable, PolicyError> {
+        match s {
+            "cgroup" => Ok(Degradable::Cgroup),
+            _ => Err(PolicyError::invalid(
+                "--allow-degraded",
+                s,
+                "one of: cgroup",
+            )),
+        }
+    }
 }
 
 fn default_hostname() -> String {
@@ -155,6 +180,7 @@ impl Policy {
             tty: false,
             hostname: default_hostname(),
             limits: Limits::default(),
+            allow_degraded: Vec::new(),
         };
         p.validate()?;
         Ok(p)

@@ -29,6 +29,9 @@ pub struct Limits {
     /// Largest file a process may write (`RLIMIT_FSIZE`; past it, SIGXFSZ).
     #[serde(default = "Limits::default_file_size")]
     pub file_size_bytes: u64,
+    /// Memory of the whole sandbox, tmpfs contents included, swap off (cgroup).
+    #[serde(default = "Limits::default_memory")]
+    pub memory_bytes: u64,
 }
 
 impl Default for Limits {
@@ -39,6 +42,7 @@ impl Default for Limits {
             pids: Self::default_pids(),
             open_files: Self::default_open_files(),
             file_size_bytes: Self::default_file_size(),
+            memory_bytes: Self::default_memory(),
         }
     }
 }
@@ -58,6 +62,9 @@ impl Limits {
     }
     fn default_file_size() -> u64 {
         1 << 30
+    }
+    fn default_memory() -> u64 {
+        2 << 30
     }
 
     /// The timeout as a `Duration`.
@@ -106,6 +113,19 @@ impl Limits {
             MAX_OUTPUT,
             "a size between 1 byte and 1 TiB",
         )?;
+        count(
+            "memory",
+            self.memory_bytes,
+            MAX_OUTPUT,
+            "a size between 1 MiB and 1 TiB",
+        )?;
+        if self.memory_bytes < 1 << 20 {
+            return Err(PolicyError::invalid(
+                "memory",
+                &self.memory_bytes.to_string(),
+                "a size between 1 MiB and 1 TiB",
+            ));
+        }
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use palisade::policy::{
-    parse_count, parse_duration, parse_size, Bind, EnvVar, MAX_OPEN_FILES, MAX_PIDS,
+    parse_count, parse_duration, parse_size, Bind, Degradable, EnvVar, MAX_OPEN_FILES, MAX_PIDS,
 };
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
 use palisade_linux::host::{copy_winsize, ForwardedSignals, RawTerminal};
@@ -27,7 +27,14 @@ enum Cmd {
     /// Exit status: the command's own; 128+N if it was killed by signal N; 124 if palisade killed
     /// it for a limit (timeout, output); 125 if palisade itself failed (bad option, setup failure);
     /// 126 if the command cannot be executed; 127 if it was not found inside the sandbox.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Delegate a palisade cgroup subtree to a user, once, as root (like systemd's Delegate=yes),
+    /// so that the user's sandboxes get memory and process ceilings.
+    CgroupDelegate {
+        /// The user (name or uid) to delegate to.
+        #[arg(long)]
+        user: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -76,6 +83,14 @@ struct RunArgs {
     /// SIGXFSZ.
     #[arg(long = "file-size", value_name = "SIZE", allow_hyphen_values = true)]
     file_size: Option<String>,
+    /// Memory ceiling for the whole sandbox, tmpfs contents included, swap off, e.g. 512MiB
+    /// (default 2GiB). Past it the kernel's OOM killer acts; the status is `oom` (exit 124).
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    memory: Option<String>,
+    /// Run even though the host cannot enforce LAYER, which the report then lists as waived.
+    /// Accepted: cgroup (memory and process ceilings; rlimits still apply).
+    #[arg(long = "allow-degraded", value_name = "LAYER")]
+    allow_degraded: Vec<String>,
     /// Do not print the one-line summary on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -98,8 +113,15 @@ fn main() {
         }
     };
     let code = match cli.cmd {
-        Cmd::Run(a) => match run(a) {
+        Cmd::Run(a) => match run(*a) {
             Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisade: error: {e:#}");
+                EXIT_SANDBOX_ERROR
+            }
+        },
+        Cmd::CgroupDelegate { user } => match delegate(&user) {
+            Ok(()) => 0,
             Err(e) => {
                 eprintln!("palisade: error: {e:#}");
                 EXIT_SANDBOX_ERROR
@@ -140,7 +162,13 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     if let Some(f) = &a.file_size {
         limits.file_size_bytes = parse_size("--file-size", f)?;
     }
+    if let Some(m) = &a.memory {
+        limits.memory_bytes = parse_size("--memory", m)?;
+    }
     b = b.limits(limits);
+    for l in &a.allow_degraded {
+        b = b.allow_degraded(Degradable::parse(l)?);
+    }
     for s in &a.ro {
         b = b.bind_spec(Bind::parse(s, false)?);
     }
@@ -193,6 +221,28 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     drop(signals);
     emit(&a, &report)?;
     Ok(report.exit_code_for_cli())
+}
+
+fn delegate(user: &str) -> anyhow::Result<()> {
+    let (uid, gid) = lookup_user(user)?;
+    let dirs = palisade_cgroup::delegate(std::path::Path::new("/sys/fs/cgroup"), uid, gid)
+        .with_context(|| format!("cgroup-delegate --user {user}"))?;
+    for d in dirs {
+        println!("delegated {} to uid {uid} gid {gid}", d.display());
+    }
+    Ok(())
+}
+
+/// A user's uid and primary gid from the password database (`/etc/passwd`), by name or number.
+fn lookup_user(user: &str) -> anyhow::Result<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").context("cannot read /etc/passwd")?;
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 4 && (f[0] == user || f[2] == user) {
+            return Ok((f[2].parse()?, f[3].parse()?));
+        }
+    }
+    anyhow::bail!("--user `{user}`: no such user in /etc/passwd (give a user name or uid)")
 }
 
 fn emit(a: &RunArgs, report: &Report) -> anyhow::Result<()> {

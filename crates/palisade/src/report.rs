@@ -27,6 +27,8 @@ pub enum Status {
     Timeout,
     /// Killed by palisade when stdout plus stderr reached the output cap.
     OutputLimit,
+    /// Killed by the kernel's OOM killer at the sandbox's memory ceiling.
+    Oom,
     /// palisade failed; the program's result is unknown (or it never ran).
     SandboxError,
 }
@@ -62,6 +64,12 @@ pub struct Report {
     pub output_truncated: bool,
     /// The ceilings in force.
     pub limits: palisade_policy::Limits,
+    /// Peak memory of the whole sandbox (cgroup accounting), in bytes.
+    pub memory_peak_bytes: Option<u64>,
+    /// Processes the OOM killer killed in the sandbox.
+    pub oom_kills: u64,
+    /// The cgroup version that enforced memory and process ceilings, if one did.
+    pub cgroup: Option<&'static str>,
     pub uid: Option<u32>,
     pub host_uid: Option<u32>,
     /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
@@ -76,7 +84,7 @@ impl Report {
             Status::Ok => 0,
             Status::Exit => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
             Status::Signal => 128 + self.signal.unwrap_or(0),
-            Status::Timeout | Status::OutputLimit => EXIT_LIMIT,
+            Status::Timeout | Status::OutputLimit | Status::Oom => EXIT_LIMIT,
             Status::SandboxError => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
         }
     }
@@ -120,6 +128,9 @@ impl Report {
             stderr_bytes: o.stderr_bytes,
             output_truncated: o.output_truncated,
             limits,
+            memory_peak_bytes: None,
+            oom_kills: 0,
+            cgroup: None,
             uid: Some(ids.uid),
             host_uid: Some(ids.host_uid),
             scratch,
@@ -154,11 +165,64 @@ impl Report {
             stderr_bytes: 0,
             output_truncated: false,
             limits,
+            memory_peak_bytes: None,
+            oom_kills: 0,
+            cgroup: None,
             uid: None,
             host_uid: None,
             scratch,
             layers: layers(None),
         }
+    }
+
+    /// Records what the cgroup layer did: enforced (with its accounting) or waived.
+    pub(crate) fn set_cgroup(
+        &mut self,
+        version: Option<&'static str>,
+        stats: palisade_cgroup::CgroupStats,
+        waived: Option<String>,
+    ) {
+        self.cgroup = version;
+        self.memory_peak_bytes = stats.memory_peak;
+        self.oom_kills = stats.oom_kills;
+        // An OOM kill that took the payload down is the run's cause of death.
+        if stats.oom_kills > 0
+            && self.status == Status::Signal
+            && self.signal == Some(libc::SIGKILL)
+        {
+            self.status = Status::Oom;
+        }
+        if stats.oom_kills > 0
+            && self.status == Status::SandboxError
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("killed from outside"))
+        {
+            self.status = Status::Oom;
+            self.error = None;
+        }
+        let layer = match (version, waived) {
+            (Some(v), _) => Layer {
+                name: "cgroup-limits",
+                enforced: true,
+                detail: format!(
+                    "cgroup {v}: memory {} bytes (swap off), pids {}",
+                    self.limits.memory_bytes, self.limits.pids
+                ),
+            },
+            (None, Some(why)) => Layer {
+                name: "cgroup-limits",
+                enforced: false,
+                detail: format!("waived with --allow-degraded cgroup: {why}"),
+            },
+            (None, None) => Layer {
+                name: "cgroup-limits",
+                enforced: false,
+                detail: "not started".into(),
+            },
+        };
+        self.layers.push(layer);
     }
 
     /// One line for humans, e.g. `palisade: ok · exit 0 · 3.1 ms · cpu 0.4 ms · rss 1.2 MiB`.
@@ -170,6 +234,10 @@ impl Report {
                 "killed by signal {} ({})",
                 self.signal.unwrap_or(0),
                 self.signal_name.unwrap_or("?")
+            ),
+            Status::Oom => format!(
+                "out of memory at the {} MiB ceiling: killed",
+                self.limits.memory_bytes >> 20
             ),
             Status::Timeout => format!("timeout after {} ms: killed", self.limits.timeout_ms),
             Status::OutputLimit => format!(
@@ -281,7 +349,6 @@ fn layers(ids: Option<Ids>) -> Vec<Layer> {
     for (name, issue) in [
         ("seccomp", "#4"),
         ("landlock", "#4"),
-        ("cgroup-limits", "#8"),
         ("egress-proxy", "#3"),
     ] {
         v.push(Layer {

@@ -1,10 +1,14 @@
 //! The library entry point: build a policy, run it, get a [`Report`].
 
 use crate::report::Report;
+use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
 use palisade_linux::{Running, SetupError, Sinks, Stdin};
+use palisade_policy::Degradable;
 use palisade_policy::{Bind, EnvVar, Policy, PolicyError, Scratch};
+use std::cell::RefCell;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory.
@@ -34,6 +38,7 @@ pub struct Builder {
     tty: bool,
     stdin_null: bool,
     limits: palisade_policy::Limits,
+    degraded: Vec<Degradable>,
     error: Option<PolicyError>,
 }
 
@@ -116,6 +121,14 @@ impl Builder {
         self
     }
 
+    /// Runs even when the host cannot give this layer, which the report then lists as waived.
+    pub fn allow_degraded(mut self, layer: Degradable) -> Self {
+        if !self.degraded.contains(&layer) {
+            self.degraded.push(layer);
+        }
+        self
+    }
+
     /// Gives the payload a pty of its own.
     pub fn tty(mut self, tty: bool) -> Self {
         self.tty = tty;
@@ -141,6 +154,7 @@ impl Builder {
         policy.env = self.env;
         policy.tty = self.tty;
         policy.limits = self.limits;
+        policy.allow_degraded = self.degraded;
         policy.validate()?;
         Ok(Sandbox {
             policy,
@@ -225,7 +239,44 @@ impl Sandbox {
             Scratch::Host { path } => Some(path.display().to_string()),
             Scratch::Ephemeral => None,
         };
-        let running = match palisade_linux::spawn(&policy, self.stdin) {
+        // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
+        // one, refuse, unless the user waived it by name.
+        let (manager, waived) =
+            match palisade_cgroup::detect(Path::new(CGROUP_ROOT), palisade_linux::host::euid()) {
+                Ok(m) => (Some(m), None),
+                Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
+                    (None, Some(e.to_string()))
+                }
+                Err(e) => {
+                    let msg =
+                        format!("{e}; or pass --allow-degraded cgroup to run with rlimits only");
+                    let e = SetupError::Supervisor {
+                        op: "set up the cgroup (memory and process ceilings)",
+                        source: std::io::Error::other(msg),
+                    };
+                    if let Some(d) = &kept {
+                        let _ = std::fs::remove_dir(d);
+                    }
+                    return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
+                }
+            };
+        // Created and joined while init builds the view (see palisade_linux::BeforeStart).
+        let cgroup: RefCell<Option<Box<dyn RunCgroup>>> = RefCell::new(None);
+        let join = |pid: i32| -> std::io::Result<()> {
+            let Some(m) = &manager else { return Ok(()) };
+            m.clean_stale();
+            let limits = CgroupLimits {
+                memory_bytes: policy.limits.memory_bytes,
+                pids: policy.limits.pids,
+            };
+            let c = m
+                .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)
+                .map_err(std::io::Error::other)?;
+            c.join(pid).map_err(std::io::Error::other)?;
+            *cgroup.borrow_mut() = Some(c);
+            Ok(())
+        };
+        let running = match palisade_linux::spawn(&policy, self.stdin, Some(&join)) {
             Ok(r) => r,
             Err(e) => {
                 if let Some(d) = &kept {
@@ -236,10 +287,18 @@ impl Sandbox {
         };
         started(&running);
         let ids = running.ids();
-        match running.wait(sinks) {
+        let mut report = match running.wait(sinks) {
             Ok(o) => Report::from_outcome(&o, ids, scratch, policy.limits),
             Err(e) => Report::from_error(&e, t0.elapsed(), scratch, policy.limits),
+        };
+        let mut cgroup = cgroup.into_inner();
+        let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
+        if let Some(c) = cgroup.as_mut() {
+            let _ = c.remove();
         }
+        let version = cgroup.as_ref().and(manager.as_ref()).map(|m| m.version());
+        report.set_cgroup(version, stats, waived);
+        report
     }
 
     /// Convenience for writers that are not `dyn`.
@@ -255,6 +314,12 @@ impl Sandbox {
         )
     }
 }
+
+/// Root of the cgroup hierarchies.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Distinguishes the cgroups of one supervisor's runs.
+static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn make_temp_dir() -> std::io::Result<PathBuf> {
     let base = std::env::var_os("TMPDIR")

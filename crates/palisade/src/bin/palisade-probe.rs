@@ -260,6 +260,19 @@ fn fill(path: &str, bytes: u64) -> Result<String, i32> {
     Ok(format!("{done} bytes"))
 }
 
+/// Allocates and touches `mib` MiB, one MiB at a time; reports how much it held.
+fn alloc(mib: usize) -> Result<String, i32> {
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..mib {
+        let mut v = vec![0u8; 1 << 20];
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        held.push(v);
+    }
+    Ok(format!("{} MiB", held.len()))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -285,6 +298,7 @@ fn main() {
             &format!("fill {}", a(1)),
             fill(a(1), a(2).parse().unwrap_or(0)),
         ),
+        "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         },
@@ -302,7 +316,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc linger exit segv whoami");
             std::process::exit(2);
         }
     }

@@ -1,0 +1,181 @@
+//! Per-run cgroups for palisade, on cgroup v2 or v1, behind one trait.
+//!
+//! A run gets its own cgroup under a palisade parent (`palisade/` at the root of each hierarchy for
+//! root, `palisade/user-UID/` once root has delegated it to a user with
+//! [`delegate`]). The sandbox's init joins it before the payload starts, so every process of the
+//! sandbox is inside; the limits hold for all of them together, and the accounting (peak memory, OOM
+//! kills) covers all of them. The cgroup is removed after the run; stale ones left by a killed
+//! supervisor are removed on the next start.
+//!
+//! Only file writes, no system calls of our own: the root of the hierarchies is injectable, so the
+//! writers are tested on a temporary directory.
+#![forbid(unsafe_code)]
+
+mod v1;
+mod v2;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub use v1::V1;
+pub use v2::V2;
+
+/// What a run's cgroup enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLimits {
+    /// Memory ceiling in bytes for all processes together; swap is disabled.
+    pub memory_bytes: u64,
+    /// Processes and threads, all together.
+    pub pids: u64,
+}
+
+/// What the cgroup saw of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// Peak memory of the whole sandbox, in bytes, where the kernel keeps it.
+    pub memory_peak: Option<u64>,
+    /// Processes the kernel's OOM killer killed in this cgroup.
+    pub oom_kills: u64,
+}
+
+/// Why a cgroup could not be used.
+#[derive(Debug, Error)]
+pub enum CgroupError {
+    #[error("no usable cgroup hierarchy with the memory and pids controllers under {}", root.display())]
+    NoHierarchy { root: PathBuf },
+    #[error("no cgroup delegated to uid {uid}: {}; as root, run `palisade cgroup-delegate --user <name>` once (on systemd hosts, run palisade inside a session with a delegated user slice)", tried.display())]
+    NotDelegated { uid: u32, tried: PathBuf },
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub(crate) fn io_at<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(io_at("write", path))
+}
+
+/// A hierarchy palisade can create run cgroups in.
+pub trait Manager: Send + Sync {
+    /// `"v1"` or `"v2"`, for the report.
+    fn version(&self) -> &'static str;
+    /// Creates the cgroup of one run, named `name`, with `limits` written.
+    fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError>;
+    /// Removes run cgroups whose supervisor is gone (their name carries its pid).
+    fn clean_stale(&self);
+}
+
+/// The cgroup of one run. Dropping it removes it (it must be empty by then).
+pub trait RunCgroup: Send {
+    /// Moves process `pid` (the sandbox's init, before the payload starts) into the cgroup.
+    fn join(&self, pid: i32) -> Result<(), CgroupError>;
+    /// What the cgroup accounted.
+    fn stats(&self) -> CgroupStats;
+    /// Removes the cgroup; waits briefly for the kernel to finish freeing dead processes.
+    fn remove(&mut self) -> Result<(), CgroupError>;
+}
+
+/// The name of a run's cgroup: the supervisor's pid (for stale detection) and a counter.
+pub fn run_name(seq: u64) -> String {
+    format!("run-{}-{seq}", std::process::id())
+}
+
+pub(crate) fn stale_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("run-")?;
+    rest.split('-').next()?.parse().ok()
+}
+
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes a directory, retrying for a short while: right after the last process of a cgroup is
+/// reaped, the kernel may still report it busy.
+pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
+    let mut last = None;
+    for i in 0..200 {
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(16) => {
+                // EBUSY
+                last = Some(e);
+                std::thread::sleep(std::time::Duration::from_micros(100 * (i + 1).min(50)));
+            }
+            Err(e) => {
+                return Err(CgroupError::Io {
+                    op: "remove",
+                    path: path.to_owned(),
+                    source: e,
+                })
+            }
+        }
+    }
+    Err(CgroupError::Io {
+        op: "remove",
+        path: path.to_owned(),
+        source: last.expect("set in the loop"),
+    })
+}
+
+/// Finds the manager for this host and caller under `root` (normally `/sys/fs/cgroup`): v2 when
+/// the unified hierarchy has the memory and pids controllers, else v1 with memory and pids
+/// hierarchies. `uid` 0 uses `palisade/`, others `palisade/user-UID/` (see [`delegate`]).
+pub fn detect(root: &Path, uid: u32) -> Result<Box<dyn Manager>, CgroupError> {
+    if let Some(v2) = V2::detect(root, uid)? {
+        return Ok(Box::new(v2));
+    }
+    if let Some(v1) = V1::detect(root, uid)? {
+        return Ok(Box::new(v1));
+    }
+    Err(CgroupError::NoHierarchy {
+        root: root.to_owned(),
+    })
+}
+
+/// Delegates a palisade subtree to `uid`/`gid` (root only, once), the way systemd's
+/// `Delegate=yes` does: the directory and the files a delegate needs (`cgroup.procs`, and on v2
+/// `cgroup.subtree_control` and `cgroup.threads`) become the user's. Returns the directories.
+pub fn delegate(root: &Path, uid: u32, gid: u32) -> Result<Vec<PathBuf>, CgroupError> {
+    if let Some(dirs) = V2::delegate(root, uid, gid)? {
+        return Ok(dirs);
+    }
+    if let Some(dirs) = V1::delegate(root, uid, gid)? {
+        return Ok(dirs);
+    }
+    Err(CgroupError::NoHierarchy {
+        root: root.to_owned(),
+    })
+}
+
+pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), CgroupError> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io_at("chown", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_names_carry_the_supervisor_pid() {
+        let n = run_name(7);
+        assert_eq!(stale_pid(&n), Some(std::process::id()));
+        assert_eq!(stale_pid("user-1000"), None);
+        assert_eq!(stale_pid("run-x-1"), None);
+    }
+}
