@@ -68,6 +68,7 @@ pub enum Step {
     Signals,
     Fork,
     DropInitPrivileges,
+    CgroupNamespace,
 }
 
 impl Step {
@@ -92,6 +93,7 @@ impl Step {
             Signals,
             Fork,
             DropInitPrivileges,
+            CgroupNamespace,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -485,6 +487,12 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
     let mut j = [0u8; 1];
     if sys::read_full(fds.go, &mut j) != Ok(1) {
         sys::exit(1);
+    }
+    // Now the cgroup namespace, rooted at the run's cgroup: the payload sees `/` as its cgroup and
+    // nothing of the host's cgroup tree.
+    // SAFETY: unshare of this process's cgroup namespace only.
+    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
+        fail(Step::CgroupNamespace, errno());
     }
     // 13. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
     // allocated, so init's memory is not copied and init resumes only once the payload has

@@ -21,14 +21,14 @@ use std::time::{Duration, Instant};
 /// container ranges, below 2^31 so signed-int tools cope).
 pub const ROOT_MAPPED_ID: u32 = 2_147_000_000;
 
-/// Namespaces every sandbox gets.
+/// Namespaces the sandbox's init is cloned into. The cgroup namespace comes later: init unshares
+/// it once it has been moved into the run's cgroup, so that this cgroup is the root it sees.
 pub const NAMESPACES: u64 = sys::CLONE_NEWUSER
     | sys::CLONE_NEWNS
     | sys::CLONE_NEWPID
     | sys::CLONE_NEWNET
     | sys::CLONE_NEWIPC
-    | sys::CLONE_NEWUTS
-    | sys::CLONE_NEWCGROUP;
+    | sys::CLONE_NEWUTS;
 
 /// What the payload's standard input is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -194,6 +194,23 @@ fn proc_lists_only_sandbox_processes_and_host_pids_cannot_be_killed() {
 }
 
 #[test]
+fn the_host_cgroup_tree_is_hidden() {
+    let r = probe(&[], &["read", "/proc/self/cgroup"]);
+    let got = r.probe("read /proc/self/cgroup");
+    assert!(got.starts_with("ok"), "{got}");
+    for line in got
+        .split("\\n")
+        .filter(|l| !l.is_empty() && !l.starts_with("ok"))
+    {
+        assert!(
+            line.ends_with(":/"),
+            "a host cgroup path is visible: {line} in {got}"
+        );
+    }
+    assert!(!got.contains("palisade") && !got.contains(".."), "{got}");
+}
+
+#[test]
 fn nested_user_namespaces_are_refused() {
     let r = probe(&[], &["unshare-user"]);
     assert!(
