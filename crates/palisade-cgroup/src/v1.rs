@@ -30,7 +30,8 @@ impl V1 {
         }
         let (memory, pids) = (base(root, "memory", uid), base(root, "pids", uid));
         for b in [&memory, &pids] {
-            if uid == 0 {
+            // Checked first: a failing mkdir on cgroupfs still takes the kernel's global cgroup lock.
+            if uid == 0 && !b.join("cgroup.procs").exists() {
                 std::fs::create_dir_all(b).map_err(io_at("create", b))?;
             } else if !b.join("cgroup.procs").exists() {
                 return Err(CgroupError::NotDelegated {
@@ -85,14 +86,17 @@ impl Manager for V1 {
         let mem = limits.memory_bytes.to_string();
         write(&run.memory.join("memory.limit_in_bytes"), &mem)?;
         // Swap off for the sandbox: memory+swap capped at the same value where the kernel accounts
-        // swap, and swappiness 0 in any case.
-        let memsw = run.memory.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
-            write(&memsw, &mem)?;
-        }
-        let swappiness = run.memory.join("memory.swappiness");
-        if swappiness.exists() {
-            write(&swappiness, "0")?;
+        // swap, and swappiness 0. On a host without swap there is nothing to turn off (and each
+        // write costs a trip through the cgroup locks), so both are skipped.
+        if crate::host_has_swap() {
+            let memsw = run.memory.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &mem)?;
+            }
+            let swappiness = run.memory.join("memory.swappiness");
+            if swappiness.exists() {
+                write(&swappiness, "0")?;
+            }
         }
         write(&run.pids.join("pids.max"), &limits.pids.to_string())?;
         Ok(Box::new(run))
@@ -129,6 +133,19 @@ impl RunCgroup for V1Run {
             write(&d.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
+    }
+
+    fn self_join_files(&self) -> Result<Vec<std::fs::File>, CgroupError> {
+        [&self.memory, &self.pids]
+            .into_iter()
+            .map(|d| {
+                let p = d.join("tasks");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(io_at("open", &p))
+            })
+            .collect()
     }
 
     fn stats(&self) -> CgroupStats {

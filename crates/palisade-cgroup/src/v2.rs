@@ -44,7 +44,7 @@ impl V2 {
             return Ok(None);
         };
         let b = base(&u, uid);
-        if uid == 0 {
+        if uid == 0 && !b.join("cgroup.procs").exists() {
             enable_controllers(&u)?;
             std::fs::create_dir_all(&b).map_err(io_at("create", &b))?;
             enable_controllers(&b)?;

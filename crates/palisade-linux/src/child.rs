@@ -69,6 +69,7 @@ pub enum Step {
     Fork,
     DropInitPrivileges,
     CgroupNamespace,
+    CgroupJoin,
 }
 
 impl Step {
@@ -94,6 +95,7 @@ impl Step {
             Fork,
             DropInitPrivileges,
             CgroupNamespace,
+            CgroupJoin,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -106,7 +108,8 @@ pub struct ChildFds {
     pub stdio: [c_int; 3],
     /// Write end of the init → supervisor pipe.
     pub msg: c_int,
-    /// Read end of the supervisor → init "maps are written" pipe.
+    /// Init's end of the supervisor ↔ init socket: "g" (maps written), then "j" (cgroup ready, with
+    /// the files to join it through).
     pub go: c_int,
     /// Socket on which init sends the pty master to the supervisor, or -1.
     pub pty_sock: c_int,
@@ -420,40 +423,10 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
     if slave < 0 {
         return Err(errno());
     }
-    send_fd(sock, master)?;
+    sys::send_fds(sock, 0, &[master])?;
     sys::close(master);
     sys::close(sock);
     Ok(slave)
-}
-
-fn send_fd(sock: c_int, fd: c_int) -> SysResult<()> {
-    // A cmsg buffer for one descriptor, aligned for cmsghdr.
-    #[repr(C, align(8))]
-    struct Buf([u8; 24]);
-    let mut buf = Buf([0; 24]);
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: msghdr points at live stack buffers; CMSG_* compute offsets inside `buf`, which is
-    // large enough for CMSG_SPACE(sizeof(int)) = 24 on 64-bit Linux.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = buf.0.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as _;
-        let cm = libc::CMSG_FIRSTHDR(&msg);
-        (*cm).cmsg_level = libc::SOL_SOCKET;
-        (*cm).cmsg_type = libc::SCM_RIGHTS;
-        (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<c_int>(), fd);
-        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) < 0 {
-            return Err(errno());
-        }
-    }
-    Ok(())
 }
 
 /// After setup: fork the payload, report whether its exec worked, then reap and forward signals
@@ -484,9 +457,21 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
     };
     // The supervisor's "j": whatever it did in parallel with our setup (moving us into the run's
     // cgroup) is done, so the payload and all its descendants start inside.
-    let mut j = [0u8; 1];
-    if sys::read_full(fds.go, &mut j) != Ok(1) {
-        sys::exit(1);
+    // With "j" may come the run's cgroup v1 `tasks` files: init moves itself in by writing "0".
+    // A thread that moves itself spares the kernel the global threadgroup lock (and its RCU grace
+    // period) that moving another process takes; the supervisor opened the files, so the
+    // permission check is its own.
+    let mut cg = [-1 as c_int; sys::MAX_FDS];
+    match sys::recv_fds(fds.go, &mut cg) {
+        Ok((b'j', n)) => {
+            for &fd in &cg[..n] {
+                if let Err(e) = sys::write_all(fd, b"0") {
+                    fail(Step::CgroupJoin, e);
+                }
+                sys::close(fd);
+            }
+        }
+        _ => sys::exit(1),
     }
     // Now the cgroup namespace, rooted at the run's cgroup: the payload sees `/` as its cgroup and
     // nothing of the host's cgroup tree.

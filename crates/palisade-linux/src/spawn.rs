@@ -192,9 +192,10 @@ fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError
 }
 
 /// Called with the sandbox init's host pid after its namespaces exist, while init builds the
-/// filesystem view and before the payload starts, e.g. to move init into a cgroup (every process
-/// of the sandbox then starts inside). It runs in parallel with init's setup, off the critical path.
-pub type BeforeStart<'a> = &'a dyn Fn(i32) -> io::Result<()>;
+/// filesystem view, before the payload starts: it prepares the run's cgroup and either moves init
+/// in itself (cgroup v2) or returns up to [`sys::MAX_FDS`] files (cgroup v1 `tasks`) through which
+/// init moves itself in, which is much cheaper. Every process of the sandbox then starts inside.
+pub type BeforeStart<'a> = &'a dyn Fn(i32) -> io::Result<Vec<File>>;
 
 /// Starts `policy`'s command in a new sandbox and returns once it has been exec'd (or failed to).
 pub fn spawn(
@@ -206,7 +207,7 @@ pub fn spawn(
     let mut plan = plan::build(policy, ids, &plan::RealHost)?;
 
     let (msg_r, msg_w) = pipe()?;
-    let (go_r, go_w) = pipe()?;
+    let (go_w, go_r) = socketpair()?;
     let mut keep: Vec<c_int> = vec![msg_w.as_raw_fd(), go_r.as_raw_fd()];
     let mut child_side: Vec<OwnedFd> = Vec::new();
     let (stdio, out_r, err_r, pty_parent, pty_child) = if policy.tty {
@@ -332,16 +333,19 @@ pub fn spawn(
     })?;
     // While init builds the view: the caller's hook (the cgroup), then "j", which init waits for
     // before it starts the payload.
-    if let Some(hook) = before_start {
-        hook(pid).map_err(|source| SetupError::Supervisor {
+    let files = match before_start {
+        Some(hook) => hook(pid).map_err(|source| SetupError::Supervisor {
             op: "place the sandbox in its cgroup",
             source,
-        })?;
-    }
-    sys::write_all(go_w.as_raw_fd(), b"j").map_err(|e| SetupError::Supervisor {
+        })?,
+        None => Vec::new(),
+    };
+    let raw: Vec<c_int> = files.iter().map(|f| f.as_raw_fd()).collect();
+    sys::send_fds(go_w.as_raw_fd(), b'j', &raw).map_err(|e| SetupError::Supervisor {
         op: "start the sandbox",
         source: io::Error::from_raw_os_error(e),
     })?;
+    drop(files);
     // go_w stays open until the payload has started: init checks it for a hang-up after
     // re-arming its parent-death signal (see child.rs, step 2).
 

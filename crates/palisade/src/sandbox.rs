@@ -260,10 +260,13 @@ impl Sandbox {
                     return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
                 }
             };
-        // Created and joined while init builds the view (see palisade_linux::BeforeStart).
+        // The run's cgroup is made while init builds the view (palisade_linux::BeforeStart): init
+        // then moves itself in through the v1 `tasks` files (cheap), or, on v2, is moved.
         let cgroup: RefCell<Option<Box<dyn RunCgroup>>> = RefCell::new(None);
-        let join = |pid: i32| -> std::io::Result<()> {
-            let Some(m) = &manager else { return Ok(()) };
+        let prepare = |pid: i32| -> std::io::Result<Vec<std::fs::File>> {
+            let Some(m) = &manager else {
+                return Ok(Vec::new());
+            };
             m.clean_stale();
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
@@ -272,11 +275,14 @@ impl Sandbox {
             let c = m
                 .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)
                 .map_err(std::io::Error::other)?;
-            c.join(pid).map_err(std::io::Error::other)?;
+            let files = c.self_join_files().map_err(std::io::Error::other)?;
+            if files.is_empty() {
+                c.join(pid).map_err(std::io::Error::other)?;
+            }
             *cgroup.borrow_mut() = Some(c);
-            Ok(())
+            Ok(files)
         };
-        let running = match palisade_linux::spawn(&policy, self.stdin, Some(&join)) {
+        let running = match palisade_linux::spawn(&policy, self.stdin, Some(&prepare)) {
             Ok(r) => r,
             Err(e) => {
                 if let Some(d) = &kept {

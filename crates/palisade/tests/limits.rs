@@ -54,7 +54,10 @@ fn output_cap_truncates_kills_and_says_so() {
     assert_eq!(j["output_truncated"], true);
     assert_eq!(j["stdout_bytes"], 1 << 20);
     assert_eq!(j["limits"]["output_bytes"], 1 << 20);
-    let relayed = r.stdout.rfind("{\n  \"status\"").expect("the report follows the output");
+    let relayed = r
+        .stdout
+        .rfind("{\n  \"status\"")
+        .expect("the report follows the output");
     assert_eq!(relayed, 1 << 20, "bytes that reached palisade's stdout");
 }
 
