@@ -177,6 +177,22 @@ pub(crate) fn host_has_swap() -> bool {
     }
 }
 
+/// The `oom_kill N` count from a v1 `memory.oom_control` or v2 `memory.events` file.
+pub(crate) fn oom_kills(file: &Path) -> u64 {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A number in a one-value cgroup file.
+pub(crate) fn read_number(file: &Path) -> Option<u64> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
 pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), CgroupError> {
     std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io_at("chown", path))
 }

@@ -149,16 +149,8 @@ impl RunCgroup for V1Run {
     }
 
     fn stats(&self) -> CgroupStats {
-        let read = |f: &str| std::fs::read_to_string(self.memory.join(f)).ok();
-        let memory_peak = read("memory.max_usage_in_bytes").and_then(|s| s.trim().parse().ok());
-        let oom_kills = read("memory.oom_control")
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix("oom_kill ")
-                        .and_then(|v| v.trim().parse().ok())
-                })
-            })
-            .unwrap_or(0);
+        let memory_peak = read_number(&self.memory.join("memory.max_usage_in_bytes"));
+        let oom_kills = oom_kills(&self.memory.join("memory.oom_control"));
         CgroupStats {
             memory_peak,
             oom_kills,

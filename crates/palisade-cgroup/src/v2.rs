@@ -127,16 +127,8 @@ impl RunCgroup for V2Run {
         let Some(dir) = &self.dir else {
             return CgroupStats::default();
         };
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-        let memory_peak = read("memory.peak").and_then(|s| s.trim().parse().ok());
-        let oom_kills = read("memory.events")
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix("oom_kill ")
-                        .and_then(|v| v.trim().parse().ok())
-                })
-            })
-            .unwrap_or(0);
+        let memory_peak = read_number(&dir.join("memory.peak"));
+        let oom_kills = oom_kills(&dir.join("memory.events"));
         CgroupStats {
             memory_peak,
             oom_kills,

@@ -73,32 +73,31 @@ pub enum Step {
 }
 
 impl Step {
+    const ALL: [Step; 20] = [
+        Step::DeathSignal,
+        Step::Ids,
+        Step::Stdio,
+        Step::CloseFds,
+        Step::MountsPrivate,
+        Step::OpenSource,
+        Step::SourceChanged,
+        Step::RootTmpfs,
+        Step::Op,
+        Step::PivotRoot,
+        Step::DetachOldRoot,
+        Step::RootReadOnly,
+        Step::Hostname,
+        Step::Loopback,
+        Step::Pty,
+        Step::Signals,
+        Step::Fork,
+        Step::DropInitPrivileges,
+        Step::CgroupNamespace,
+        Step::CgroupJoin,
+    ];
+
     pub fn from_u32(v: u32) -> Option<Step> {
-        use Step::*;
-        [
-            DeathSignal,
-            Ids,
-            Stdio,
-            CloseFds,
-            MountsPrivate,
-            OpenSource,
-            SourceChanged,
-            RootTmpfs,
-            Op,
-            PivotRoot,
-            DetachOldRoot,
-            RootReadOnly,
-            Hostname,
-            Loopback,
-            Pty,
-            Signals,
-            Fork,
-            DropInitPrivileges,
-            CgroupNamespace,
-            CgroupJoin,
-        ]
-        .into_iter()
-        .find(|s| *s as u32 == v)
+        Step::ALL.into_iter().find(|s| *s as u32 == v)
     }
 }
 

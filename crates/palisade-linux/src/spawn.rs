@@ -350,7 +350,15 @@ pub fn spawn(
     // re-arming its parent-death signal (see child.rs, step 2).
 
     if let Some(sock) = pty_parent {
-        running.pty = recv_fd(sock.as_raw_fd()).map(File::from);
+        let mut got = [-1 as c_int; sys::MAX_FDS];
+        if let Ok((_, n)) = sys::recv_fds(sock.as_raw_fd(), &mut got) {
+            // SAFETY: the kernel just installed these descriptors in our table; we own them.
+            let mut owned: Vec<OwnedFd> = got[..n]
+                .iter()
+                .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                .collect();
+            running.pty = (!owned.is_empty()).then(|| File::from(owned.swap_remove(0)));
+        }
     }
     let mut b = [0u8; 16];
     let n = sys::read_full(running.msg.as_raw_fd(), &mut b).unwrap_or(0);
@@ -432,38 +440,6 @@ fn socketpair() -> Result<(OwnedFd, OwnedFd), SetupError> {
     // SAFETY: both were just created.
     let (a, b) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
     Ok((above2(a)?, above2(b)?))
-}
-
-fn recv_fd(sock: c_int) -> Option<OwnedFd> {
-    #[repr(C, align(8))]
-    struct Buf([u8; 64]);
-    let mut buf = Buf([0; 64]);
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: msghdr points at live buffers; we only read a cmsg the kernel filled and check its
-    // level, type and length before taking the descriptor.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = buf.0.as_mut_ptr().cast();
-        msg.msg_controllen = buf.0.len() as _;
-        if libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) <= 0 {
-            return None;
-        }
-        let cm = libc::CMSG_FIRSTHDR(&msg);
-        if cm.is_null()
-            || (*cm).cmsg_level != libc::SOL_SOCKET
-            || (*cm).cmsg_type != libc::SCM_RIGHTS
-        {
-            return None;
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<c_int>());
-        Some(OwnedFd::from_raw_fd(fd))
-    }
 }
 
 /// Where the payload's output goes.
@@ -600,15 +576,9 @@ impl Running {
                             self.pty = None;
                         }
                         Ok(n) => {
-                            let take = n.min(cap.saturating_sub(out_n + err_n) as usize);
+                            let take = relay(&mut *sinks.stdout, &buf[..n], cap - (out_n + err_n));
                             out_n += take as u64;
-                            let _ = sinks
-                                .stdout
-                                .write_all(&buf[..take])
-                                .and_then(|_| sinks.stdout.flush());
-                            if take < n {
-                                truncated = true;
-                            }
+                            truncated |= take < n;
                         }
                     }
                 } else if Some(p.fd) == err_fd {
@@ -616,15 +586,9 @@ impl Running {
                     match src.read(&mut buf) {
                         Ok(0) | Err(_) => self.stderr = None,
                         Ok(n) => {
-                            let take = n.min(cap.saturating_sub(out_n + err_n) as usize);
+                            let take = relay(&mut *sinks.stderr, &buf[..n], cap - (out_n + err_n));
                             err_n += take as u64;
-                            let _ = sinks
-                                .stderr
-                                .write_all(&buf[..take])
-                                .and_then(|_| sinks.stderr.flush());
-                            if take < n {
-                                truncated = true;
-                            }
+                            truncated |= take < n;
                         }
                     }
                 } else if p.fd == self.msg.as_raw_fd() {
@@ -695,6 +659,14 @@ impl Running {
             stderr_bytes: err_n,
         })
     }
+}
+
+/// Writes at most `room` bytes of `data` to `sink` and returns how many it took. A sink that
+/// fails (a closed terminal, a full disk) does not stop the run: the bytes are counted as relayed.
+fn relay(sink: &mut dyn Write, data: &[u8], room: u64) -> usize {
+    let take = data.len().min(room.min(usize::MAX as u64) as usize);
+    let _ = sink.write_all(&data[..take]).and_then(|_| sink.flush());
+    take
 }
 
 impl Drop for Running {
