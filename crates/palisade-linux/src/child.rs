@@ -668,8 +668,17 @@ fn payload(args: &mut PayloadArgs) -> ! {
         report(NO_CAND, e);
     }
     // 16. Everything but 0, 1, 2 closes at exec.
-    // 17. exec, searching the sandbox's PATH like execvp; an error goes back to init.
+    // 18. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+    // 17. seccomp, last: after it, only the calls the filter allows are possible, and none of
+    //     palisade's own setup needs to be.
+    let prog = sys::SockFprog {
+        len: plan.seccomp.len() as u16,
+        filter: plan.seccomp.as_ptr(),
+    };
+    if let Err(e) = sys::install_seccomp(&prog) {
+        report(NO_CAND, e);
+    }
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);
     for (i, cand) in ex.candidates.iter().enumerate() {

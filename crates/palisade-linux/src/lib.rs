@@ -18,6 +18,7 @@ pub mod child;
 mod error;
 pub mod host;
 pub mod plan;
+pub mod seccomp;
 mod spawn;
 pub mod sys;
 

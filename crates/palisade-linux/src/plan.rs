@@ -157,6 +157,8 @@ pub struct Plan {
     /// The stack the payload starts on (see `child::supervise`), allocated here so that the child
     /// never allocates.
     pub payload_stack: Vec<u8>,
+    /// The seccomp filter the payload installs last (see `seccomp`).
+    pub seccomp: Vec<crate::seccomp::SockFilter>,
     /// Resource limits the payload sets on itself before exec: (resource, value).
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
 }
@@ -486,6 +488,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         tty: policy.tty,
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
+        seccomp: crate::seccomp::program(),
         rlimits: vec![
             (libc::RLIMIT_CORE, 0),
             (libc::RLIMIT_NPROC, policy.limits.pids),

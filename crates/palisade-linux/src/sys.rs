@@ -295,6 +295,27 @@ pub fn hung_up(fd: c_int) -> bool {
     r > 0 && p.revents & libc::POLLHUP != 0
 }
 
+/// `struct sock_fprog`.
+#[repr(C)]
+pub struct SockFprog {
+    pub len: u16,
+    pub filter: *const crate::seccomp::SockFilter,
+}
+
+/// Installs a seccomp filter on the calling thread (no_new_privs must be set).
+pub fn install_seccomp(prog: &SockFprog) -> SysResult<()> {
+    // SAFETY: `prog` points at `len` valid instructions that outlive the call (the kernel copies
+    // them).
+    check_int(unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as c_ulong,
+            prog as *const SockFprog,
+        )
+    })
+    .map(drop)
+}
+
 /// Most descriptors [`send_fds`] and [`recv_fds`] carry in one message.
 pub const MAX_FDS: usize = 4;
 

@@ -346,11 +346,14 @@ fn layers(ids: Option<Ids>) -> Vec<Layer> {
         "RLIMIT_NPROC, counted per user namespace".into(),
     ));
     v.push(on("file-limits", "RLIMIT_NOFILE and RLIMIT_FSIZE".into()));
-    for (name, issue) in [
-        ("seccomp", "#4"),
-        ("landlock", "#4"),
-        ("egress-proxy", "#3"),
-    ] {
+    v.push(on(
+        "seccomp",
+        format!(
+            "{} system calls refused (io_uring, bpf, ptrace, keyctl, mount API, unshare/setns…), clone with namespace flags, TIOCSTI/TIOCLINUX, socket families but unix/inet/inet6, other ABIs",
+            palisade_linux::seccomp::denied().len()
+        ),
+    ));
+    for (name, issue) in [("landlock", "#4"), ("egress-proxy", "#3")] {
         v.push(Layer {
             name,
             enforced: false,

@@ -211,6 +211,57 @@ fn the_host_cgroup_tree_is_hidden() {
 }
 
 #[test]
+fn seccomp_refuses_the_kernels_riskiest_calls() {
+    // Control: outside the sandbox these calls work on this host, so a refusal inside is the
+    // filter's doing, not the host's.
+    let control: Run = std::process::Command::new(probe_bin())
+        .arg("syscalls")
+        .output()
+        .unwrap()
+        .into();
+    for what in [
+        "sys keyctl",
+        "sys process_vm_readv",
+        "sys socket-netlink",
+        "sys ptrace-traceme",
+    ] {
+        assert!(
+            control.probe(what).starts_with("ok"),
+            "control {what}: {}",
+            control.probe(what)
+        );
+    }
+    let r = probe(&["--tty"], &["syscalls"]);
+    for what in [
+        "sys io_uring_setup",
+        "sys bpf",
+        "sys userfaultfd",
+        "sys keyctl",
+        "sys process_vm_readv",
+        "sys unshare-user",
+        "sys clone-newnet",
+        "sys tiocsti-high-bits",
+        "sys ptrace-traceme",
+    ] {
+        assert_eq!(r.probe(what), "denied EPERM", "{what}\n{}", r.stdout);
+    }
+    assert_eq!(
+        r.probe("sys clone3"),
+        "absent".replace("absent", "denied ENOSYS")
+    );
+    assert_eq!(r.probe("sys socket-netlink"), "denied EAFNOSUPPORT");
+    assert_eq!(r.probe("sys socket-packet"), "denied EAFNOSUPPORT");
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(r.probe("sys x32-getpid"), "denied EPERM");
+    }
+    let caps = probe(&[], &["caps"]).probe("caps");
+    assert!(
+        caps.contains("Seccomp=2"),
+        "the filter is not installed: {caps}"
+    );
+}
+
+#[test]
 fn nested_user_namespaces_are_refused() {
     let r = probe(&[], &["unshare-user"]);
     assert!(

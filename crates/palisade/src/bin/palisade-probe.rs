@@ -30,6 +30,7 @@ fn errno_name(e: i32) -> String {
         libc::EAGAIN => "EAGAIN",
         libc::EFBIG => "EFBIG",
         libc::EMFILE => "EMFILE",
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
         _ => return format!("errno{e}"),
     };
     n.to_owned()
@@ -85,12 +86,13 @@ fn caps() -> Result<String, i32> {
             .unwrap_or_default()
     };
     Ok(format!(
-        "CapEff={} CapPrm={} CapBnd={} CapAmb={} NoNewPrivs={}",
+        "CapEff={} CapPrm={} CapBnd={} CapAmb={} NoNewPrivs={} Seccomp={}",
         get("CapEff:"),
         get("CapPrm:"),
         get("CapBnd:"),
         get("CapAmb:"),
-        get("NoNewPrivs:")
+        get("NoNewPrivs:"),
+        get("Seccomp:")
     ))
 }
 
@@ -273,6 +275,176 @@ fn alloc(mib: usize) -> Result<String, i32> {
     Ok(format!("{} MiB", held.len()))
 }
 
+fn raw(r: libc::c_long) -> Result<String, i32> {
+    if r < 0 {
+        Err(last())
+    } else {
+        Ok(String::new())
+    }
+}
+
+/// Tries the system calls the seccomp filter refuses; one line each. Integer arguments are
+/// passed as `c_long`: `syscall` is variadic, and a 32-bit value would leave the upper half of
+/// the register undefined.
+// `libc`'s ioctl request type differs between targets (u64 with glibc, i32 with musl).
+#[allow(clippy::unnecessary_cast)]
+fn syscalls() {
+    type L = libc::c_long;
+    // SAFETY: each call gets valid (zeroed or self-referring) arguments; descriptors that a call
+    // returns are left to the process's exit; a child that a successful clone creates exits at once.
+    unsafe {
+        let mut params = [0u8; 120];
+        line(
+            "sys io_uring_setup",
+            raw(libc::syscall(
+                libc::SYS_io_uring_setup,
+                1 as L,
+                params.as_mut_ptr(),
+            )),
+        );
+        let mut attr = [0u8; 128];
+        line(
+            "sys bpf",
+            raw(libc::syscall(
+                libc::SYS_bpf,
+                0 as L,
+                attr.as_mut_ptr(),
+                128 as L,
+            )),
+        );
+        line(
+            "sys userfaultfd",
+            raw(libc::syscall(
+                libc::SYS_userfaultfd,
+                1 as L, /* UFFD_USER_MODE_ONLY */
+            )),
+        );
+        line(
+            "sys keyctl",
+            raw(libc::syscall(
+                libc::SYS_keyctl,
+                0 as L,  /* GET_KEYRING_ID */
+                -3 as L, /* session */
+                0 as L,
+            )),
+        );
+        let mut buf = [0u8; 8];
+        let src = [7u8; 8];
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: 8,
+        };
+        let remote = libc::iovec {
+            iov_base: src.as_ptr() as *mut _,
+            iov_len: 8,
+        };
+        line(
+            "sys process_vm_readv",
+            raw(libc::syscall(
+                libc::SYS_process_vm_readv,
+                libc::getpid() as L,
+                &local,
+                1 as L,
+                &remote,
+                1 as L,
+                0 as L,
+            )),
+        );
+        line(
+            "sys socket-netlink",
+            raw(libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) as L),
+        );
+        line(
+            "sys socket-packet",
+            raw(libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) as L),
+        );
+        // Namespace-creating calls run in a throwaway child, so that a success (outside a sandbox)
+        // does not change the rest of the probe.
+        let in_child = |f: &dyn Fn() -> L| -> Result<String, i32> {
+            let mut p = [0 as libc::c_int; 2];
+            libc::pipe(p.as_mut_ptr());
+            match libc::fork() {
+                -1 => Err(last()),
+                0 => {
+                    let r = f();
+                    let e: i32 = if r < 0 { last() } else { 0 };
+                    libc::write(p[1], (&e as *const i32).cast(), 4);
+                    libc::_exit(0);
+                }
+                pid => {
+                    let mut e = 0i32;
+                    libc::read(p[0], (&mut e as *mut i32).cast(), 4);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                    libc::close(p[0]);
+                    libc::close(p[1]);
+                    if e == 0 {
+                        Ok(String::new())
+                    } else {
+                        Err(e)
+                    }
+                }
+            }
+        };
+        line(
+            "sys unshare-user",
+            in_child(&|| libc::unshare(libc::CLONE_NEWUSER) as L),
+        );
+        let clone_flags = |flags: L| -> L {
+            let r = libc::syscall(
+                libc::SYS_clone,
+                flags | libc::SIGCHLD as L,
+                0 as L,
+                0 as L,
+                0 as L,
+                0 as L,
+            );
+            if r == 0 {
+                libc::_exit(0);
+            }
+            if r > 0 {
+                libc::waitpid(r as i32, std::ptr::null_mut(), 0);
+            }
+            r
+        };
+        line(
+            "sys clone-newnet",
+            in_child(&|| clone_flags(libc::CLONE_NEWNET as L)),
+        );
+        let mut cargs = [0u64; 11];
+        cargs[0] = libc::CLONE_NEWUSER as u64;
+        cargs[4] = libc::SIGCHLD as u64;
+        line(
+            "sys clone3",
+            in_child(&|| {
+                let r = libc::syscall(libc::SYS_clone3, cargs.as_ptr(), 88 as L);
+                if r == 0 {
+                    libc::_exit(0);
+                }
+                r
+            }),
+        );
+        let c: libc::c_char = b'#' as _;
+        line(
+            "sys tiocsti-high-bits",
+            raw(libc::syscall(
+                libc::SYS_ioctl,
+                0 as L,
+                ((1u64 << 32) | libc::TIOCSTI as u64) as L,
+                &c,
+            )),
+        );
+        #[cfg(target_arch = "x86_64")]
+        line(
+            "sys x32-getpid",
+            raw(libc::syscall(libc::SYS_getpid | 0x4000_0000)),
+        );
+        line(
+            "sys ptrace-traceme",
+            in_child(&|| libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) as L),
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -299,6 +471,7 @@ fn main() {
             fill(a(1), a(2).parse().unwrap_or(0)),
         ),
         "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
+        "syscalls" => syscalls(),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         },
@@ -316,7 +489,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls linger exit segv whoami");
             std::process::exit(2);
         }
     }

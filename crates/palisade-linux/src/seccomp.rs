@@ -1,0 +1,279 @@
+//! The seccomp filter: a second wall in front of the kernel's attack surface.
+//!
+//! Installed last in the payload, after no_new_privs and right before `execve`, so that none of
+//! palisade's own setup calls are filtered. Refused calls fail with `EPERM` (not a kill), so that
+//! programs fail gracefully; `clone3` fails with `ENOSYS` so that libc falls back to `clone`, whose
+//! flags a classic BPF filter can inspect (it cannot read `clone3`'s argument struct).
+//!
+//! | refused | why |
+//! |---|---|
+//! | other ABIs (i386 on x86_64, x32) | their syscall numbers would bypass the checks below |
+//! | `io_uring_*` | performs I/O without passing through the syscalls this filter checks; a long record of kernel bugs |
+//! | `bpf`, `perf_event_open`, `userfaultfd`, `keyctl`, `add_key`, `request_key` | frequent privilege-escalation surface, not needed by payloads |
+//! | `ptrace`, `process_vm_readv/writev` | inspecting or steering other processes |
+//! | `kexec_*`, module calls, `reboot`, `swapon/off`, `acct`, `quotactl*`, `syslog`, `iopl`, `ioperm`, `uselib`, `_sysctl`, `lookup_dcookie` | host administration |
+//! | `mount` and the new mount API, `umount2`, `pivot_root`, `chroot` | changing the filesystem view |
+//! | `open_by_handle_at`, `name_to_handle_at` | opening files by handle, around the mount view (the "shocker" escape) |
+//! | `unshare`, `setns`, `clone` with namespace flags | new namespaces unlock more kernel surface (nested user namespaces are also capped at 0) |
+//! | `ioctl` `TIOCSTI`, `TIOCLINUX` | keystroke injection into a terminal; the command is compared as 32 bits (CVE-2019-10063) |
+//! | `socket` of families other than `AF_UNIX`, `AF_INET`, `AF_INET6` | netlink, packet and raw sockets: no route out but the proxy's |
+//!
+//! Not yet: reporting the attempts (seccomp user notification, issue #4), and a policy switch for
+//! `ptrace` inside the sandbox (debuggers).
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SockFilter {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)
+const BPF_JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
+const BPF_JGE_K: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
+const BPF_JSET_K: u16 = 0x05 | 0x40; // BPF_JMP | BPF_JSET | BPF_K
+const BPF_RET_K: u16 = 0x06;
+
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+
+// Offsets in `struct seccomp_data`.
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const OFF_ARG0_LO: u32 = 16;
+const OFF_ARG1_LO: u32 = 24;
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7;
+
+/// x32 system calls on x86_64 carry this bit.
+const X32_BIT: u32 = 0x4000_0000;
+
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP
+    | 0x80) as u32; // CLONE_NEWTIME
+
+fn stmt(code: u16, k: u32) -> SockFilter {
+    SockFilter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> SockFilter {
+    SockFilter { code, jt, jf, k }
+}
+
+/// System calls refused outright.
+pub fn denied() -> Vec<i64> {
+    let mut v = vec![
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_mount_setattr,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+        libc::SYS_quotactl_fd,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_syslog,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_lookup_dcookie,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        libc::SYS_iopl,
+        libc::SYS_ioperm,
+        libc::SYS_uselib,
+        libc::SYS__sysctl,
+    ]);
+    v
+}
+
+/// Builds the filter program.
+pub fn program() -> Vec<SockFilter> {
+    let mut p = Vec::new();
+    let errno = |e: i32| stmt(BPF_RET_K, RET_ERRNO | (e as u32 & 0xffff));
+    // Architecture first: a foreign ABI would reinterpret every number below.
+    p.push(stmt(BPF_LD_W_ABS, OFF_ARCH));
+    p.push(jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0));
+    p.push(errno(libc::EPERM));
+    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    if cfg!(target_arch = "x86_64") {
+        p.push(jump(BPF_JGE_K, X32_BIT, 0, 1));
+        p.push(errno(libc::EPERM));
+    }
+    for nr in denied() {
+        p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
+        p.push(errno(libc::EPERM));
+    }
+    // clone3: ENOSYS, so that libc falls back to clone.
+    p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
+    p.push(errno(libc::ENOSYS));
+    // clone with any namespace flag.
+    p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 3));
+    p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
+    p.push(jump(BPF_JSET_K, NAMESPACE_FLAGS, 0, 1));
+    p.push(errno(libc::EPERM));
+    // The number may have been replaced by an argument above: reload it.
+    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    // ioctl TIOCSTI / TIOCLINUX, compared on the low 32 bits of the command.
+    p.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, 4));
+    p.push(stmt(BPF_LD_W_ABS, OFF_ARG1_LO));
+    p.push(jump(BPF_JEQ_K, libc::TIOCSTI as u32, 1, 0));
+    p.push(jump(BPF_JEQ_K, libc::TIOCLINUX as u32, 0, 1));
+    p.push(errno(libc::EPERM));
+    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    // socket: only unix, inet, inet6.
+    p.push(jump(BPF_JEQ_K, libc::SYS_socket as u32, 0, 5));
+    p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
+    p.push(jump(BPF_JEQ_K, libc::AF_UNIX as u32, 3, 0));
+    p.push(jump(BPF_JEQ_K, libc::AF_INET as u32, 2, 0));
+    p.push(jump(BPF_JEQ_K, libc::AF_INET6 as u32, 1, 0));
+    p.push(errno(libc::EAFNOSUPPORT));
+    p.push(stmt(BPF_RET_K, RET_ALLOW));
+    p
+}
+
+#[cfg(test)]
+// `libc`'s ioctl request type differs between targets (u64 with glibc, i32 with musl).
+#[allow(clippy::unnecessary_cast)]
+mod tests {
+    use super::*;
+
+    /// A tiny classic-BPF interpreter for the instructions the filter uses, to check decisions
+    /// without a kernel.
+    fn run(p: &[SockFilter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        let data = |off: u32| -> u32 {
+            match off {
+                OFF_NR => nr,
+                OFF_ARCH => arch,
+                o if o >= 16 => {
+                    let i = ((o - 16) / 8) as usize;
+                    if (o - 16) % 8 == 0 {
+                        args[i] as u32
+                    } else {
+                        (args[i] >> 32) as u32
+                    }
+                }
+                _ => panic!("unexpected load at {off}"),
+            }
+        };
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let i = p[pc];
+            match i.code {
+                BPF_LD_W_ABS => a = data(i.k),
+                BPF_RET_K => return i.k,
+                BPF_JEQ_K => pc += if a == i.k { i.jt } else { i.jf } as usize,
+                BPF_JGE_K => pc += if a >= i.k { i.jt } else { i.jf } as usize,
+                BPF_JSET_K => pc += if a & i.k != 0 { i.jt } else { i.jf } as usize,
+                c => panic!("unknown instruction {c:#x}"),
+            }
+            pc += 1;
+        }
+    }
+
+    const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+
+    #[test]
+    fn decisions() {
+        let p = program();
+        let call = |nr: i64, args: [u64; 6]| run(&p, nr as u32, AUDIT_ARCH, args);
+        assert_eq!(call(libc::SYS_read, [0; 6]), RET_ALLOW);
+        assert_eq!(call(libc::SYS_io_uring_setup, [0; 6]), EPERM);
+        assert_eq!(call(libc::SYS_unshare, [0; 6]), EPERM);
+        assert_eq!(
+            call(libc::SYS_clone3, [0; 6]),
+            RET_ERRNO | libc::ENOSYS as u32
+        );
+        assert_eq!(
+            call(libc::SYS_clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(
+                libc::SYS_clone,
+                [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]
+            ),
+            EPERM
+        );
+        assert_eq!(
+            call(libc::SYS_ioctl, [0, libc::TIOCSTI as u64, 0, 0, 0, 0]),
+            EPERM
+        );
+        // The high 32 bits of the command do not matter (CVE-2019-10063).
+        assert_eq!(
+            call(
+                libc::SYS_ioctl,
+                [0, (1u64 << 32) | libc::TIOCSTI as u64, 0, 0, 0, 0]
+            ),
+            EPERM
+        );
+        assert_eq!(
+            call(libc::SYS_ioctl, [0, libc::TIOCGWINSZ as u64, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_INET as u64, 1, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_NETLINK as u64, 3, 0, 0, 0, 0]),
+            RET_ERRNO | libc::EAFNOSUPPORT as u32
+        );
+        assert_eq!(
+            call(libc::SYS_socket, [libc::AF_PACKET as u64, 3, 0, 0, 0, 0]),
+            RET_ERRNO | libc::EAFNOSUPPORT as u32
+        );
+        // Another ABI, or an x32 number, is refused before any number is looked at.
+        assert_eq!(run(&p, libc::SYS_read as u32, 0x4000_0003, [0; 6]), EPERM);
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(call(libc::SYS_read | 0x4000_0000, [0; 6]), EPERM);
+        }
+    }
+}
