@@ -111,9 +111,11 @@ impl Manager for V1 {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some(pid) = stale_pid(&name) {
                     // A dead supervisor's sandbox died with it (PDEATHSIG), so its cgroup is
-                    // empty; one that is not stays, and rmdir says so.
+                    // empty; one that is not stays (one attempt, no retry: this is on every
+                    // start). Liveness is judged in our own pid namespace, so supervisors in
+                    // other pid namespaces need their own palisade parent.
                     if !pid_alive(pid) {
-                        let _ = rmdir_retry(&e.path());
+                        let _ = std::fs::remove_dir(e.path());
                     }
                 }
             }

@@ -106,7 +106,7 @@ impl Manager for V2 {
             if let Some(pid) = stale_pid(&name) {
                 if !pid_alive(pid) {
                     let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
-                    let _ = rmdir_retry(&e.path());
+                    let _ = std::fs::remove_dir(e.path());
                 }
             }
         }

@@ -149,6 +149,25 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     // 1. Die with the supervisor. Set before waiting for "go": if the supervisor is already
     //    gone, the read below sees end-of-file instead, so there is no window.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
+    // 2. Only stdin/stdout/stderr cross the boundary: put ours in place, close everything else
+    //    inherited (clone3 copied the whole descriptor table, close-on-exec or not). Before the
+    //    wait below: our copy of the supervisor's end of the "go" socket must be gone, or the
+    //    supervisor's death would never show here as end-of-file.
+    for (target, src) in fds.stdio.iter().enumerate() {
+        // SAFETY: dup2 onto 0..2 of descriptors the supervisor passed open.
+        if *src != target as c_int && unsafe { libc::dup2(*src, target as c_int) } < 0 {
+            return Err((Step::Stdio, target as u32, errno()));
+        }
+    }
+    let mut next: u32 = 3;
+    for &fd in &fds.keep {
+        if fd as u32 > next {
+            sys::close_range(next, fd as u32 - 1, 0).map_err(at(Step::CloseFds))?;
+        }
+        next = fd as u32 + 1;
+    }
+    sys::close_range(next, u32::MAX, 0).map_err(at(Step::CloseFds))?;
+
     let mut b = [0u8; 1];
     if sys::read_full(fds.go, &mut b) != Ok(1) {
         sys::exit(1); // The supervisor gave up (its own error is reported there).
@@ -157,7 +176,7 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     // plan (1777 on /tmp) are exact; the payload gets 022 back.
     unsafe { libc::umask(0) };
 
-    // 2. Become the mapped ids. For a root-launched sandbox this is what moves the process off
+    // 3. Become the mapped ids. For a root-launched sandbox this is what moves the process off
     //    host uid 0 (until now its kernel uid was still 0, unmapped here: files owned by host root
     //    would pass the owner check). Supplementary groups go first, while we may still drop them.
     let ids = plan.ids;
@@ -181,23 +200,6 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     // the maps are written, an unprivileged supervisor needs to open our /proc files, which
     // non-dumpable makes root's.
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::DeathSignal))?;
-
-    // 3. Only stdin/stdout/stderr cross the boundary: put ours in place, close everything else
-    //    inherited (clone3 copied the whole descriptor table, close-on-exec or not).
-    for (target, src) in fds.stdio.iter().enumerate() {
-        // SAFETY: dup2 onto 0..2 of descriptors the supervisor passed open.
-        if *src != target as c_int && unsafe { libc::dup2(*src, target as c_int) } < 0 {
-            return Err((Step::Stdio, target as u32, errno()));
-        }
-    }
-    let mut next: u32 = 3;
-    for &fd in &fds.keep {
-        if fd as u32 > next {
-            sys::close_range(next, fd as u32 - 1, 0).map_err(at(Step::CloseFds))?;
-        }
-        next = fd as u32 + 1;
-    }
-    sys::close_range(next, u32::MAX, 0).map_err(at(Step::CloseFds))?;
 
     // 4. No mount event crosses between host and sandbox, in either direction.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
@@ -327,14 +329,18 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
             let tree = if s.tree >= 0 {
                 s.tree
             } else {
-                open_tree(
+                let t = open_tree(
                     s.fd,
                     c"",
                     OPEN_TREE_CLONE
                         | OPEN_TREE_CLOEXEC
                         | libc::AT_EMPTY_PATH as u32
                         | libc::AT_RECURSIVE as u32,
-                )?
+                );
+                // The host path's descriptor is not needed past this point; init must not hold
+                // handles to host directories for the rest of the run.
+                close(s.fd);
+                t?
             };
             let flags = libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32;
             mount_setattr(tree, c"", flags, *attrs, 0, -1)?;
@@ -608,7 +614,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
     //     processes, open files, file size).
     // SAFETY: process-local signal, session, directory and limit calls.
     unsafe {
-        for sig in 1..libc::SIGRTMAX() {
+        for sig in 1..=libc::SIGRTMAX() {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                 libc::signal(sig, libc::SIG_DFL);
             }

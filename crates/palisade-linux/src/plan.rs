@@ -157,6 +157,8 @@ pub struct Plan {
     /// The stack the payload starts on (see `child::supervise`), allocated here so that the child
     /// never allocates.
     pub payload_stack: Vec<u8>,
+    /// Index in `sources` of a host scratch directory.
+    pub scratch_source: Option<usize>,
     /// The seccomp filter the payload installs last (see `seccomp`).
     pub seccomp: Vec<crate::seccomp::SockFilter>,
     /// Resource limits the payload sets on itself before exec: (resource, value).
@@ -435,6 +437,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         path: rel(SCRATCH_DIR),
         mode: 0o755,
     });
+    let mut scratch_source = None;
     match &policy.scratch {
         Scratch::Ephemeral => b.ops.push(Op::Tmpfs {
             path: rel(SCRATCH_DIR),
@@ -450,6 +453,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
                 });
             }
             let s = b.user_source(&canon, &meta, ids.privileged, ids.privileged);
+            scratch_source = Some(s);
             b.ops.push(Op::Bind {
                 source: s,
                 path: rel(SCRATCH_DIR),
@@ -488,6 +492,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         tty: policy.tty,
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
+        scratch_source,
         seccomp: crate::seccomp::program(),
         rlimits: vec![
             (libc::RLIMIT_CORE, 0),

@@ -17,6 +17,7 @@
 //! | `unshare`, `setns`, `clone` with namespace flags | new namespaces unlock more kernel surface (nested user namespaces are also capped at 0) |
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | keystroke injection into a terminal; the command is compared as 32 bits (CVE-2019-10063) |
 //! | `socket` of families other than `AF_UNIX`, `AF_INET`, `AF_INET6` | netlink, packet and raw sockets: no route out but the proxy's |
+//! | `chmod`, `fchmod`, `fchmodat(2)`, `open`, `openat`, `creat`, `mknod(at)` with set-uid or set-gid in the mode; `openat2` (ENOSYS: its mode is out of a filter's reach) | files written to scratch or `--rw` binds land on the host owned by a real user: a set-uid file left there would run as that user (root, for a root-launched sandbox) for anyone who can reach it |
 //!
 //! Not yet: reporting the attempts (seccomp user notification, issue #4), and a policy switch for
 //! `ptrace` inside the sandbox (debuggers).
@@ -45,6 +46,14 @@ const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
 const OFF_ARG0_LO: u32 = 16;
 const OFF_ARG1_LO: u32 = 24;
+
+/// Offset of the low 32 bits of argument `i`.
+const fn arg_lo(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+/// Set-user-ID and set-group-ID bits of a file mode.
+const SETID_BITS: u32 = 0o6000;
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xc000_003e;
@@ -171,8 +180,39 @@ pub fn program() -> Vec<SockFilter> {
     p.push(jump(BPF_JEQ_K, libc::AF_INET as u32, 2, 0));
     p.push(jump(BPF_JEQ_K, libc::AF_INET6 as u32, 1, 0));
     p.push(errno(libc::EAFNOSUPPORT));
+    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    // No set-uid/set-gid bit on any file the payload creates or changes.
+    for (nr, arg) in mode_args() {
+        p.push(jump(BPF_JEQ_K, nr as u32, 0, 3));
+        p.push(stmt(BPF_LD_W_ABS, arg_lo(arg)));
+        p.push(jump(BPF_JSET_K, SETID_BITS, 0, 1));
+        p.push(errno(libc::EPERM));
+        p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    }
+    // openat2 takes its mode in a struct a filter cannot read: ENOSYS, callers fall back to openat.
+    p.push(jump(BPF_JEQ_K, libc::SYS_openat2 as u32, 0, 1));
+    p.push(errno(libc::ENOSYS));
     p.push(stmt(BPF_RET_K, RET_ALLOW));
     p
+}
+
+/// System calls that take a file mode, and the index of that argument.
+fn mode_args() -> Vec<(i64, u32)> {
+    let mut v = vec![
+        (libc::SYS_fchmod, 1),
+        (libc::SYS_fchmodat, 2),
+        (452, 2), // fchmodat2, the same number on every architecture
+        (libc::SYS_openat, 3),
+        (libc::SYS_mknodat, 2),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        (libc::SYS_chmod, 1),
+        (libc::SYS_open, 2),
+        (libc::SYS_creat, 1),
+        (libc::SYS_mknod, 1),
+    ]);
+    v
 }
 
 #[cfg(test)]
@@ -270,6 +310,33 @@ mod tests {
             call(libc::SYS_socket, [libc::AF_PACKET as u64, 3, 0, 0, 0, 0]),
             RET_ERRNO | libc::EAFNOSUPPORT as u32
         );
+        // Set-uid and set-gid bits never reach a file; ordinary modes do.
+        assert_eq!(call(libc::SYS_fchmodat, [0, 0, 0o4755, 0, 0, 0]), EPERM);
+        assert_eq!(call(libc::SYS_fchmodat, [0, 0, 0o2755, 0, 0, 0]), EPERM);
+        assert_eq!(call(libc::SYS_fchmodat, [0, 0, 0o755, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(libc::SYS_fchmod, [3, 0o4711, 0, 0, 0, 0]), EPERM);
+        assert_eq!(call(452, [0, 0, 0o6755, 0, 0, 0]), EPERM);
+        assert_eq!(
+            call(libc::SYS_openat, [0, 0, libc::O_CREAT as u64, 0o4755, 0, 0]),
+            EPERM
+        );
+        assert_eq!(
+            call(libc::SYS_openat, [0, 0, libc::O_CREAT as u64, 0o644, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(call(libc::SYS_mknodat, [0, 0, 0o104755, 0, 0, 0]), EPERM);
+        assert_eq!(
+            call(libc::SYS_openat2, [0; 6]),
+            RET_ERRNO | libc::ENOSYS as u32
+        );
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(call(libc::SYS_chmod, [0, 0o4755, 0, 0, 0, 0]), EPERM);
+            assert_eq!(
+                call(libc::SYS_open, [0, libc::O_CREAT as u64, 0o2755, 0, 0, 0]),
+                EPERM
+            );
+            assert_eq!(call(libc::SYS_creat, [0, 0o4755, 0, 0, 0, 0]), EPERM);
+        }
         // Another ABI, or an x32 number, is refused before any number is looked at.
         assert_eq!(run(&p, libc::SYS_read as u32, 0x4000_0003, [0; 6]), EPERM);
         if cfg!(target_arch = "x86_64") {

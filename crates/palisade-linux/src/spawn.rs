@@ -137,8 +137,9 @@ fn devnull() -> Result<OwnedFd, SetupError> {
     above2(f.into())
 }
 
-/// The ids the payload gets, and what they map to on the host.
-fn choose_ids(policy: &Policy) -> Result<Ids, SetupError> {
+/// The ids the payload gets, what they map to on the host, and (root only) the device and inode
+/// of the scratch directory they were read from, which the plan must then mount.
+fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> {
     // SAFETY: trivially safe id queries.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     if euid != 0 {
@@ -159,31 +160,37 @@ fn choose_ids(policy: &Policy) -> Result<Ids, SetupError> {
                 });
             }
         }
-        return Ok(Ids {
-            uid: euid,
-            gid: egid,
-            host_uid: euid,
-            host_gid: egid,
-            privileged: false,
-        });
+        return Ok((
+            Ids {
+                uid: euid,
+                gid: egid,
+                host_uid: euid,
+                host_gid: egid,
+                privileged: false,
+            },
+            None,
+        ));
     }
     // Root: the payload is the scratch directory's owner inside (root for an ephemeral scratch),
     // mapped to ROOT_MAPPED_ID outside. The scratch is then idmapped through the same namespace,
     // so files written there land on disk owned by that owner, never by ROOT_MAPPED_ID.
-    let (uid, gid) = match &policy.scratch {
-        Scratch::Ephemeral => (0, 0),
+    let (uid, gid, seen) = match &policy.scratch {
+        Scratch::Ephemeral => (0, 0, None),
         Scratch::Host { path } => {
             let (_, meta) = plan::resolve_host("--scratch", path)?;
-            (meta.uid(), meta.gid())
+            (meta.uid(), meta.gid(), Some((meta.dev(), meta.ino())))
         }
     };
-    Ok(Ids {
-        uid,
-        gid,
-        host_uid: ROOT_MAPPED_ID,
-        host_gid: ROOT_MAPPED_ID,
-        privileged: true,
-    })
+    Ok((
+        Ids {
+            uid,
+            gid,
+            host_uid: ROOT_MAPPED_ID,
+            host_gid: ROOT_MAPPED_ID,
+            privileged: true,
+        },
+        seen,
+    ))
 }
 
 fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError> {
@@ -203,8 +210,21 @@ pub fn spawn(
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
 ) -> Result<Running, SetupError> {
-    let ids = choose_ids(policy)?;
+    let (ids, scratch_seen) = choose_ids(policy)?;
     let mut plan = plan::build(policy, ids, &plan::RealHost)?;
+    // The ids came from the scratch directory's owner: the directory the plan mounts (and the child
+    // checks again by device and inode) must be that same one, not one swapped in meanwhile.
+    if let (Some(seen), Some(i)) = (scratch_seen, plan.scratch_source) {
+        let s = &plan.sources[i];
+        if (s.dev, s.ino) != seen {
+            return Err(SetupError::HostMount {
+                what: "the scratch directory",
+                path: s.path.to_string_lossy().into_owned().into(),
+                source: io::Error::from_raw_os_error(libc::ESTALE),
+                hint: " (it changed while palisade was checking it)",
+            });
+        }
+    }
 
     let (msg_r, msg_w) = pipe()?;
     let (go_w, go_r) = socketpair()?;
@@ -341,10 +361,9 @@ pub fn spawn(
         None => Vec::new(),
     };
     let raw: Vec<c_int> = files.iter().map(|f| f.as_raw_fd()).collect();
-    sys::send_fds(go_w.as_raw_fd(), b'j', &raw).map_err(|e| SetupError::Supervisor {
-        op: "start the sandbox",
-        source: io::Error::from_raw_os_error(e),
-    })?;
+    // If init is gone already, sending fails; its own error message is then on the msg pipe, read
+    // below, and is the one worth reporting.
+    let _ = sys::send_fds(go_w.as_raw_fd(), b'j', &raw);
     drop(files);
     // go_w stays open until the payload has started: init checks it for a hang-up after
     // re-arming its parent-death signal (see child.rs, step 2).

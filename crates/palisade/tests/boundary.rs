@@ -262,6 +262,44 @@ fn seccomp_refuses_the_kernels_riskiest_calls() {
 }
 
 #[test]
+fn no_set_uid_file_reaches_the_host() {
+    use std::os::unix::fs::PermissionsExt;
+    // Control: outside the sandbox the probe can make a set-uid file (its own, in a temp dir).
+    let outside = TempDir::new("setuid-control");
+    let f = outside.path().join("x");
+    let control: Run = std::process::Command::new(probe_bin())
+        .args(["setuid", f.to_str().unwrap()])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(
+        control.probe(&format!("chmod-setuid {}", f.display())),
+        "ok"
+    );
+    let d = TempDir::new("setuid");
+    let r = probe(&["--scratch", &d.s()], &["setuid", "/workspace/x"]);
+    assert_eq!(
+        r.probe("chmod-setuid /workspace/x"),
+        "denied EPERM",
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        r.probe("create-setuid /workspace/x.created"),
+        "denied EPERM"
+    );
+    for e in std::fs::read_dir(d.path()).unwrap().flatten() {
+        let mode = e.metadata().unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o6000,
+            0,
+            "{} has mode {mode:o} on the host",
+            e.path().display()
+        );
+    }
+}
+
+#[test]
 fn nested_user_namespaces_are_refused() {
     let r = probe(&[], &["unshare-user"]);
     assert!(

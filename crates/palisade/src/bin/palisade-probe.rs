@@ -445,6 +445,31 @@ fn syscalls() {
     }
 }
 
+/// Tries to leave a set-uid file at `path`: by chmod of a file it wrote, and by creating one with
+/// the bits in its mode.
+fn setuid(path: &str) {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let _ = std::fs::write(path, b"#!/bin/sh\n");
+    line(
+        &format!("chmod-setuid {path}"),
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o4755))
+            .map(|_| String::new())
+            .map_err(ioerr),
+    );
+    let created = format!("{path}.created");
+    line(
+        &format!("create-setuid {created}"),
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o4755)
+            .open(&created)
+            .map(|_| String::new())
+            .map_err(ioerr),
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -472,6 +497,7 @@ fn main() {
         ),
         "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
         "syscalls" => syscalls(),
+        "setuid" => setuid(a(1)),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         },
@@ -489,7 +515,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid linger exit segv whoami");
             std::process::exit(2);
         }
     }
