@@ -78,3 +78,112 @@ fn concurrent_sandboxes_from_many_threads() {
         assert!(ok, "thread {t} run {i}: {detail}");
     }
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Many runs from one long-lived process, as a server would do them: no descriptor, memory,
+/// cgroup or temporary directory may accumulate. 200 runs here; `bench/soak.sh` runs 1,000
+/// (`PALISADE_SOAK_RUNS`).
+#[test]
+fn many_runs_leave_nothing_behind() {
+    let runs: usize = std::env::var("PALISADE_SOAK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let sandbox = Sandbox::builder()
+        .command(["/bin/true"])
+        .stdin_null(true)
+        .keep_scratch(false)
+        .build()
+        .unwrap();
+    // Warm up allocator pools and lazily opened files before measuring.
+    for _ in 0..20 {
+        assert_eq!(sandbox.output().report.status, Status::Ok);
+    }
+    let (fds0, rss0) = (open_fds(), rss_kib());
+    let tmp0 = palisade_temp_dirs();
+    for i in 0..runs {
+        let out = sandbox.output();
+        assert_eq!(
+            out.report.status,
+            Status::Ok,
+            "run {i}: {:?}",
+            out.report.error
+        );
+    }
+    let (fds1, rss1) = (open_fds(), rss_kib());
+    eprintln!("soak: {runs} runs; descriptors {fds0} -> {fds1}; RSS {rss0} KiB -> {rss1} KiB");
+    // Other tests of this binary run in parallel and hold descriptors of their own for a moment;
+    // a leak of one per run would show as `runs` more.
+    assert!(
+        fds1 <= fds0 + 16,
+        "descriptors grew from {fds0} to {fds1} over {runs} runs"
+    );
+    assert!(
+        rss1 <= rss0 + 8 * 1024,
+        "RSS grew from {rss0} KiB to {rss1} KiB over {runs} runs"
+    );
+    assert_eq!(
+        palisade_temp_dirs(),
+        tmp0,
+        "temporary directories were left behind"
+    );
+    let me = std::process::id().to_string();
+    for base in [
+        "/sys/fs/cgroup/memory/palisade",
+        "/sys/fs/cgroup/pids/palisade",
+        "/sys/fs/cgroup/palisade",
+    ] {
+        let uid = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .unwrap();
+        let dir = if uid == 0 {
+            base.into()
+        } else {
+            std::path::Path::new(base).join(format!("user-{uid}"))
+        };
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            // The soak's runs are all over and their cgroups removed; the concurrency test in
+            // this binary may have a few of its own in flight (4 threads), hence the small margin.
+            let mine = rd
+                .flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("run-{me}-"))
+                })
+                .count();
+            assert!(
+                mine <= 8,
+                "{mine} run cgroups of this process remain under {}",
+                dir.display()
+            );
+        }
+    }
+}
+
+fn palisade_temp_dirs() -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("palisade-{}-", std::process::id()))
+        })
+        .collect();
+    v.sort();
+    v
+}
