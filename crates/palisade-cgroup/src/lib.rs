@@ -37,6 +37,8 @@ pub struct CgroupStats {
     pub memory_peak: Option<u64>,
     /// Processes the kernel's OOM killer killed in this cgroup.
     pub oom_kills: u64,
+    /// Most processes and threads alive at once, where the kernel keeps it (`pids.peak`).
+    pub pids_peak: Option<u64>,
 }
 
 /// Why a cgroup could not be used.

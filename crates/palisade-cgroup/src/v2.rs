@@ -129,9 +129,11 @@ impl RunCgroup for V2Run {
         };
         let memory_peak = read_number(&dir.join("memory.peak"));
         let oom_kills = oom_kills(&dir.join("memory.events"));
+        let pids_peak = read_number(&dir.join("pids.peak"));
         CgroupStats {
             memory_peak,
             oom_kills,
+            pids_peak,
         }
     }
 

@@ -50,9 +50,6 @@ pub const ETC_ENTRIES: &[&str] = &[
 /// Device nodes bound from the host's `/dev`.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
-const TMP_SIZE: &str = "size=256m";
-const SCRATCH_SIZE: &str = "size=1g";
-
 /// One host path the child opens (or the supervisor pre-opens) and binds.
 #[derive(Debug)]
 pub struct Source {
@@ -430,7 +427,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
     b.ops.push(Op::Tmpfs {
         path: c("tmp"),
         flags: nosuid | nodev,
-        data: c(format!("mode=1777,{TMP_SIZE}")),
+        data: c(format!("mode=1777,size={}", policy.limits.tmp_bytes)),
     });
 
     b.ops.push(Op::Mkdir {
@@ -442,7 +439,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         Scratch::Ephemeral => b.ops.push(Op::Tmpfs {
             path: rel(SCRATCH_DIR),
             flags: nosuid | nodev,
-            data: c(format!("mode=0755,{SCRATCH_SIZE}")),
+            data: c(format!("mode=0755,size={}", policy.limits.scratch_bytes)),
         }),
         Scratch::Host { path } => {
             let (canon, meta) = resolve_host("--scratch", path)?;

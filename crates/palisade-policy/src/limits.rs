@@ -32,6 +32,12 @@ pub struct Limits {
     /// Memory of the whole sandbox, tmpfs contents included, swap off (cgroup).
     #[serde(default = "Limits::default_memory")]
     pub memory_bytes: u64,
+    /// Size of the `/tmp` tmpfs.
+    #[serde(default = "Limits::default_tmp")]
+    pub tmp_bytes: u64,
+    /// Size of the ephemeral scratch tmpfs (a host `--scratch` is not capped by palisade).
+    #[serde(default = "Limits::default_scratch")]
+    pub scratch_bytes: u64,
 }
 
 impl Default for Limits {
@@ -43,6 +49,8 @@ impl Default for Limits {
             open_files: Self::default_open_files(),
             file_size_bytes: Self::default_file_size(),
             memory_bytes: Self::default_memory(),
+            tmp_bytes: Self::default_tmp(),
+            scratch_bytes: Self::default_scratch(),
         }
     }
 }
@@ -65,6 +73,12 @@ impl Limits {
     }
     fn default_memory() -> u64 {
         2 << 30
+    }
+    fn default_tmp() -> u64 {
+        256 << 20
+    }
+    fn default_scratch() -> u64 {
+        1 << 30
     }
 
     /// The timeout as a `Duration`.
@@ -113,6 +127,18 @@ impl Limits {
             MAX_OUTPUT,
             "a size between 1 byte and 1 TiB",
         )?;
+        for (field, v) in [
+            ("tmp-size", self.tmp_bytes),
+            ("scratch-size", self.scratch_bytes),
+        ] {
+            if !(1 << 20..=MAX_OUTPUT).contains(&v) {
+                return Err(PolicyError::invalid(
+                    field,
+                    &v.to_string(),
+                    "a size between 1 MiB and 1 TiB",
+                ));
+            }
+        }
         count(
             "memory",
             self.memory_bytes,

@@ -91,6 +91,13 @@ struct RunArgs {
     /// Accepted: cgroup (memory and process ceilings; rlimits still apply).
     #[arg(long = "allow-degraded", value_name = "LAYER")]
     allow_degraded: Vec<String>,
+    /// Size of the sandbox's /tmp tmpfs, e.g. 64MiB (default 256MiB); past it, writes fail with
+    /// ENOSPC. Its contents also count against --memory.
+    #[arg(long = "tmp-size", value_name = "SIZE", allow_hyphen_values = true)]
+    tmp_size: Option<String>,
+    /// Size of the ephemeral scratch tmpfs at /workspace (default 1GiB).
+    #[arg(long = "scratch-size", value_name = "SIZE", allow_hyphen_values = true)]
+    scratch_size: Option<String>,
     /// Do not print the one-line summary on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -164,6 +171,12 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     if let Some(m) = &a.memory {
         limits.memory_bytes = parse_size("--memory", m)?;
+    }
+    if let Some(t) = &a.tmp_size {
+        limits.tmp_bytes = parse_size("--tmp-size", t)?;
+    }
+    if let Some(t) = &a.scratch_size {
+        limits.scratch_bytes = parse_size("--scratch-size", t)?;
     }
     b = b.limits(limits);
     for l in &a.allow_degraded {

@@ -68,6 +68,8 @@ pub struct Report {
     pub memory_peak_bytes: Option<u64>,
     /// Processes the OOM killer killed in the sandbox.
     pub oom_kills: u64,
+    /// Most processes and threads alive at once in the sandbox (cgroup accounting).
+    pub pids_peak: Option<u64>,
     /// The cgroup version that enforced memory and process ceilings, if one did.
     pub cgroup: Option<&'static str>,
     pub uid: Option<u32>,
@@ -130,6 +132,7 @@ impl Report {
             limits,
             memory_peak_bytes: None,
             oom_kills: 0,
+            pids_peak: None,
             cgroup: None,
             uid: Some(ids.uid),
             host_uid: Some(ids.host_uid),
@@ -167,6 +170,7 @@ impl Report {
             limits,
             memory_peak_bytes: None,
             oom_kills: 0,
+            pids_peak: None,
             cgroup: None,
             uid: None,
             host_uid: None,
@@ -185,6 +189,7 @@ impl Report {
         self.cgroup = version;
         self.memory_peak_bytes = stats.memory_peak;
         self.oom_kills = stats.oom_kills;
+        self.pids_peak = stats.pids_peak;
         // An OOM kill that took the payload down is the run's cause of death.
         if stats.oom_kills > 0
             && self.status == Status::Signal

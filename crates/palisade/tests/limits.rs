@@ -106,7 +106,13 @@ fn a_fork_bomb_hits_the_process_ceiling() {
         .unwrap();
     assert!((20..32).contains(&spawned), "{got}");
     assert!(got.ends_with("error=EAGAIN"), "{got}");
-    assert_eq!(report_of(&r)["limits"]["pids"], 32);
+    let j = report_of(&r);
+    assert_eq!(j["limits"]["pids"], 32);
+    // The cgroup's own count: the sandbox never had more than the ceiling at once.
+    let peak = j["pids_peak"]
+        .as_u64()
+        .expect("the peak process count is reported");
+    assert!((20..=32).contains(&peak), "pids peak {peak}");
 }
 
 #[test]
@@ -226,6 +232,33 @@ fn cgroup_runs() -> Vec<std::path::PathBuf> {
         }
     }
     v
+}
+
+#[test]
+fn tmp_and_scratch_sizes_are_what_was_asked() {
+    let r = run(
+        &["--tmp-size", "8MiB", "--scratch-size", "4MiB", "--json", "-"],
+        &["/bin/sh", "-c", "/probe fill /tmp/x 20000000; /probe fill /workspace/y 10000000; /probe fill /tmp/small 1000000"],
+    );
+    assert_eq!(r.probe("fill /tmp/x"), "denied ENOSPC", "{}", r.stderr);
+    assert_eq!(r.probe("fill /workspace/y"), "denied ENOSPC");
+    assert_eq!(r.code, 0, "the run goes on after ENOSPC: {}", r.stderr);
+    let j = report_of(&r);
+    assert_eq!(j["limits"]["tmp_bytes"], 8 << 20);
+    assert_eq!(j["limits"]["scratch_bytes"], 4 << 20);
+}
+
+#[test]
+fn sysv_shared_memory_counts_against_the_memory_ceiling() {
+    let r = run(
+        &["--memory", "64MiB", "--json", "-"],
+        &["/probe", "sysv-shm", "200"],
+    );
+    assert_eq!(report_of(&r)["status"], "oom", "{}", r.stdout);
+    // Under the ceiling the same call works (the probe can do it), and the segment dies with the
+    // run's IPC namespace.
+    let r = run(&["--memory", "256MiB"], &["/probe", "sysv-shm", "32"]);
+    assert_eq!(r.probe("sysv-shm 32"), "ok 32 MiB");
 }
 
 #[test]

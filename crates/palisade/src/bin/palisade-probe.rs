@@ -470,6 +470,28 @@ fn setuid(path: &str) {
     );
 }
 
+/// Creates a SysV shared memory segment of `mib` MiB and touches every page of it.
+fn sysv_shm(mib: usize) -> Result<String, i32> {
+    let size = mib << 20;
+    // SAFETY: a private segment of `size` bytes, attached at an address the kernel picks; every
+    // write stays inside it.
+    unsafe {
+        let id = libc::shmget(libc::IPC_PRIVATE, size, libc::IPC_CREAT | 0o600);
+        if id < 0 {
+            return Err(last());
+        }
+        let p = libc::shmat(id, std::ptr::null(), 0);
+        if p as isize == -1 {
+            return Err(last());
+        }
+        let base = p.cast::<u8>();
+        for off in (0..size).step_by(4096) {
+            std::ptr::write_volatile(base.add(off), 1);
+        }
+    }
+    Ok(format!("{mib} MiB"))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -497,6 +519,10 @@ fn main() {
         ),
         "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
         "syscalls" => syscalls(),
+        "sysv-shm" => line(
+            &format!("sysv-shm {}", a(1)),
+            sysv_shm(a(1).parse().unwrap_or(0)),
+        ),
         "setuid" => setuid(a(1)),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -515,7 +541,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm linger exit segv whoami");
             std::process::exit(2);
         }
     }
