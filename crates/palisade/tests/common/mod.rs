@@ -138,15 +138,15 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Host pids whose command line contains `marker`.
-pub fn host_pids_with(marker: &str) -> Vec<u32> {
+/// Host pids whose command line (arguments separated by NUL) satisfies `pred`.
+fn host_pids_where(pred: impl Fn(&[u8]) -> bool) -> Vec<u32> {
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-            if String::from_utf8_lossy(&c).contains(marker) {
+            if pred(&c) {
                 v.push(pid);
             }
         }
@@ -154,20 +154,14 @@ pub fn host_pids_with(marker: &str) -> Vec<u32> {
     v
 }
 
-/// Host pids whose command line starts with `prefix` (arguments separated by NUL).
+/// Host pids whose command line contains `marker`.
+pub fn host_pids_with(marker: &str) -> Vec<u32> {
+    host_pids_where(|c| String::from_utf8_lossy(c).contains(marker))
+}
+
+/// Host pids whose command line starts with `prefix`.
 pub fn host_pids_starting(prefix: &str) -> Vec<u32> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-            if c.starts_with(prefix.as_bytes()) {
-                v.push(pid);
-            }
-        }
-    }
-    v
+    host_pids_where(|c| c.starts_with(prefix.as_bytes()))
 }
 
 pub fn unique(tag: &str) -> String {
