@@ -28,7 +28,13 @@ pub struct CgroupLimits {
     pub memory_bytes: u64,
     /// Processes and threads, all together.
     pub pids: u64,
+    /// CPU time per 100 ms period, in µs, for all processes together (e.g. 50000 = half a CPU);
+    /// `None` for no quota.
+    pub cpu_quota_us: Option<u64>,
 }
+
+/// The CFS period palisade uses for CPU quotas, in µs.
+pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// What the cgroup saw of the run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -39,6 +45,8 @@ pub struct CgroupStats {
     pub oom_kills: u64,
     /// Most processes and threads alive at once, where the kernel keeps it (`pids.peak`).
     pub pids_peak: Option<u64>,
+    /// The CPU quota that was written (µs per 100 ms period), if the host has the cpu controller.
+    pub cpu_quota_us: Option<u64>,
 }
 
 /// Why a cgroup could not be used.

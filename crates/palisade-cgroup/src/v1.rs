@@ -1,4 +1,5 @@
-//! cgroup v1: one hierarchy per controller (`memory`, `pids`), each with a palisade parent.
+//! cgroup v1: one hierarchy per controller (`memory`, `pids`, and `cpu` where mounted), each with a
+//! palisade parent.
 
 use crate::*;
 
@@ -6,6 +7,9 @@ use crate::*;
 pub struct V1 {
     memory: PathBuf,
     pids: PathBuf,
+    /// The cpu hierarchy's palisade parent, where the host mounts it (and, for a user, it is
+    /// delegated).
+    cpu: Option<PathBuf>,
 }
 
 const CONTROLLERS: [&str; 2] = ["memory", "pids"];
@@ -40,7 +44,18 @@ impl V1 {
                 });
             }
         }
-        Ok(Some(V1 { memory, pids }))
+        let cpu = base(root, "cpu", uid);
+        let cpu = if !root.join("cpu/cgroup.procs").exists() {
+            None
+        } else if cpu.join("cgroup.procs").exists() {
+            Some(cpu)
+        } else if uid == 0 {
+            std::fs::create_dir_all(&cpu).map_err(io_at("create", &cpu))?;
+            Some(cpu)
+        } else {
+            None
+        };
+        Ok(Some(V1 { memory, pids, cpu }))
     }
 
     pub(crate) fn delegate(
@@ -55,7 +70,8 @@ impl V1 {
             return Ok(None);
         }
         let mut out = Vec::new();
-        for c in CONTROLLERS {
+        let cpu = root.join("cpu/cgroup.procs").exists().then_some("cpu");
+        for c in CONTROLLERS.into_iter().chain(cpu) {
             let d = base(root, c, uid);
             std::fs::create_dir_all(&d).map_err(io_at("create", &d))?;
             chown(&d, uid, gid)?;
@@ -74,12 +90,21 @@ impl Manager for V1 {
     }
 
     fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
+        let cpu = match (&self.cpu, limits.cpu_quota_us) {
+            (Some(c), Some(_)) => Some(c.join(name)),
+            _ => None,
+        };
         let mut run = V1Run {
             memory: self.memory.join(name),
             pids: self.pids.join(name),
+            cpu: cpu.clone(),
+            quota: None,
             made: Vec::new(),
         };
-        for d in [run.memory.clone(), run.pids.clone()] {
+        for d in [Some(run.memory.clone()), Some(run.pids.clone()), cpu]
+            .into_iter()
+            .flatten()
+        {
             std::fs::create_dir(&d).map_err(io_at("create", &d))?;
             run.made.push(d);
         }
@@ -99,11 +124,19 @@ impl Manager for V1 {
             }
         }
         write(&run.pids.join("pids.max"), &limits.pids.to_string())?;
+        if let (Some(c), Some(q)) = (&run.cpu, limits.cpu_quota_us) {
+            write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write(&c.join("cpu.cfs_quota_us"), &q.to_string())?;
+            run.quota = Some(q);
+        }
         Ok(Box::new(run))
     }
 
     fn clean_stale(&self) {
-        for parent in [&self.memory, &self.pids] {
+        for parent in [Some(&self.memory), Some(&self.pids), self.cpu.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             let Ok(rd) = std::fs::read_dir(parent) else {
                 continue;
             };
@@ -126,20 +159,29 @@ impl Manager for V1 {
 struct V1Run {
     memory: PathBuf,
     pids: PathBuf,
+    cpu: Option<PathBuf>,
+    quota: Option<u64>,
     made: Vec<PathBuf>,
+}
+
+impl V1Run {
+    fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        [Some(&self.memory), Some(&self.pids), self.cpu.as_ref()]
+            .into_iter()
+            .flatten()
+    }
 }
 
 impl RunCgroup for V1Run {
     fn join(&self, pid: i32) -> Result<(), CgroupError> {
-        for d in [&self.memory, &self.pids] {
+        for d in self.dirs() {
             write(&d.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
 
     fn self_join_files(&self) -> Result<Vec<std::fs::File>, CgroupError> {
-        [&self.memory, &self.pids]
-            .into_iter()
+        self.dirs()
             .map(|d| {
                 let p = d.join("tasks");
                 std::fs::OpenOptions::new()
@@ -158,6 +200,7 @@ impl RunCgroup for V1Run {
             memory_peak,
             oom_kills,
             pids_peak,
+            cpu_quota_us: self.quota,
         }
     }
 
@@ -202,6 +245,7 @@ mod tests {
         let limits = CgroupLimits {
             memory_bytes: 64 << 20,
             pids: 32,
+            cpu_quota_us: None,
         };
         let mem = root.join("memory/palisade").join(name);
         let pids = root.join("pids/palisade").join(name);

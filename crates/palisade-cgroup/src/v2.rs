@@ -31,8 +31,19 @@ fn base(u: &Path, uid: u32) -> PathBuf {
 
 fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
     let cur = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-    if !(cur.contains("memory") && cur.contains("pids")) {
-        write(&dir.join("cgroup.subtree_control"), "+memory +pids")?;
+    let avail = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+    let on = |c: &str| cur.split_whitespace().any(|x| x == c);
+    // memory and pids are required; cpu is taken where the hierarchy offers it (a quota is then
+    // written and reported).
+    let cpu = avail.split_whitespace().any(|c| c == "cpu");
+    let want: Vec<String> = ["memory", "pids"]
+        .into_iter()
+        .chain(cpu.then_some("cpu"))
+        .filter(|c| !on(c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if !want.is_empty() {
+        write(&dir.join("cgroup.subtree_control"), &want.join(" "))?;
     }
     Ok(())
 }
@@ -85,8 +96,9 @@ impl Manager for V2 {
     fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
         let dir = self.base.join(name);
         std::fs::create_dir(&dir).map_err(io_at("create", &dir))?;
-        let run = V2Run {
+        let mut run = V2Run {
             dir: Some(dir.clone()),
+            quota: None,
         };
         write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
         let swap = dir.join("memory.swap.max");
@@ -94,6 +106,11 @@ impl Manager for V2 {
             write(&swap, "0")?;
         }
         write(&dir.join("pids.max"), &limits.pids.to_string())?;
+        let cpu_max = dir.join("cpu.max");
+        if let (Some(q), true) = (limits.cpu_quota_us, cpu_max.exists()) {
+            write(&cpu_max, &format!("{q} {CPU_PERIOD_US}"))?;
+            run.quota = Some(q);
+        }
         Ok(Box::new(run))
     }
 
@@ -115,6 +132,7 @@ impl Manager for V2 {
 
 struct V2Run {
     dir: Option<PathBuf>,
+    quota: Option<u64>,
 }
 
 impl RunCgroup for V2Run {
@@ -134,6 +152,7 @@ impl RunCgroup for V2Run {
             memory_peak,
             oom_kills,
             pids_peak,
+            cpu_quota_us: self.quota,
         }
     }
 
@@ -170,7 +189,7 @@ mod tests {
         let m = V2::detect(&r, 0).unwrap().expect("detected");
         assert_eq!(
             std::fs::read_to_string(r.join("cgroup.subtree_control")).unwrap(),
-            "+memory +pids"
+            "+memory +pids +cpu"
         );
         let run = m
             .create(
@@ -178,6 +197,7 @@ mod tests {
                 &CgroupLimits {
                     memory_bytes: 1 << 26,
                     pids: 32,
+                    cpu_quota_us: None,
                 },
             )
             .unwrap();

@@ -17,8 +17,8 @@ mod path;
 pub use env::{EnvName, EnvVar};
 pub use error::PolicyError;
 pub use limits::{
-    parse_count, parse_duration, parse_size, Limits, MAX_OPEN_FILES, MAX_OUTPUT, MAX_PIDS,
-    MAX_TIMEOUT,
+    parse_count, parse_cpus, parse_duration, parse_size, Limits, MAX_CPUS, MAX_OPEN_FILES,
+    MAX_OUTPUT, MAX_PIDS, MAX_TIMEOUT,
 };
 pub use path::SandboxPath;
 

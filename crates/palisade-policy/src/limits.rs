@@ -32,6 +32,11 @@ pub struct Limits {
     /// Memory of the whole sandbox, tmpfs contents included, swap off (cgroup).
     #[serde(default = "Limits::default_memory")]
     pub memory_bytes: u64,
+    /// CPU share for all processes together, in thousandths of a CPU (500 = half a CPU). Unset:
+    /// no quota. Opt-in because on cgroup v1 the extra cpu hierarchy costs ~0.3 ms per start, and
+    /// the wall-clock timeout already bounds a runaway loop.
+    #[serde(default)]
+    pub cpu_milli: Option<u64>,
     /// Size of the `/tmp` tmpfs.
     #[serde(default = "Limits::default_tmp")]
     pub tmp_bytes: u64,
@@ -49,6 +54,7 @@ impl Default for Limits {
             open_files: Self::default_open_files(),
             file_size_bytes: Self::default_file_size(),
             memory_bytes: Self::default_memory(),
+            cpu_milli: None,
             tmp_bytes: Self::default_tmp(),
             scratch_bytes: Self::default_scratch(),
         }
@@ -79,6 +85,19 @@ impl Limits {
     }
     fn default_scratch() -> u64 {
         1 << 30
+    }
+
+    /// The CPU quota in µs per 100 ms period, if one was asked for.
+    ///
+    /// ```
+    /// use palisade_policy::Limits;
+    /// let mut l = Limits::default();
+    /// assert_eq!(l.cpu_quota_us(), None);
+    /// l.cpu_milli = Some(500);
+    /// assert_eq!(l.cpu_quota_us(), Some(50_000));
+    /// ```
+    pub fn cpu_quota_us(&self) -> Option<u64> {
+        self.cpu_milli.map(|m| m * 100)
     }
 
     /// The timeout as a `Duration`.
@@ -127,6 +146,15 @@ impl Limits {
             MAX_OUTPUT,
             "a size between 1 byte and 1 TiB",
         )?;
+        if let Some(m) = self.cpu_milli {
+            if !(10..=MAX_CPUS * 1000).contains(&m) {
+                return Err(PolicyError::invalid(
+                    "cpus",
+                    &m.to_string(),
+                    "between 0.01 and 4096 CPUs",
+                ));
+            }
+        }
         for (field, v) in [
             ("tmp-size", self.tmp_bytes),
             ("scratch-size", self.scratch_bytes),
@@ -154,6 +182,29 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// Most CPUs a quota may name.
+pub const MAX_CPUS: u64 = 4096;
+
+/// Parses a CPU share such as `0.5`, `2` or `1.25` into thousandths of a CPU.
+///
+/// ```
+/// use palisade_policy::parse_cpus;
+/// assert_eq!(parse_cpus("--cpus", "0.5").unwrap(), 500);
+/// assert!(parse_cpus("--cpus", "0").is_err());
+/// assert!(parse_cpus("--cpus", "half").is_err());
+/// ```
+pub fn parse_cpus(field: &'static str, s: &str) -> Result<u64, PolicyError> {
+    const EXPECTED: &str = "a number of CPUs between 0.01 and 4096, e.g. 0.5 or 2";
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| PolicyError::invalid(field, s, EXPECTED))?;
+    if !v.is_finite() || !(0.01..=MAX_CPUS as f64).contains(&v) {
+        return Err(PolicyError::invalid(field, s, EXPECTED));
+    }
+    Ok((v * 1000.0).round() as u64)
 }
 
 /// Largest accepted process ceiling (the kernel's own `pid_max` ceiling).

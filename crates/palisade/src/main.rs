@@ -4,7 +4,8 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use palisade::policy::{
-    parse_count, parse_duration, parse_size, Bind, Degradable, EnvVar, MAX_OPEN_FILES, MAX_PIDS,
+    parse_count, parse_cpus, parse_duration, parse_size, Bind, Degradable, EnvVar, MAX_OPEN_FILES,
+    MAX_PIDS,
 };
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
 use palisade_linux::host::{copy_winsize, ForwardedSignals, RawTerminal};
@@ -98,6 +99,10 @@ struct RunArgs {
     /// Size of the ephemeral scratch tmpfs at /workspace (default 1GiB).
     #[arg(long = "scratch-size", value_name = "SIZE", allow_hyphen_values = true)]
     scratch_size: Option<String>,
+    /// CPU share for the whole sandbox, e.g. 0.5 or 2, enforced by the cgroup's CPU quota
+    /// (default: no quota; the wall-clock timeout bounds a runaway loop).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    cpus: Option<String>,
     /// Do not print the one-line summary on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -171,6 +176,9 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     if let Some(m) = &a.memory {
         limits.memory_bytes = parse_size("--memory", m)?;
+    }
+    if let Some(c) = &a.cpus {
+        limits.cpu_milli = Some(parse_cpus("--cpus", c)?);
     }
     if let Some(t) = &a.tmp_size {
         limits.tmp_bytes = parse_size("--tmp-size", t)?;

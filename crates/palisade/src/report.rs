@@ -70,6 +70,8 @@ pub struct Report {
     pub oom_kills: u64,
     /// Most processes and threads alive at once in the sandbox (cgroup accounting).
     pub pids_peak: Option<u64>,
+    /// The CPU share in force (CPUs), when the host's cgroup has the cpu controller.
+    pub cpus: Option<f64>,
     /// The cgroup version that enforced memory and process ceilings, if one did.
     pub cgroup: Option<&'static str>,
     pub uid: Option<u32>,
@@ -133,6 +135,7 @@ impl Report {
             memory_peak_bytes: None,
             oom_kills: 0,
             pids_peak: None,
+            cpus: None,
             cgroup: None,
             uid: Some(ids.uid),
             host_uid: Some(ids.host_uid),
@@ -171,6 +174,7 @@ impl Report {
             memory_peak_bytes: None,
             oom_kills: 0,
             pids_peak: None,
+            cpus: None,
             cgroup: None,
             uid: None,
             host_uid: None,
@@ -190,6 +194,9 @@ impl Report {
         self.memory_peak_bytes = stats.memory_peak;
         self.oom_kills = stats.oom_kills;
         self.pids_peak = stats.pids_peak;
+        self.cpus = stats
+            .cpu_quota_us
+            .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
         // An OOM kill that took the payload down is the run's cause of death.
         if stats.oom_kills > 0
             && self.status == Status::Signal
@@ -212,8 +219,16 @@ impl Report {
                 name: "cgroup-limits",
                 enforced: true,
                 detail: format!(
-                    "cgroup {v}: memory {} bytes (swap off), pids {}",
-                    self.limits.memory_bytes, self.limits.pids
+                    "cgroup {v}: memory {} bytes (swap off), pids {}, {}",
+                    self.limits.memory_bytes,
+                    self.limits.pids,
+                    match self.cpus {
+                        Some(c) => format!("cpu quota {c} CPUs"),
+                        None if self.limits.cpu_milli.is_some() => {
+                            "no cpu controller for palisade on this host: no cpu quota".to_owned()
+                        }
+                        None => "no cpu quota (--cpus sets one)".to_owned(),
+                    }
                 ),
             },
             (None, Some(why)) => Layer {

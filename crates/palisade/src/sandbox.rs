@@ -271,6 +271,7 @@ impl Sandbox {
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 pids: policy.limits.pids,
+                cpu_quota_us: policy.limits.cpu_quota_us(),
             };
             let c = m
                 .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)

@@ -262,6 +262,34 @@ fn sysv_shared_memory_counts_against_the_memory_ceiling() {
 }
 
 #[test]
+fn cpu_quota_holds_the_sandbox_to_its_share() {
+    // Two spinning threads for 2 s of wall time under half a CPU: about 1 s of CPU in all. The
+    // control, with two CPUs, gets about twice as much (on a host with two or more CPUs).
+    let burn = |cpus: &str| -> (u64, serde_json::Value) {
+        let r = run(
+            &["--cpus", cpus, "--json", "-"],
+            &["/probe", "burn", "2", "2"],
+        );
+        let got = r.probe("burn");
+        let ms = got.trim_start_matches("ok cpu_ms=").parse().unwrap();
+        (ms, report_of(&r))
+    };
+    let (half, j) = burn("0.5");
+    assert_eq!(j["cpus"], 0.5);
+    assert!(
+        (500..1400).contains(&half),
+        "{half} ms of CPU in 2 s under half a CPU"
+    );
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        let (two, _) = burn("2");
+        assert!(
+            two > half * 3 / 2,
+            "with 2 CPUs the probe got {two} ms, with 0.5 {half} ms"
+        );
+    }
+}
+
+#[test]
 fn bad_limits_are_refused() {
     for (opt, val) in [
         ("--timeout", "0s"),

@@ -492,6 +492,33 @@ fn sysv_shm(mib: usize) -> Result<String, i32> {
     Ok(format!("{mib} MiB"))
 }
 
+/// Spins `threads` threads for `secs` seconds of wall time, then reports the CPU time this
+/// process used (all its threads), from getrusage.
+fn burn(secs: f64, threads: usize) -> Result<String, i32> {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while std::time::Instant::now() < end {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        let _ = h.join();
+    }
+    // SAFETY: getrusage fills the struct.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+    Ok(format!("cpu_ms={}", ms(ru.ru_utime) + ms(ru.ru_stime)))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -519,6 +546,10 @@ fn main() {
         ),
         "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
         "syscalls" => syscalls(),
+        "burn" => line(
+            "burn",
+            burn(a(1).parse().unwrap_or(1.0), a(2).parse().unwrap_or(1)),
+        ),
         "sysv-shm" => line(
             &format!("sysv-shm {}", a(1)),
             sysv_shm(a(1).parse().unwrap_or(0)),
@@ -541,7 +572,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm burn linger exit segv whoami");
             std::process::exit(2);
         }
     }
