@@ -286,6 +286,8 @@ fn cpu_quota_holds_the_sandbox_to_its_share() {
             two > half * 3 / 2,
             "with 2 CPUs the probe got {two} ms, with 0.5 {half} ms"
         );
+    } else {
+        eprintln!("note: one CPU on this host; the 2-CPU control of the quota test is not run");
     }
 }
 
