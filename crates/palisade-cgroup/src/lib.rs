@@ -198,6 +198,22 @@ pub(crate) fn oom_kills(file: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Reads a run's accounting from its memory-peak, OOM-event and pids-peak files (their names
+/// differ between v1 and v2).
+pub(crate) fn read_stats(
+    peak: &Path,
+    events: &Path,
+    pids_peak: &Path,
+    cpu_quota_us: Option<u64>,
+) -> CgroupStats {
+    CgroupStats {
+        memory_peak: read_number(peak),
+        oom_kills: oom_kills(events),
+        pids_peak: read_number(pids_peak),
+        cpu_quota_us,
+    }
+}
+
 /// A number in a one-value cgroup file.
 pub(crate) fn read_number(file: &Path) -> Option<u64> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()

@@ -193,15 +193,12 @@ impl RunCgroup for V1Run {
     }
 
     fn stats(&self) -> CgroupStats {
-        let memory_peak = read_number(&self.memory.join("memory.max_usage_in_bytes"));
-        let oom_kills = oom_kills(&self.memory.join("memory.oom_control"));
-        let pids_peak = read_number(&self.pids.join("pids.peak"));
-        CgroupStats {
-            memory_peak,
-            oom_kills,
-            pids_peak,
-            cpu_quota_us: self.quota,
-        }
+        read_stats(
+            &self.memory.join("memory.max_usage_in_bytes"),
+            &self.memory.join("memory.oom_control"),
+            &self.pids.join("pids.peak"),
+            self.quota,
+        )
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {

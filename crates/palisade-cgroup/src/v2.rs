@@ -145,15 +145,12 @@ impl RunCgroup for V2Run {
         let Some(dir) = &self.dir else {
             return CgroupStats::default();
         };
-        let memory_peak = read_number(&dir.join("memory.peak"));
-        let oom_kills = oom_kills(&dir.join("memory.events"));
-        let pids_peak = read_number(&dir.join("pids.peak"));
-        CgroupStats {
-            memory_peak,
-            oom_kills,
-            pids_peak,
-            cpu_quota_us: self.quota,
-        }
+        read_stats(
+            &dir.join("memory.peak"),
+            &dir.join("memory.events"),
+            &dir.join("pids.peak"),
+            self.quota,
+        )
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {

@@ -119,28 +119,17 @@ impl Report {
             },
         };
         Report {
-            status,
             exit_code,
             signal,
             signal_name: signal.and_then(signal_name),
             error,
-            wall_time_ms: ms(o.wall),
             cpu_user_ms: ms(o.user_cpu),
             cpu_system_ms: ms(o.system_cpu),
             max_rss_bytes: o.max_rss,
             stdout_bytes: o.stdout_bytes,
             stderr_bytes: o.stderr_bytes,
             output_truncated: o.output_truncated,
-            limits,
-            memory_peak_bytes: None,
-            oom_kills: 0,
-            pids_peak: None,
-            cpus: None,
-            cgroup: None,
-            uid: Some(ids.uid),
-            host_uid: Some(ids.host_uid),
-            scratch,
-            layers: layers(Some(ids)),
+            ..Report::base(status, o.wall, scratch, limits, Some(ids))
         }
     }
 
@@ -158,11 +147,26 @@ impl Report {
             _ => EXIT_SANDBOX_ERROR,
         };
         Report {
-            status: Status::SandboxError,
             exit_code: Some(code),
+            error: Some(error_chain(e)),
+            ..Report::base(Status::SandboxError, wall, scratch, limits, None)
+        }
+    }
+
+    /// A report with `status` and nothing measured yet; the constructors above fill in the rest.
+    fn base(
+        status: Status,
+        wall: std::time::Duration,
+        scratch: Option<String>,
+        limits: palisade_policy::Limits,
+        ids: Option<Ids>,
+    ) -> Report {
+        Report {
+            status,
+            exit_code: None,
             signal: None,
             signal_name: None,
-            error: Some(error_chain(e)),
+            error: None,
             wall_time_ms: wall.as_secs_f64() * 1000.0,
             cpu_user_ms: 0.0,
             cpu_system_ms: 0.0,
@@ -176,10 +180,10 @@ impl Report {
             pids_peak: None,
             cpus: None,
             cgroup: None,
-            uid: None,
-            host_uid: None,
+            uid: ids.map(|i| i.uid),
+            host_uid: ids.map(|i| i.host_uid),
             scratch,
-            layers: layers(None),
+            layers: layers(ids),
         }
     }
 
