@@ -47,6 +47,16 @@ pub struct CgroupStats {
     pub pids_peak: Option<u64>,
     /// The CPU quota that was written (µs per 100 ms period), if the host has the cpu controller.
     pub cpu_quota_us: Option<u64>,
+    /// CPU time of every process that ever ran in the cgroup, those the kernel reaped itself at a
+    /// kill included.
+    pub cpu: Option<CpuUsage>,
+}
+
+/// CPU time a cgroup accounted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuUsage {
+    pub user: std::time::Duration,
+    pub system: std::time::Duration,
 }
 
 /// Why a cgroup could not be used.
@@ -101,6 +111,9 @@ pub trait RunCgroup: Send {
     }
     /// What the cgroup accounted.
     fn stats(&self) -> CgroupStats;
+    /// CPU time (user plus system) of the cgroup so far, from one small file read; `None` where
+    /// the host gives palisade no CPU accounting. Cheap enough to call while the run goes on.
+    fn cpu_used(&self) -> Option<std::time::Duration>;
     /// Removes the cgroup; waits briefly for the kernel to finish freeing dead processes.
     fn remove(&mut self) -> Result<(), CgroupError>;
 }
@@ -191,10 +204,7 @@ pub(crate) fn host_has_swap() -> bool {
 pub(crate) fn oom_kills(file: &Path) -> u64 {
     std::fs::read_to_string(file)
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-        })
+        .and_then(|s| keyed(&s, "oom_kill"))
         .unwrap_or(0)
 }
 
@@ -205,13 +215,23 @@ pub(crate) fn read_stats(
     events: &Path,
     pids_peak: &Path,
     cpu_quota_us: Option<u64>,
+    cpu: Option<CpuUsage>,
 ) -> CgroupStats {
     CgroupStats {
         memory_peak: read_number(peak),
         oom_kills: oom_kills(events),
         pids_peak: read_number(pids_peak),
         cpu_quota_us,
+        cpu,
     }
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key value` lines, e.g. v2 `cpu.stat`).
+pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// A number in a one-value cgroup file.

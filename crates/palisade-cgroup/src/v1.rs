@@ -1,21 +1,38 @@
-//! cgroup v1: one hierarchy per controller (`memory`, `pids`, and `cpu` where mounted), each with a
-//! palisade parent.
+//! cgroup v1: one hierarchy per controller (`memory`, `pids`, `cpuacct`, and `cpu` where mounted),
+//! each with a palisade parent. Hosts often mount `cpu` and `cpuacct` together (`cpu,cpuacct`, with
+//! the two names as symbolic links): hierarchies are compared by their real path, so such a host
+//! gets one directory per run there, not two.
 
 use crate::*;
+use std::time::Duration;
 
-/// The v1 manager: the palisade parent in the memory and pids hierarchies.
+/// The v1 manager: the palisade parent in each hierarchy it uses.
 pub struct V1 {
     memory: PathBuf,
     pids: PathBuf,
-    /// The cpu hierarchy's palisade parent, where the host mounts it (and, for a user, it is
-    /// delegated).
+    /// CPU accounting (and the CPU-time limit that rests on it), where the host mounts cpuacct.
+    cpuacct: Option<PathBuf>,
+    /// The cpu hierarchy's palisade parent, for quotas, where the host mounts it (and, for a user,
+    /// it is delegated). The same directory as `cpuacct` when the two are mounted together.
     cpu: Option<PathBuf>,
 }
 
-const CONTROLLERS: [&str; 2] = ["memory", "pids"];
+/// Hierarchies palisade cannot run without.
+const REQUIRED: [&str; 2] = ["memory", "pids"];
+/// Hierarchies palisade uses where the host mounts them.
+const OPTIONAL: [&str; 2] = ["cpuacct", "cpu"];
 
-fn base(root: &Path, ctrl: &str, uid: u32) -> PathBuf {
-    let b = root.join(ctrl).join("palisade");
+/// The real path of controller `ctrl`'s hierarchy under `root`, if it is mounted.
+fn hierarchy(root: &Path, ctrl: &str) -> Option<PathBuf> {
+    let h = root.join(ctrl);
+    if !h.join("cgroup.procs").exists() {
+        return None;
+    }
+    Some(std::fs::canonicalize(&h).unwrap_or(h))
+}
+
+fn base(hier: &Path, uid: u32) -> PathBuf {
+    let b = hier.join("palisade");
     if uid == 0 {
         b
     } else {
@@ -23,39 +40,43 @@ fn base(root: &Path, ctrl: &str, uid: u32) -> PathBuf {
     }
 }
 
+/// The palisade parent in `hier`: created for root, required to be delegated for a user.
+fn parent(hier: &Path, uid: u32) -> Result<PathBuf, CgroupError> {
+    let b = base(hier, uid);
+    // Checked first: a failing mkdir on cgroupfs still takes the kernel's global cgroup lock.
+    if b.join("cgroup.procs").exists() {
+        Ok(b)
+    } else if uid == 0 {
+        std::fs::create_dir_all(&b).map_err(io_at("create", &b))?;
+        Ok(b)
+    } else {
+        Err(CgroupError::NotDelegated { uid, tried: b })
+    }
+}
+
 impl V1 {
     /// The v1 manager under `root`, or `None` if the memory and pids hierarchies are not there.
+    ///
+    /// A user needs the memory, pids and (where mounted) cpuacct parents delegated; the cpu
+    /// parent is used when it is.
     pub fn detect(root: &Path, uid: u32) -> Result<Option<V1>, CgroupError> {
-        if !CONTROLLERS
-            .iter()
-            .all(|c| root.join(c).join("cgroup.procs").exists())
-        {
+        let (Some(mem), Some(pids)) = (hierarchy(root, "memory"), hierarchy(root, "pids")) else {
             return Ok(None);
-        }
-        let (memory, pids) = (base(root, "memory", uid), base(root, "pids", uid));
-        for b in [&memory, &pids] {
-            // Checked first: a failing mkdir on cgroupfs still takes the kernel's global cgroup lock.
-            if uid == 0 && !b.join("cgroup.procs").exists() {
-                std::fs::create_dir_all(b).map_err(io_at("create", b))?;
-            } else if !b.join("cgroup.procs").exists() {
-                return Err(CgroupError::NotDelegated {
-                    uid,
-                    tried: b.clone(),
-                });
-            }
-        }
-        let cpu = base(root, "cpu", uid);
-        let cpu = if !root.join("cpu/cgroup.procs").exists() {
-            None
-        } else if cpu.join("cgroup.procs").exists() {
-            Some(cpu)
-        } else if uid == 0 {
-            std::fs::create_dir_all(&cpu).map_err(io_at("create", &cpu))?;
-            Some(cpu)
-        } else {
-            None
         };
-        Ok(Some(V1 { memory, pids, cpu }))
+        let (memory, pids) = (parent(&mem, uid)?, parent(&pids, uid)?);
+        let acct_h = hierarchy(root, "cpuacct");
+        let cpuacct = acct_h.as_deref().map(|h| parent(h, uid)).transpose()?;
+        let cpu = match hierarchy(root, "cpu") {
+            Some(h) if Some(&h) == acct_h.as_ref() => cpuacct.clone(),
+            Some(h) => parent(&h, uid).ok(),
+            None => None,
+        };
+        Ok(Some(V1 {
+            memory,
+            pids,
+            cpuacct,
+            cpu,
+        }))
     }
 
     pub(crate) fn delegate(
@@ -63,16 +84,19 @@ impl V1 {
         uid: u32,
         gid: u32,
     ) -> Result<Option<Vec<PathBuf>>, CgroupError> {
-        if !CONTROLLERS
-            .iter()
-            .all(|c| root.join(c).join("cgroup.procs").exists())
-        {
+        if REQUIRED.iter().any(|c| hierarchy(root, c).is_none()) {
             return Ok(None);
         }
-        let mut out = Vec::new();
-        let cpu = root.join("cpu/cgroup.procs").exists().then_some("cpu");
-        for c in CONTROLLERS.into_iter().chain(cpu) {
-            let d = base(root, c, uid);
+        let mut out: Vec<PathBuf> = Vec::new();
+        for h in REQUIRED
+            .iter()
+            .chain(&OPTIONAL)
+            .filter_map(|c| hierarchy(root, c))
+        {
+            let d = base(&h, uid);
+            if out.contains(&d) {
+                continue;
+            }
             std::fs::create_dir_all(&d).map_err(io_at("create", &d))?;
             chown(&d, uid, gid)?;
             for f in ["cgroup.procs", "tasks"] {
@@ -90,21 +114,23 @@ impl Manager for V1 {
     }
 
     fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
-        let cpu = match (&self.cpu, limits.cpu_quota_us) {
-            (Some(c), Some(_)) => Some(c.join(name)),
-            _ => None,
-        };
+        let at = |p: &Option<PathBuf>| p.as_ref().map(|p| p.join(name));
+        let cpu = limits.cpu_quota_us.and(at(&self.cpu));
         let mut run = V1Run {
             memory: self.memory.join(name),
             pids: self.pids.join(name),
-            cpu: cpu.clone(),
+            cpuacct: at(&self.cpuacct),
             quota: None,
             made: Vec::new(),
         };
-        for d in [Some(run.memory.clone()), Some(run.pids.clone()), cpu]
+        for d in [Some(run.memory.clone()), Some(run.pids.clone())]
             .into_iter()
+            .chain([run.cpuacct.clone(), cpu.clone()])
             .flatten()
         {
+            if run.made.contains(&d) {
+                continue; // cpu and cpuacct mounted together
+            }
             std::fs::create_dir(&d).map_err(io_at("create", &d))?;
             run.made.push(d);
         }
@@ -124,7 +150,7 @@ impl Manager for V1 {
             }
         }
         write(&run.pids.join("pids.max"), &limits.pids.to_string())?;
-        if let (Some(c), Some(q)) = (&run.cpu, limits.cpu_quota_us) {
+        if let (Some(c), Some(q)) = (&cpu, limits.cpu_quota_us) {
             write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
             write(&c.join("cpu.cfs_quota_us"), &q.to_string())?;
             run.quota = Some(q);
@@ -133,10 +159,13 @@ impl Manager for V1 {
     }
 
     fn clean_stale(&self) {
-        for parent in [Some(&self.memory), Some(&self.pids), self.cpu.as_ref()]
-            .into_iter()
-            .flatten()
-        {
+        let mut parents: Vec<&PathBuf> = vec![&self.memory, &self.pids];
+        for p in [&self.cpuacct, &self.cpu].into_iter().flatten() {
+            if !parents.contains(&p) {
+                parents.push(p);
+            }
+        }
+        for parent in parents {
             let Ok(rd) = std::fs::read_dir(parent) else {
                 continue;
             };
@@ -159,29 +188,28 @@ impl Manager for V1 {
 struct V1Run {
     memory: PathBuf,
     pids: PathBuf,
-    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
     quota: Option<u64>,
+    /// Every directory of the run, once each: joined, then removed.
     made: Vec<PathBuf>,
 }
 
-impl V1Run {
-    fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
-        [Some(&self.memory), Some(&self.pids), self.cpu.as_ref()]
-            .into_iter()
-            .flatten()
-    }
+/// A nanosecond count in a cpuacct file.
+fn ns(file: &Path) -> Option<Duration> {
+    read_number(file).map(Duration::from_nanos)
 }
 
 impl RunCgroup for V1Run {
     fn join(&self, pid: i32) -> Result<(), CgroupError> {
-        for d in self.dirs() {
+        for d in &self.made {
             write(&d.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
 
     fn self_join_files(&self) -> Result<Vec<std::fs::File>, CgroupError> {
-        self.dirs()
+        self.made
+            .iter()
             .map(|d| {
                 let p = d.join("tasks");
                 std::fs::OpenOptions::new()
@@ -193,12 +221,23 @@ impl RunCgroup for V1Run {
     }
 
     fn stats(&self) -> CgroupStats {
+        let cpu = self.cpuacct.as_ref().and_then(|d| {
+            Some(CpuUsage {
+                user: ns(&d.join("cpuacct.usage_user"))?,
+                system: ns(&d.join("cpuacct.usage_sys"))?,
+            })
+        });
         read_stats(
             &self.memory.join("memory.max_usage_in_bytes"),
             &self.memory.join("memory.oom_control"),
             &self.pids.join("pids.peak"),
             self.quota,
+            cpu,
         )
+    }
+
+    fn cpu_used(&self) -> Option<Duration> {
+        ns(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {
@@ -222,32 +261,45 @@ impl Drop for V1Run {
 mod tests {
     use super::*;
 
-    fn fake_root(tag: &str) -> PathBuf {
+    /// A temporary tree shaped like a v1 cgroupfs: one directory per hierarchy with a
+    /// `cgroup.procs`; `co_mounted` puts cpu and cpuacct in one `cpu,cpuacct` directory with the
+    /// two names as symbolic links, as systemd hosts do.
+    fn fake_root(tag: &str, co_mounted: bool) -> PathBuf {
         let r = std::env::temp_dir().join(format!("palisade-cg1-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&r);
-        for c in CONTROLLERS {
+        let dirs: &[&str] = if co_mounted {
+            &["memory", "pids", "cpu,cpuacct"]
+        } else {
+            &["memory", "pids", "cpuacct"]
+        };
+        for c in dirs {
             std::fs::create_dir_all(r.join(c)).unwrap();
             std::fs::write(r.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        if co_mounted {
+            std::os::unix::fs::symlink("cpu,cpuacct", r.join("cpu")).unwrap();
+            std::os::unix::fs::symlink("cpu,cpuacct", r.join("cpuacct")).unwrap();
         }
         r
     }
 
+    const LIMITS: CgroupLimits = CgroupLimits {
+        memory_bytes: 64 << 20,
+        pids: 32,
+        cpu_quota_us: None,
+    };
+
     #[test]
     fn create_writes_limits_in_each_hierarchy() {
-        let root = fake_root("create");
+        let root = fake_root("create", false);
         let m = V1::detect(&root, 0).unwrap().expect("fake v1 detected");
-        // A real cgroupfs creates the control files in a new directory; a temp dir does not, so
-        // create the run directories' files the way the kernel would before the writes.
+        // create() makes the directories; the writes then create plain files in the temp dir
+        // (a real cgroupfs has them already).
         let name = "run-1-1";
-        let limits = CgroupLimits {
-            memory_bytes: 64 << 20,
-            pids: 32,
-            cpu_quota_us: None,
-        };
+        let run = m.create(name, &LIMITS).unwrap();
         let mem = root.join("memory/palisade").join(name);
         let pids = root.join("pids/palisade").join(name);
-        // create() makes the directories; the writes then create plain files in the temp dir.
-        let run = m.create(name, &limits).unwrap();
+        let acct = root.join("cpuacct/palisade").join(name);
         assert_eq!(
             std::fs::read_to_string(mem.join("memory.limit_in_bytes")).unwrap(),
             "67108864"
@@ -260,10 +312,49 @@ mod tests {
             !mem.join("memory.memsw.limit_in_bytes").exists(),
             "memsw written where the kernel has none"
         );
+        assert!(acct.is_dir(), "no cpuacct cgroup for CPU accounting");
         run.join(42).unwrap();
+        for d in [&mem, &pids, &acct] {
+            assert_eq!(
+                std::fs::read_to_string(d.join("cgroup.procs")).unwrap(),
+                "42"
+            );
+        }
+        // The accounting as the kernel writes it, in nanoseconds.
+        std::fs::write(acct.join("cpuacct.usage"), "1500000000\n").unwrap();
+        std::fs::write(acct.join("cpuacct.usage_user"), "1200000000\n").unwrap();
+        std::fs::write(acct.join("cpuacct.usage_sys"), "300000000\n").unwrap();
+        assert_eq!(run.cpu_used(), Some(Duration::from_millis(1500)));
         assert_eq!(
-            std::fs::read_to_string(mem.join("cgroup.procs")).unwrap(),
-            "42"
+            run.stats().cpu,
+            Some(CpuUsage {
+                user: Duration::from_millis(1200),
+                system: Duration::from_millis(300)
+            })
+        );
+        drop(run);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn cpu_and_cpuacct_mounted_together_get_one_directory() {
+        let root = fake_root("comount", true);
+        let m = V1::detect(&root, 0).unwrap().expect("fake v1 detected");
+        let quota = CgroupLimits {
+            cpu_quota_us: Some(50_000),
+            ..LIMITS
+        };
+        let run = m.create("run-1-2", &quota).unwrap();
+        let d = root.join("cpu,cpuacct/palisade/run-1-2");
+        assert_eq!(
+            std::fs::read_to_string(d.join("cpu.cfs_quota_us")).unwrap(),
+            "50000"
+        );
+        // Made once (a second mkdir would have failed) and joined once.
+        run.join(7).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.join("cgroup.procs")).unwrap(),
+            "7"
         );
         drop(run);
         std::fs::remove_dir_all(root).unwrap();
@@ -271,7 +362,7 @@ mod tests {
 
     #[test]
     fn unprivileged_users_need_a_delegated_subtree() {
-        let root = fake_root("deleg");
+        let root = fake_root("deleg", false);
         let e = V1::detect(&root, 1000)
             .err()
             .expect("not delegated yet")
@@ -280,6 +371,15 @@ mod tests {
             e.contains("cgroup-delegate") && e.contains("user-1000"),
             "{e}"
         );
+        // Delegated memory and pids but not cpuacct (an older delegation): still refused, since
+        // the CPU-time limit rests on it.
+        for c in ["memory", "pids"] {
+            let d = root.join(c).join("palisade/user-1000");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup.procs"), "").unwrap();
+        }
+        let e = V1::detect(&root, 1000).err().expect("cpuacct missing");
+        assert!(e.to_string().contains("cpuacct/palisade/user-1000"), "{e}");
         std::fs::remove_dir_all(root).unwrap();
     }
 }

@@ -145,12 +145,22 @@ impl RunCgroup for V2Run {
         let Some(dir) = &self.dir else {
             return CgroupStats::default();
         };
+        let stat = std::fs::read_to_string(dir.join("cpu.stat")).unwrap_or_default();
+        let us = |k| keyed(&stat, k).map(std::time::Duration::from_micros);
+        let cpu = us("user_usec").zip(us("system_usec"));
         read_stats(
             &dir.join("memory.peak"),
             &dir.join("memory.events"),
             &dir.join("pids.peak"),
             self.quota,
+            cpu.map(|(user, system)| CpuUsage { user, system }),
         )
+    }
+
+    /// From `cpu.stat`, which every v2 cgroup has, with or without the cpu controller.
+    fn cpu_used(&self) -> Option<std::time::Duration> {
+        let stat = std::fs::read_to_string(self.dir.as_ref()?.join("cpu.stat")).ok()?;
+        keyed(&stat, "usage_usec").map(std::time::Duration::from_micros)
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {
@@ -205,6 +215,19 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(r.join("palisade/run-1-1/pids.max")).unwrap(),
             "32"
+        );
+        std::fs::write(
+            r.join("palisade/run-1-1/cpu.stat"),
+            "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\nnr_periods 0\n",
+        )
+        .unwrap();
+        assert_eq!(run.cpu_used(), Some(std::time::Duration::from_micros(2500)));
+        assert_eq!(
+            run.stats().cpu,
+            Some(CpuUsage {
+                user: std::time::Duration::from_micros(2000),
+                system: std::time::Duration::from_micros(500)
+            })
         );
         drop(run);
         std::fs::remove_dir_all(&r).unwrap();

@@ -9,7 +9,7 @@
 //! let running = spawn(&policy, Stdin::Null, None).unwrap();
 //! let (mut out, mut err) = (Vec::new(), Vec::new());
 //! let sinks = Sinks { stdout: &mut out, stderr: &mut err, input: None, signals: None };
-//! let outcome = running.wait(sinks).unwrap();
+//! let outcome = running.wait(sinks, None).unwrap();
 //! assert_eq!(outcome.termination, Termination::Exited(0));
 //! assert_eq!(out, b"hello from inside\n");
 //! ```
@@ -25,6 +25,6 @@ pub mod sys;
 pub use error::SetupError;
 pub use plan::Ids;
 pub use spawn::{
-    spawn, BeforeStart, LimitHit, Outcome, Running, Sinks, Stdin, Termination, NAMESPACES,
-    ROOT_MAPPED_ID,
+    spawn, BeforeStart, CpuWatch, LimitHit, Outcome, Running, Sinks, Stdin, Termination,
+    NAMESPACES, ROOT_MAPPED_ID,
 };

@@ -17,6 +17,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Host directories made visible read-only when they exist (a symlink is recreated as one).
 pub const SYSTEM_DIRS: &[&str] = &[
@@ -496,8 +497,17 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             (libc::RLIMIT_NPROC, policy.limits.pids),
             (libc::RLIMIT_NOFILE, policy.limits.open_files),
             (libc::RLIMIT_FSIZE, policy.limits.file_size_bytes),
+            (libc::RLIMIT_CPU, rlimit_cpu_secs(policy.limits.cpu_time())),
         ],
     })
+}
+
+/// `RLIMIT_CPU` for the payload: the CPU-time limit rounded up to whole seconds, plus one. It is
+/// the second wall (per process, where the supervisor's watch covers the whole sandbox), and the
+/// only one when the cgroup is waived; the second of slack lets the supervisor's precise kill come
+/// first. Soft and hard are equal, so reaching it is a SIGKILL, which the code cannot catch.
+pub fn rlimit_cpu_secs(limit: Duration) -> u64 {
+    limit.as_millis().div_ceil(1000) as u64 + 1
 }
 
 /// The environment the payload starts with: `PATH`, `HOME`, `LANG` (and `TERM` with a terminal),

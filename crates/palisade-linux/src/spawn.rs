@@ -47,6 +47,31 @@ pub enum LimitHit {
     Timeout,
     /// stdout plus stderr reached the output cap.
     Output,
+    /// The sandbox's processes together used up their CPU time.
+    CpuTime,
+}
+
+/// How the supervisor watches the sandbox's CPU time, for the CPU-time limit.
+pub struct CpuWatch<'a> {
+    /// CPU time of every process of the sandbox so far (the run cgroup's accounting); `None` once
+    /// it cannot be read.
+    pub used: &'a dyn Fn() -> Option<Duration>,
+    /// The most CPUs the sandbox can keep busy at once (the host's, or its quota): the fastest the
+    /// budget can drain, which sets when to look next.
+    pub cpus: f64,
+}
+
+/// Shortest wait between two looks at the CPU time: bounds the overshoot past the limit to about
+/// this much per CPU, and the cost of watching to one small file read per interval at worst.
+const CPU_CHECK_MIN: Duration = Duration::from_millis(5);
+
+/// When to look at the CPU time next: not before the rest of the budget could be spent at full
+/// speed on every CPU, so an idle or single-threaded payload costs almost no wake-ups.
+fn next_cpu_check(limit: Duration, used: Duration, cpus: f64) -> Duration {
+    limit
+        .saturating_sub(used)
+        .div_f64(cpus.max(0.01))
+        .max(CPU_CHECK_MIN)
 }
 
 /// How the payload ended.
@@ -512,7 +537,14 @@ impl Running {
 
     /// Relays output until the payload has exited and every output stream is closed, then reaps
     /// init and returns what happened.
-    pub fn wait(mut self, sinks: Sinks<'_>) -> Result<Outcome, SetupError> {
+    ///
+    /// With `cpu`, the CPU-time limit is watched too: the whole sandbox is killed once its
+    /// processes together have used it up.
+    pub fn wait(
+        mut self,
+        sinks: Sinks<'_>,
+        cpu: Option<CpuWatch<'_>>,
+    ) -> Result<Outcome, SetupError> {
         let mut term = Termination::Vanished;
         let (mut out_n, mut err_n) = (0u64, 0u64);
         let mut buf = vec![0u8; 64 * 1024];
@@ -522,6 +554,10 @@ impl Running {
         let cap = self.limits.output_bytes;
         let mut limit_hit: Option<LimitHit> = None;
         let mut truncated = false;
+        let cpu_limit = self.limits.cpu_time();
+        let mut cpu_next = cpu
+            .as_ref()
+            .map(|w| self.started + next_cpu_check(cpu_limit, Duration::ZERO, w.cpus));
         loop {
             let pollin = |fd: c_int| libc::pollfd {
                 fd,
@@ -551,24 +587,39 @@ impl Running {
             if let Some(s) = sinks.signals {
                 pfds.push(pollin(s.fd()));
             }
-            // SAFETY: pfds is a valid array of pollfd of the given length.
-            // Until the deadline (rounded up to whole ms), or without end once the payload is done
-            // or already killed.
-            let wait_ms: c_int = if limit_hit.is_some() || term != Termination::Vanished {
+            // Until the deadline or the next look at the CPU time (rounded up to whole ms), or
+            // without end once the payload is done or already killed.
+            let watching = limit_hit.is_none() && term == Termination::Vanished;
+            let wait_ms: c_int = if !watching {
                 -1
             } else {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let until = cpu_next.map_or(deadline, |c| c.min(deadline));
+                let left = until.saturating_duration_since(Instant::now());
                 left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
             };
+            // SAFETY: pfds is a valid array of pollfd of the given length.
             let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, wait_ms) };
-            if r == 0 {
-                if Instant::now() >= deadline
-                    && limit_hit.is_none()
-                    && term == Termination::Vanished
-                {
+            if watching {
+                let now = Instant::now();
+                if now >= deadline {
                     self.kill();
                     limit_hit = Some(LimitHit::Timeout);
+                } else if let (Some(at), Some(w)) = (cpu_next, cpu.as_ref()) {
+                    if now >= at {
+                        match (w.used)() {
+                            Some(used) if used >= cpu_limit => {
+                                self.kill();
+                                limit_hit = Some(LimitHit::CpuTime);
+                            }
+                            Some(used) => {
+                                cpu_next = Some(now + next_cpu_check(cpu_limit, used, w.cpus))
+                            }
+                            None => cpu_next = None,
+                        }
+                    }
                 }
+            }
+            if r == 0 {
                 continue;
             }
             if r < 0 {
@@ -696,5 +747,23 @@ impl Drop for Running {
             // SAFETY: reaping our own child after killing it.
             unsafe { libc::waitpid(self.pid, &mut st, 0) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_checks_are_spaced_by_what_is_left_of_the_budget() {
+        let s = Duration::from_secs;
+        // 10 s left on 2 CPUs: nothing can run out in under 5 s.
+        assert_eq!(next_cpu_check(s(10), Duration::ZERO, 2.0), s(5));
+        // Half a CPU of quota drains 1 s of budget in 2 s.
+        assert_eq!(next_cpu_check(s(3), s(2), 0.5), s(2));
+        // Near or past the limit: the shortest interval, never zero (no busy loop).
+        assert_eq!(next_cpu_check(s(1), s(1), 2.0), CPU_CHECK_MIN);
+        assert_eq!(next_cpu_check(s(1), s(5), 2.0), CPU_CHECK_MIN);
+        assert_eq!(next_cpu_check(s(1), Duration::ZERO, 0.0), s(100));
     }
 }

@@ -16,6 +16,12 @@ pub struct Limits {
     /// Wall-clock time after which the whole sandbox is killed (status `timeout`), in ms.
     #[serde(default = "Limits::default_timeout_ms")]
     pub timeout_ms: u64,
+    /// CPU time of all processes together (user plus system), in ms, after which the whole
+    /// sandbox is killed (status `cpu-timeout`). Unset: the wall-clock timeout, so a program on one
+    /// CPU is never stopped for CPU before its deadline, while one that burns several CPUs at once
+    /// is stopped sooner.
+    #[serde(default)]
+    pub cpu_time_ms: Option<u64>,
     /// Bytes of stdout plus stderr relayed before the sandbox is killed (status `output-limit`).
     #[serde(default = "Limits::default_output_bytes")]
     pub output_bytes: u64,
@@ -49,6 +55,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             timeout_ms: Self::default_timeout_ms(),
+            cpu_time_ms: None,
             output_bytes: Self::default_output_bytes(),
             pids: Self::default_pids(),
             open_files: Self::default_open_files(),
@@ -105,6 +112,26 @@ impl Limits {
         Duration::from_millis(self.timeout_ms)
     }
 
+    /// The CPU-time limit in force: the one set, or else the wall-clock timeout.
+    ///
+    /// ```
+    /// use palisade_policy::Limits;
+    /// use std::time::Duration;
+    /// let mut l = Limits::default();
+    /// assert_eq!(l.cpu_time(), l.timeout());
+    /// l.cpu_time_ms = Some(1500);
+    /// assert_eq!(l.cpu_time(), Duration::from_millis(1500));
+    /// ```
+    pub fn cpu_time(&self) -> Duration {
+        Duration::from_millis(self.cpu_time_ms.unwrap_or(self.timeout_ms))
+    }
+
+    /// The same limits with every derived default written out (for the report).
+    pub fn resolved(mut self) -> Limits {
+        self.cpu_time_ms = Some(self.cpu_time().as_millis() as u64);
+        self
+    }
+
     /// Checks ranges (for values that came from a file rather than the parsers below).
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT.as_millis() as u64 {
@@ -113,6 +140,15 @@ impl Limits {
                 &self.timeout_ms.to_string(),
                 "a wall-clock time between 1 ms and 7 days",
             ));
+        }
+        if let Some(c) = self.cpu_time_ms {
+            if c == 0 || c > MAX_TIMEOUT.as_millis() as u64 {
+                return Err(PolicyError::invalid(
+                    "cpu-time",
+                    &c.to_string(),
+                    "a CPU time between 1 ms and 7 days",
+                ));
+            }
         }
         if self.output_bytes == 0 || self.output_bytes > MAX_OUTPUT {
             return Err(PolicyError::invalid(
@@ -340,6 +376,15 @@ mod tests {
         assert_eq!(l.output_bytes, 64 << 20);
         l.validate().unwrap();
         assert!(Limits { timeout_ms: 0, ..l }.validate().is_err());
+        let e = Limits {
+            cpu_time_ms: Some(0),
+            ..l
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cpu-time"), "{e}");
+        assert_eq!(l.resolved().cpu_time_ms, Some(600_000));
         assert!(Limits {
             output_bytes: 0,
             ..l

@@ -26,7 +26,7 @@ enum Cmd {
     /// Run a command in a new sandbox.
     ///
     /// Exit status: the command's own; 128+N if it was killed by signal N; 124 if palisade killed
-    /// it for a limit (timeout, output); 125 if palisade itself failed (bad option, setup failure);
+    /// it for a limit (timeout, CPU time, memory, output); 125 if palisade itself failed (bad option, setup failure);
     /// 126 if the command cannot be executed; 127 if it was not found inside the sandbox.
     Run(Box<RunArgs>),
     /// Delegate a palisade cgroup subtree to a user, once, as root (like systemd's Delegate=yes),
@@ -69,6 +69,11 @@ struct RunArgs {
     /// process of the sandbox is killed and the status is `timeout` (exit 124).
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     timeout: Option<String>,
+    /// CPU time for all processes of the sandbox together, user plus system, e.g. 30s (default:
+    /// the --timeout value). When it is used up every process is killed and the status is
+    /// `cpu-timeout` (exit 124).
+    #[arg(long = "cpu-time", value_name = "DURATION", allow_hyphen_values = true)]
+    cpu_time: Option<String>,
     /// Cap on stdout plus stderr, e.g. 1MiB (default 64MiB). Past it, output is discarded, the
     /// sandbox is killed and the status is `output-limit` (exit 124).
     #[arg(long = "output-limit", value_name = "SIZE", allow_hyphen_values = true)]
@@ -165,6 +170,9 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
         b = b.output_limit(parse_size("--output-limit", o)?);
     }
     let mut limits = b.current_limits();
+    if let Some(t) = &a.cpu_time {
+        limits.cpu_time_ms = Some(parse_duration("--cpu-time", t)?.as_millis() as u64);
+    }
     if let Some(p) = &a.pids {
         limits.pids = parse_count("--pids", p, MAX_PIDS)?;
     }

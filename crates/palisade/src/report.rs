@@ -25,6 +25,8 @@ pub enum Status {
     Signal,
     /// Killed by palisade when the wall-clock timeout passed.
     Timeout,
+    /// Killed when the sandbox's processes together used up their CPU time.
+    CpuTimeout,
     /// Killed by palisade when stdout plus stderr reached the output cap.
     OutputLimit,
     /// Killed by the kernel's OOM killer at the sandbox's memory ceiling.
@@ -53,6 +55,8 @@ pub struct Report {
     /// What failed, for `sandbox-error`.
     pub error: Option<String>,
     pub wall_time_ms: f64,
+    /// CPU time of every process of the sandbox: from the cgroup where it accounts CPU (which
+    /// includes processes the kernel reaped at a kill), else from `wait4` on init.
     pub cpu_user_ms: f64,
     pub cpu_system_ms: f64,
     /// Peak resident set of the largest process.
@@ -88,7 +92,7 @@ impl Report {
             Status::Ok => 0,
             Status::Exit => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
             Status::Signal => 128 + self.signal.unwrap_or(0),
-            Status::Timeout | Status::OutputLimit | Status::Oom => EXIT_LIMIT,
+            Status::Timeout | Status::CpuTimeout | Status::OutputLimit | Status::Oom => EXIT_LIMIT,
             Status::SandboxError => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
         }
     }
@@ -103,6 +107,7 @@ impl Report {
         let (status, exit_code, signal, error) = match (o.limit_hit, o.termination) {
             (Some(LimitHit::Timeout), _) => (Status::Timeout, None, None, None),
             (Some(LimitHit::Output), _) => (Status::OutputLimit, None, None, None),
+            (Some(LimitHit::CpuTime), _) => (Status::CpuTimeout, None, None, None),
             (None, t) => match t {
                 Termination::Exited(0) => (Status::Ok, Some(0), None, None),
                 Termination::Exited(c) => (Status::Exit, Some(c), None, None),
@@ -174,7 +179,7 @@ impl Report {
             stdout_bytes: 0,
             stderr_bytes: 0,
             output_truncated: false,
-            limits,
+            limits: limits.resolved(),
             memory_peak_bytes: None,
             oom_kills: 0,
             pids_peak: None,
@@ -201,6 +206,19 @@ impl Report {
         self.cpus = stats
             .cpu_quota_us
             .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
+        if let Some(c) = stats.cpu {
+            self.cpu_user_ms = c.user.as_secs_f64() * 1000.0;
+            self.cpu_system_ms = c.system.as_secs_f64() * 1000.0;
+        }
+        // Without the cgroup's watch, RLIMIT_CPU is what stops a process that spends the budget:
+        // SIGKILL at the hard limit (SIGXCPU if the code lowered its soft limit).
+        let cpu_limit_ms = self.limits.cpu_time_ms.unwrap_or(u64::MAX) as f64;
+        if self.status == Status::Signal
+            && matches!(self.signal, Some(libc::SIGKILL) | Some(libc::SIGXCPU))
+            && self.cpu_user_ms + self.cpu_system_ms >= cpu_limit_ms
+        {
+            self.status = Status::CpuTimeout;
+        }
         // An OOM kill that took the payload down is the run's cause of death.
         if stats.oom_kills > 0
             && self.status == Status::Signal
@@ -247,6 +265,19 @@ impl Report {
             },
         };
         self.layers.push(layer);
+        let limit = self.limits.cpu_time_ms.unwrap_or(0);
+        self.layers.push(match stats.cpu {
+            Some(_) => Layer {
+                name: "cpu-time-limit",
+                enforced: true,
+                detail: format!("{limit} ms for all processes together, watched by the supervisor through the cgroup's CPU accounting; RLIMIT_CPU per process as a second wall"),
+            },
+            None => Layer {
+                name: "cpu-time-limit",
+                enforced: false,
+                detail: format!("no cgroup CPU accounting: only RLIMIT_CPU per process ({limit} ms, rounded up to whole seconds, plus one); a payload that forks can use more in all"),
+            },
+        });
     }
 
     /// One line for humans, e.g. `palisade: ok · exit 0 · 3.1 ms · cpu 0.4 ms · rss 1.2 MiB`.
@@ -264,6 +295,10 @@ impl Report {
                 self.limits.memory_bytes >> 20
             ),
             Status::Timeout => format!("timeout after {} ms: killed", self.limits.timeout_ms),
+            Status::CpuTimeout => format!(
+                "CPU time limit of {} ms used up: killed",
+                self.limits.cpu_time_ms.unwrap_or(0)
+            ),
             Status::OutputLimit => format!(
                 "output limit of {} bytes reached: killed",
                 self.limits.output_bytes

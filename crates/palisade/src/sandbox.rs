@@ -2,7 +2,7 @@
 
 use crate::report::Report;
 use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
-use palisade_linux::{Running, SetupError, Sinks, Stdin};
+use palisade_linux::{CpuWatch, Running, SetupError, Sinks, Stdin};
 use palisade_policy::Degradable;
 use palisade_policy::{Bind, EnvVar, Policy, PolicyError, Scratch};
 use std::cell::RefCell;
@@ -17,6 +17,7 @@ pub struct Sandbox {
     policy: Policy,
     keep: bool,
     stdin: Stdin,
+    cgroup_root: PathBuf,
 }
 
 /// Output captured by [`Sandbox::output`].
@@ -39,6 +40,7 @@ pub struct Builder {
     stdin_null: bool,
     limits: palisade_policy::Limits,
     degraded: Vec<Degradable>,
+    cgroup_root: Option<PathBuf>,
     error: Option<PolicyError>,
 }
 
@@ -104,6 +106,12 @@ impl Builder {
         self
     }
 
+    /// CPU time for all processes together (default: the wall-clock timeout).
+    pub fn cpu_time(mut self, t: std::time::Duration) -> Self {
+        self.limits.cpu_time_ms = Some(t.as_millis().min(u64::MAX as u128) as u64);
+        self
+    }
+
     /// Cap on stdout plus stderr, in bytes (default 64 MiB).
     pub fn output_limit(mut self, bytes: u64) -> Self {
         self.limits.output_bytes = bytes;
@@ -126,6 +134,14 @@ impl Builder {
         if !self.degraded.contains(&layer) {
             self.degraded.push(layer);
         }
+        self
+    }
+
+    /// Where the cgroup hierarchies are mounted (default `/sys/fs/cgroup`), e.g. for a container
+    /// that mounts its cgroupfs elsewhere. Without a usable hierarchy there, runs are refused
+    /// unless the cgroup layer is waived with [`Builder::allow_degraded`].
+    pub fn cgroup_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.cgroup_root = Some(root.into());
         self
     }
 
@@ -164,6 +180,9 @@ impl Builder {
             } else {
                 Stdin::Inherit
             },
+            cgroup_root: self
+                .cgroup_root
+                .unwrap_or_else(|| PathBuf::from(CGROUP_ROOT)),
         })
     }
 
@@ -186,6 +205,7 @@ impl Sandbox {
             policy,
             keep,
             stdin,
+            cgroup_root: PathBuf::from(CGROUP_ROOT),
         })
     }
 
@@ -242,7 +262,7 @@ impl Sandbox {
         // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
         // one, refuse, unless the user waived it by name.
         let (manager, waived) =
-            match palisade_cgroup::detect(Path::new(CGROUP_ROOT), palisade_linux::host::euid()) {
+            match palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::euid()) {
                 Ok(m) => (Some(m), None),
                 Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
                     (None, Some(e.to_string()))
@@ -294,7 +314,17 @@ impl Sandbox {
         };
         started(&running);
         let ids = running.ids();
-        let mut report = match running.wait(sinks) {
+        // The CPU-time limit, over every process of the sandbox, from the cgroup's accounting.
+        let used = || cgroup.borrow().as_ref().and_then(|c| c.cpu_used());
+        let quota = policy
+            .limits
+            .cpu_milli
+            .map_or(f64::MAX, |m| m as f64 / 1000.0);
+        let watch = manager.as_ref().map(|_| CpuWatch {
+            used: &used,
+            cpus: (palisade_linux::host::cpus() as f64).min(quota),
+        });
+        let mut report = match running.wait(sinks, watch) {
             Ok(o) => Report::from_outcome(&o, ids, scratch, policy.limits),
             Err(e) => Report::from_error(&e, t0.elapsed(), scratch, policy.limits),
         };

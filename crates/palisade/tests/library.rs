@@ -187,3 +187,44 @@ fn palisade_temp_dirs() -> Vec<std::path::PathBuf> {
     v.sort();
     v
 }
+
+/// Without a cgroup (here: a cgroup root with no hierarchy), runs are refused unless the layer is
+/// waived; waived, the CPU-time limit still holds per process through RLIMIT_CPU, and the report
+/// says the tree-wide watch was not enforced.
+#[test]
+fn without_a_cgroup_runs_are_refused_unless_waived_and_rlimit_cpu_still_holds() {
+    let burn = || {
+        Sandbox::builder()
+            .command([probe(), "burn".into(), "30".into(), "1".into()])
+            .ro(probe())
+            .cgroup_root("/nonexistent/palisade-test-cgroup-root")
+            .cpu_time(Duration::from_millis(500))
+    };
+    let out = burn().output().unwrap();
+    assert_eq!(out.report.status, Status::SandboxError, "{:?}", out.report);
+    assert!(
+        out.report
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("--allow-degraded cgroup")),
+        "{:?}",
+        out.report.error
+    );
+    let out = burn()
+        .allow_degraded(palisade::policy::Degradable::Cgroup)
+        .output()
+        .unwrap();
+    let r = &out.report;
+    // RLIMIT_CPU is whole seconds plus one: the probe is killed with SIGKILL at 2 s of CPU.
+    assert_eq!(r.status, Status::CpuTimeout, "{r:?}");
+    let cpu = r.cpu_user_ms + r.cpu_system_ms;
+    assert!((1900.0..2600.0).contains(&cpu), "{cpu} ms of CPU");
+    let layer = |n: &str| r.layers.iter().find(|l| l.name == n).unwrap().clone();
+    assert!(!layer("cpu-time-limit").enforced, "{:?}", r.layers);
+    assert!(!layer("cgroup-limits").enforced, "{:?}", r.layers);
+}
+
+/// The probe binary, as the tests see it on the host.
+fn probe() -> String {
+    std::env::var("PALISADE_PROBE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_palisade-probe").into())
+}

@@ -42,6 +42,78 @@ fn timeout_kills_everything_including_processes_that_ignore_sigterm() {
     );
 }
 
+/// CPU time (user plus system) the report gives, in ms.
+fn cpu_ms(j: &serde_json::Value) -> f64 {
+    j["cpu_user_ms"].as_f64().unwrap() + j["cpu_system_ms"].as_f64().unwrap()
+}
+
+#[test]
+fn a_cpu_loop_under_a_cpu_limit_is_a_cpu_timeout() {
+    let r = run(
+        &["--cpu-time", "1s", "--json", "-"],
+        &["/probe", "burn", "30", "1"],
+    );
+    assert_eq!(r.code, 124, "{}", r.stderr);
+    let j = report_of(&r);
+    assert_eq!(j["status"], "cpu-timeout", "{j}");
+    assert_eq!(j["limits"]["cpu_time_ms"], 1000);
+    let cpu = cpu_ms(&j);
+    assert!(
+        (1000.0..1500.0).contains(&cpu),
+        "{cpu} ms of CPU under a 1 s limit"
+    );
+    assert!(j["wall_time_ms"].as_f64().unwrap() < 20_000.0, "{j}");
+    let layer = j["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "cpu-time-limit")
+        .cloned()
+        .expect("the cpu-time layer is reported");
+    assert_eq!(layer["enforced"], true, "{layer}");
+    // Control: the same probe for a short while under the default limit ends on its own.
+    let r = run(&["--json", "-"], &["/probe", "burn", "0.3", "1"]);
+    assert_eq!(report_of(&r)["status"], "ok", "{}", r.stdout);
+}
+
+#[test]
+fn the_cpu_limit_covers_all_processes_together() {
+    // Two burning processes, each far below the limit alone (per-process RLIMIT_CPU would let each
+    // spend 2 s): together they reach 1 s and the whole sandbox is stopped, both of them counted.
+    let marker = unique("palisade-cpu-marker");
+    let script = format!("/probe burn 30 1 {marker} & /probe burn 30 1 {marker} & wait");
+    let r = run(
+        &["--cpu-time", "1s", "--json", "-"],
+        &["/bin/sh", "-c", &script],
+    );
+    let j = report_of(&r);
+    assert_eq!(j["status"], "cpu-timeout", "{j}");
+    let cpu = cpu_ms(&j);
+    assert!((1000.0..1500.0).contains(&cpu), "{cpu} ms of CPU in all");
+    assert_eq!(
+        host_pids_with(&marker),
+        Vec::<u32>::new(),
+        "a burner outlived the kill"
+    );
+}
+
+#[test]
+fn cpu_of_processes_killed_at_the_timeout_is_accounted() {
+    // A background burner the kernel reaps when the sandbox is torn down at the deadline: its CPU
+    // is not in init's rusage, but the cgroup accounted it.
+    let r = run(
+        &["--timeout", "1s", "--json", "-"],
+        &["/bin/sh", "-c", "/probe burn 30 1 & sleep 30"],
+    );
+    let j = report_of(&r);
+    assert_eq!(j["status"], "timeout", "{j}");
+    let cpu = cpu_ms(&j);
+    assert!(
+        (700.0..1300.0).contains(&cpu),
+        "{cpu} ms of CPU in a 1 s run with a burner"
+    );
+}
+
 #[test]
 fn output_cap_truncates_kills_and_says_so() {
     let r = run(
@@ -300,6 +372,9 @@ fn bad_limits_are_refused() {
         ("--output-limit", "0"),
         ("--output-limit", "1.5M"),
         ("--output-limit", "99999T"),
+        ("--cpu-time", "0ms"),
+        ("--cpu-time", "1"),
+        ("--cpu-time", "8d"),
     ] {
         let r = run(&[opt, val], &["true"]);
         assert_eq!(r.code, 125, "{opt} {val}: {}", r.stderr);
