@@ -221,10 +221,21 @@ impl RunCgroup for V1Run {
     }
 
     fn stats(&self) -> CgroupStats {
+        // `cpuacct.usage` is exact (the scheduler's own runtime); the user/system files are
+        // sampled at ticks and need not add up to it, so they only split the exact total.
         let cpu = self.cpuacct.as_ref().and_then(|d| {
+            let total = ns(&d.join("cpuacct.usage"))?;
+            let u = ns(&d.join("cpuacct.usage_user")).unwrap_or_default();
+            let s = ns(&d.join("cpuacct.usage_sys")).unwrap_or_default();
+            let user = match (u + s).as_nanos() {
+                0 => total,
+                both => Duration::from_nanos(
+                    (total.as_nanos() * u.as_nanos() / both).min(u64::MAX as u128) as u64,
+                ),
+            };
             Some(CpuUsage {
-                user: ns(&d.join("cpuacct.usage_user"))?,
-                system: ns(&d.join("cpuacct.usage_sys"))?,
+                user,
+                system: total.saturating_sub(user),
             })
         });
         read_stats(
@@ -322,8 +333,9 @@ mod tests {
         }
         // The accounting as the kernel writes it, in nanoseconds.
         std::fs::write(acct.join("cpuacct.usage"), "1500000000\n").unwrap();
-        std::fs::write(acct.join("cpuacct.usage_user"), "1200000000\n").unwrap();
-        std::fs::write(acct.join("cpuacct.usage_sys"), "300000000\n").unwrap();
+        // Tick-sampled, so they need not add up to the total: they only split it.
+        std::fs::write(acct.join("cpuacct.usage_user"), "1240000000\n").unwrap();
+        std::fs::write(acct.join("cpuacct.usage_sys"), "310000000\n").unwrap();
         assert_eq!(run.cpu_used(), Some(Duration::from_millis(1500)));
         assert_eq!(
             run.stats().cpu,

@@ -20,25 +20,23 @@ fn unified(root: &Path) -> Option<PathBuf> {
     None
 }
 
-fn base(u: &Path, uid: u32) -> PathBuf {
-    let b = u.join("palisade");
-    if uid == 0 {
-        b
-    } else {
-        b.join(format!("user-{uid}"))
-    }
-}
-
+/// Enables memory and pids (required) and cpu (where offered) for the children of `dir`.
 fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
     let cur = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
     let avail = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
     let on = |c: &str| cur.split_whitespace().any(|x| x == c);
-    // memory and pids are required; cpu is taken where the hierarchy offers it (a quota is then
-    // written and reported).
-    let cpu = avail.split_whitespace().any(|c| c == "cpu");
-    let want: Vec<String> = ["memory", "pids"]
+    let offered = |c: &str| avail.split_whitespace().any(|x| x == c);
+    let missing: Vec<&str> = REQUIRED.into_iter().filter(|c| !offered(c)).collect();
+    if !missing.is_empty() {
+        return Err(CgroupError::MissingControllers {
+            path: dir.to_owned(),
+            missing: missing.join(" "),
+        });
+    }
+    // cpu is taken where the hierarchy offers it (a quota is then written and reported).
+    let want: Vec<String> = REQUIRED
         .into_iter()
-        .chain(cpu.then_some("cpu"))
+        .chain(offered("cpu").then_some("cpu"))
         .filter(|c| !on(c))
         .map(|c| format!("+{c}"))
         .collect();
@@ -48,21 +46,105 @@ fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
     Ok(())
 }
 
+/// Controllers a run cgroup cannot do without.
+const REQUIRED: [&str; 2] = ["memory", "pids"];
+
+/// The leaf a user's supervisor moves the processes of its delegated cgroup into, so that the
+/// cgroup itself may enable controllers for its children (v2 allows controllers only in cgroups
+/// without processes of their own, the "no internal processes" rule).
+pub const PROCS_LEAF: &str = "palisade-procs";
+
+/// This process's cgroup in the unified hierarchy, from `/proc/self/cgroup` (`0::/path`).
+fn own_cgroup(unified: &Path) -> Result<PathBuf, CgroupError> {
+    let f = Path::new("/proc/self/cgroup");
+    let text = std::fs::read_to_string(f).map_err(io_at("read", f))?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("/");
+    Ok(unified.join(rel.trim_start_matches('/')))
+}
+
+/// Whether `uid` owns cgroup `dir` the way a delegation gives it: the directory and the files a
+/// delegate writes.
+fn owned_by(dir: &Path, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    ["", "cgroup.procs", "cgroup.subtree_control"]
+        .iter()
+        .all(|f| std::fs::metadata(dir.join(f)).is_ok_and(|m| m.uid() == uid))
+}
+
 impl V2 {
     /// The v2 manager under `root`, or `None` without a unified hierarchy offering memory and pids.
+    ///
+    /// Root uses `palisade/` at the top of the hierarchy. A user needs palisade itself to run in a
+    /// cgroup delegated to them (see [`V2::delegated`]): cgroup v2 lets a process move another only
+    /// when it may write `cgroup.procs` of the two cgroups' common ancestor, so run cgroups must
+    /// live under the user's own.
     pub fn detect(root: &Path, uid: u32) -> Result<Option<V2>, CgroupError> {
         let Some(u) = unified(root) else {
             return Ok(None);
         };
-        let b = base(&u, uid);
-        if uid == 0 && !b.join("cgroup.procs").exists() {
+        if uid != 0 {
+            return V2::delegated(&own_cgroup(&u)?, uid, std::process::id()).map(Some);
+        }
+        let b = u.join("palisade");
+        if !b.join("cgroup.procs").exists() {
             enable_controllers(&u)?;
             std::fs::create_dir_all(&b).map_err(io_at("create", &b))?;
             enable_controllers(&b)?;
-        } else if !b.join("cgroup.procs").exists() {
-            return Err(CgroupError::NotDelegated { uid, tried: b });
         }
         Ok(Some(V2 { base: b }))
+    }
+
+    /// For a user whose process `pid` is in cgroup `own`: runs go under `own`, which must be
+    /// delegated to `uid` (systemd `Delegate=yes`, e.g. `systemd-run --user --scope -p
+    /// Delegate=yes`, or `palisade cgroup-delegate` with the supervisor started inside). The first
+    /// time, every process in `own` (ours and, say, the shell of the scope) moves into the leaf
+    /// [`PROCS_LEAF`], so that `own` may enable controllers for its run cgroups; later runs find
+    /// the process in the leaf already.
+    pub fn delegated(own: &Path, uid: u32, pid: u32) -> Result<V2, CgroupError> {
+        let own = match own.file_name() {
+            Some(n) if n == PROCS_LEAF => own.parent().unwrap_or(own),
+            _ => own,
+        };
+        if !owned_by(own, uid) {
+            return Err(CgroupError::NotDelegatedV2 {
+                uid,
+                own: own.to_owned(),
+            });
+        }
+        let procs = own.join("cgroup.procs");
+        let there = std::fs::read_to_string(&procs).map_err(io_at("read", &procs))?;
+        if !there.trim().is_empty() {
+            let leaf = own.join(PROCS_LEAF);
+            match std::fs::create_dir(&leaf) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                    return Err(io_at("create", &leaf)(e))
+                }
+                _ => {}
+            }
+            // One pid per write, as cgroupfs wants; a process that exited meanwhile is skipped.
+            let dst = leaf.join("cgroup.procs");
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true) // a no-op on cgroupfs, where the kernel made the file
+                .open(&dst)
+                .map_err(io_at("open", &dst))?;
+            let ours = pid.to_string();
+            for p in there.split_whitespace() {
+                use std::io::Write;
+                match f.write_all(format!("{p}\n").as_bytes()) {
+                    Ok(()) => {}
+                    Err(e) if p != ours && e.raw_os_error() == Some(libc_esrch()) => {}
+                    Err(e) => return Err(io_at("move a process into", &dst)(e)),
+                }
+            }
+        }
+        enable_controllers(own)?;
+        Ok(V2 {
+            base: own.to_owned(),
+        })
     }
 
     pub(crate) fn delegate(
@@ -77,15 +159,19 @@ impl V2 {
         let parent = u.join("palisade");
         std::fs::create_dir_all(&parent).map_err(io_at("create", &parent))?;
         enable_controllers(&parent)?;
-        let d = base(&u, uid);
+        let d = parent.join(format!("user-{uid}"));
         std::fs::create_dir_all(&d).map_err(io_at("create", &d))?;
-        enable_controllers(&d)?;
         chown(&d, uid, gid)?;
         for f in ["cgroup.procs", "cgroup.subtree_control", "cgroup.threads"] {
             chown(&d.join(f), uid, gid)?;
         }
         Ok(Some(vec![d]))
     }
+}
+
+/// ESRCH: the process to move is gone.
+const fn libc_esrch() -> i32 {
+    3
 }
 
 impl Manager for V2 {
@@ -193,6 +279,9 @@ mod tests {
         assert!(V2::detect(&r, 0).unwrap().is_none());
         std::fs::write(r.join("cgroup.controllers"), "cpu io memory pids").unwrap();
         std::fs::write(r.join("cgroup.subtree_control"), "").unwrap();
+        // What the kernel shows in the new child once the root enabled its controllers.
+        std::fs::create_dir(r.join("palisade")).unwrap();
+        std::fs::write(r.join("palisade/cgroup.controllers"), "memory pids cpu").unwrap();
         let m = V2::detect(&r, 0).unwrap().expect("detected");
         assert_eq!(
             std::fs::read_to_string(r.join("cgroup.subtree_control")).unwrap(),
@@ -231,5 +320,67 @@ mod tests {
         );
         drop(run);
         std::fs::remove_dir_all(&r).unwrap();
+    }
+    /// A delegated cgroup as a temporary directory owned by the test's own user.
+    fn fake_delegated(tag: &str, controllers: &str, procs: &str) -> (PathBuf, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let own = std::env::temp_dir().join(format!("palisade-cg2d-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&own);
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(own.join("cgroup.controllers"), controllers).unwrap();
+        std::fs::write(own.join("cgroup.subtree_control"), "").unwrap();
+        std::fs::write(own.join("cgroup.procs"), procs).unwrap();
+        let uid = std::fs::metadata(&own).unwrap().uid();
+        (own, uid)
+    }
+
+    #[test]
+    fn a_user_runs_under_their_own_delegated_cgroup() {
+        let (own, uid) = fake_delegated("ok", "cpu memory pids", "4242\n77\n");
+        let m = V2::delegated(&own, uid, 77).unwrap();
+        assert_eq!(m.base, own);
+        // Every process of the delegated cgroup moved into the leaf, one pid per write.
+        let leaf = own.join(PROCS_LEAF);
+        assert_eq!(
+            std::fs::read_to_string(leaf.join("cgroup.procs")).unwrap(),
+            "4242\n77\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(own.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+        // A later run from the same process starts from the leaf and lands on the same parent.
+        let again = V2::delegated(&leaf, uid, 77).unwrap();
+        assert_eq!(again.base, own);
+        std::fs::remove_dir_all(&own).unwrap();
+    }
+
+    #[test]
+    fn a_cgroup_the_user_does_not_own_is_refused_with_the_fix() {
+        let (own, uid) = fake_delegated("notours", "memory pids", "");
+        let e = V2::delegated(&own, uid + 1, 77)
+            .err()
+            .expect("not ours")
+            .to_string();
+        assert!(
+            e.contains("systemd-run --user --scope -p Delegate=yes"),
+            "{e}"
+        );
+        assert!(
+            !own.join(PROCS_LEAF).exists(),
+            "nothing changed before the refusal"
+        );
+        std::fs::remove_dir_all(&own).unwrap();
+    }
+
+    #[test]
+    fn a_delegation_without_the_memory_controller_is_refused() {
+        let (own, uid) = fake_delegated("nomem", "cpu pids", "");
+        let e = V2::delegated(&own, uid, 77)
+            .err()
+            .expect("no memory")
+            .to_string();
+        assert!(e.contains("memory") && e.contains("Delegate="), "{e}");
+        std::fs::remove_dir_all(&own).unwrap();
     }
 }

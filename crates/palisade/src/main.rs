@@ -256,8 +256,18 @@ fn delegate(user: &str) -> anyhow::Result<()> {
     let (uid, gid) = lookup_user(user)?;
     let dirs = palisade_cgroup::delegate(std::path::Path::new("/sys/fs/cgroup"), uid, gid)
         .with_context(|| format!("cgroup-delegate --user {user}"))?;
-    for d in dirs {
+    for d in &dirs {
         println!("delegated {} to uid {uid} gid {gid}", d.display());
+    }
+    // cgroup v2 moves a process only for a writer of the common ancestor's cgroup.procs, so the
+    // user's palisade must itself run inside the delegated directory.
+    if let [d] = dirs.as_slice() {
+        if d.join("cgroup.subtree_control").exists() {
+            println!(
+                "cgroup v2: start {user}'s palisade from a process placed inside it, e.g. as root: echo <pid of {user}'s shell> > {}/cgroup.procs",
+                d.display()
+            );
+        }
     }
     Ok(())
 }

@@ -115,6 +115,19 @@ fn cpu_of_processes_killed_at_the_timeout_is_accounted() {
 }
 
 #[test]
+fn the_deadline_holds_while_output_never_stops() {
+    // The supervisor is woken by output all the time; the deadline must still be checked.
+    let r = run(
+        &["--timeout", "1s", "--json", "-"],
+        &["/bin/sh", "-c", "while :; do echo x; done"],
+    );
+    let j = report_of(&r);
+    assert_eq!(j["status"], "timeout", "{}", r.stderr);
+    let wall = j["wall_time_ms"].as_f64().unwrap();
+    assert!((1000.0..10_000.0).contains(&wall), "wall {wall} ms");
+}
+
+#[test]
 fn output_cap_truncates_kills_and_says_so() {
     let r = run(
         &["--output-limit", "1MiB", "--json", "-"],
@@ -287,6 +300,8 @@ fn cgroup_runs() -> Vec<std::path::PathBuf> {
     for base in [
         "/sys/fs/cgroup/memory/palisade",
         "/sys/fs/cgroup/pids/palisade",
+        "/sys/fs/cgroup/cpuacct/palisade",
+        "/sys/fs/cgroup/cpu/palisade",
         "/sys/fs/cgroup/palisade",
         "/sys/fs/cgroup/unified/palisade",
     ] {
