@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use v1::V1;
-pub use v2::V2;
+pub use v2::{PROCS_LEAF, V2};
 
 /// What a run's cgroup enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
