@@ -2,6 +2,8 @@
 //! each with a palisade parent. Hosts often mount `cpu` and `cpuacct` together (`cpu,cpuacct`, with
 //! the two names as symbolic links): hierarchies are compared by their real path, so such a host
 //! gets one directory per run there, not two.
+//!
+//! Detection runs before every sandbox, so it costs a few `statx` calls and nothing more.
 
 use crate::*;
 use std::time::Duration;
@@ -22,13 +24,20 @@ const REQUIRED: [&str; 2] = ["memory", "pids"];
 /// Hierarchies palisade uses where the host mounts them.
 const OPTIONAL: [&str; 2] = ["cpuacct", "cpu"];
 
-/// The real path of controller `ctrl`'s hierarchy under `root`, if it is mounted.
+/// Controller `ctrl`'s hierarchy under `root`, if it is mounted.
 fn hierarchy(root: &Path, ctrl: &str) -> Option<PathBuf> {
     let h = root.join(ctrl);
-    if !h.join("cgroup.procs").exists() {
-        return None;
+    h.join("cgroup.procs").exists().then_some(h)
+}
+
+/// Whether two paths are one directory (`cpu` and `cpuacct` mounted together, the two names
+/// being links to `cpu,cpuacct`).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
     }
-    Some(std::fs::canonicalize(&h).unwrap_or(h))
 }
 
 fn base(hier: &Path, uid: u32) -> PathBuf {
@@ -67,7 +76,7 @@ impl V1 {
         let acct_h = hierarchy(root, "cpuacct");
         let cpuacct = acct_h.as_deref().map(|h| parent(h, uid)).transpose()?;
         let cpu = match hierarchy(root, "cpu") {
-            Some(h) if Some(&h) == acct_h.as_ref() => cpuacct.clone(),
+            Some(h) if acct_h.as_deref().is_some_and(|a| same_dir(a, &h)) => cpuacct.clone(),
             Some(h) => parent(&h, uid).ok(),
             None => None,
         };
@@ -357,7 +366,7 @@ mod tests {
             ..LIMITS
         };
         let run = m.create("run-1-2", &quota).unwrap();
-        let d = root.join("cpu,cpuacct/palisade/run-1-2");
+        let d = root.join("cpuacct/palisade/run-1-2");
         assert_eq!(
             std::fs::read_to_string(d.join("cpu.cfs_quota_us")).unwrap(),
             "50000"
