@@ -65,13 +65,28 @@ fn own_cgroup(unified: &Path) -> Result<PathBuf, CgroupError> {
     Ok(unified.join(rel.trim_start_matches('/')))
 }
 
-/// Whether `uid` owns cgroup `dir` the way a delegation gives it: the directory and the files a
-/// delegate writes.
-fn owned_by(dir: &Path, uid: u32) -> bool {
+/// Whether cgroup `dir` is delegated to `uid`: the directory and the files a delegate writes are
+/// the user's, and the cgroup carries the delegation mark. Ownership alone is not enough: under
+/// `user@UID.service` every cgroup is the user's, including scopes the user's systemd manages and
+/// never delegated (a terminal's scope), whose processes palisade must not move.
+fn delegated_to(dir: &Path, uid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
     ["", "cgroup.procs", "cgroup.subtree_control"]
         .iter()
         .all(|f| std::fs::metadata(dir.join(f)).is_ok_and(|m| m.uid() == uid))
+        && marked_delegated(dir)
+}
+
+/// The extended attributes systemd (251 and later) sets to `1` on the cgroup of a unit with
+/// `Delegate=yes`: `trusted.delegate`, and `user.delegate`, which an unprivileged reader can see.
+/// `palisade cgroup-delegate` sets both as well.
+pub const DELEGATE_XATTRS: [&str; 2] = ["user.delegate", "trusted.delegate"];
+
+fn marked_delegated(dir: &Path) -> bool {
+    DELEGATE_XATTRS.iter().any(|name| {
+        let mut b = [0u8; 8];
+        matches!(rustix::fs::getxattr(dir, *name, &mut b), Ok(n) if &b[..n] == b"1")
+    })
 }
 
 impl V2 {
@@ -108,7 +123,7 @@ impl V2 {
             Some(n) if n == PROCS_LEAF => own.parent().unwrap_or(own),
             _ => own,
         };
-        if !owned_by(own, uid) {
+        if !delegated_to(own, uid) {
             return Err(CgroupError::NotDelegatedV2 {
                 uid,
                 own: own.to_owned(),
@@ -164,6 +179,10 @@ impl V2 {
         chown(&d, uid, gid)?;
         for f in ["cgroup.procs", "cgroup.subtree_control", "cgroup.threads"] {
             chown(&d.join(f), uid, gid)?;
+        }
+        for name in DELEGATE_XATTRS {
+            rustix::fs::setxattr(&d, name, b"1", rustix::fs::XattrFlags::empty())
+                .map_err(|e| io_at("mark as delegated", &d)(e.into()))?;
         }
         Ok(Some(vec![d]))
     }
@@ -330,6 +349,8 @@ mod tests {
         std::fs::write(own.join("cgroup.controllers"), controllers).unwrap();
         std::fs::write(own.join("cgroup.subtree_control"), "").unwrap();
         std::fs::write(own.join("cgroup.procs"), procs).unwrap();
+        rustix::fs::setxattr(&own, "user.delegate", b"1", rustix::fs::XattrFlags::empty())
+            .expect("user xattrs on the temporary directory's file system");
         let uid = std::fs::metadata(&own).unwrap().uid();
         (own, uid)
     }
@@ -370,6 +391,20 @@ mod tests {
             !own.join(PROCS_LEAF).exists(),
             "nothing changed before the refusal"
         );
+        std::fs::remove_dir_all(&own).unwrap();
+    }
+
+    #[test]
+    fn a_cgroup_the_user_owns_but_nobody_delegated_is_refused() {
+        // Like a terminal's scope under user@UID.service: the user's, but not delegated.
+        let (own, uid) = fake_delegated("unmarked", "memory pids", "4242\n");
+        rustix::fs::removexattr(&own, "user.delegate").unwrap();
+        let e = V2::delegated(&own, uid, 77)
+            .err()
+            .expect("not delegated")
+            .to_string();
+        assert!(e.contains("Delegate=yes"), "{e}");
+        assert!(!own.join(PROCS_LEAF).exists(), "a process was moved");
         std::fs::remove_dir_all(&own).unwrap();
     }
 

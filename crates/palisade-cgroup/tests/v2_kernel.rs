@@ -25,6 +25,14 @@ fn processes_of_the_delegated_cgroup_move_into_the_leaf() {
     }
     let own = cgroup2_mount().join(format!("palisade-v2test-{}", std::process::id()));
     std::fs::create_dir(&own).unwrap();
+    // What systemd puts on a unit with Delegate=yes (and `palisade cgroup-delegate` on v2).
+    rustix::fs::setxattr(
+        &own,
+        "trusted.delegate",
+        b"1",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
     let mut child = std::process::Command::new("sleep")
         .arg("30")
         .spawn()
