@@ -118,6 +118,9 @@ pub trait RunCgroup: Send {
     /// CPU time (user plus system) of the cgroup so far, from one small file read; `None` where
     /// the host gives palisade no CPU accounting. Cheap enough to call while the run goes on.
     fn cpu_used(&self) -> Option<std::time::Duration>;
+    /// The CPU quota written for this run (µs per period), if one was: a requested quota the host
+    /// could not apply (no cpu controller for palisade) is `None`.
+    fn cpu_quota_us(&self) -> Option<u64>;
     /// Removes the cgroup; waits briefly for the kernel to finish freeing dead processes.
     fn remove(&mut self) -> Result<(), CgroupError>;
 }

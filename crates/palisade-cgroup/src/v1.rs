@@ -256,6 +256,10 @@ impl RunCgroup for V1Run {
         )
     }
 
+    fn cpu_quota_us(&self) -> Option<u64> {
+        self.quota
+    }
+
     fn cpu_used(&self) -> Option<Duration> {
         ns(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
     }

@@ -263,6 +263,10 @@ impl RunCgroup for V2Run {
     }
 
     /// From `cpu.stat`, which every v2 cgroup has, with or without the cpu controller.
+    fn cpu_quota_us(&self) -> Option<u64> {
+        self.quota
+    }
+
     fn cpu_used(&self) -> Option<std::time::Duration> {
         let stat = std::fs::read_to_string(self.dir.as_ref()?.join("cpu.stat")).ok()?;
         keyed(&stat, "usage_usec").map(std::time::Duration::from_micros)

@@ -70,10 +70,13 @@ pub enum Step {
     DropInitPrivileges,
     CgroupNamespace,
     CgroupJoin,
+    LandlockRuleset,
+    LandlockRule,
+    LandlockRestrict,
 }
 
 impl Step {
-    const ALL: [Step; 20] = [
+    const ALL: [Step; 23] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -94,6 +97,9 @@ impl Step {
         Step::DropInitPrivileges,
         Step::CgroupNamespace,
         Step::CgroupJoin,
+        Step::LandlockRuleset,
+        Step::LandlockRule,
+        Step::LandlockRestrict,
     ];
 
     pub fn from_u32(v: u32) -> Option<Step> {
@@ -126,10 +132,21 @@ fn send(fd: c_int, m: Msg) {
     let _ = sys::write_all(fd, &m.to_bytes());
 }
 
+/// What init's setup leaves for the payload: descriptors, or -1.
+struct Prepared {
+    /// The pty slave (with a terminal).
+    slave: c_int,
+    /// The Landlock ruleset the payload enters.
+    ruleset: c_int,
+}
+
 /// Entry point of the child after `clone3`. Never returns.
 pub fn init(plan: &mut Plan, fds: &ChildFds) -> ! {
-    let mut slave: c_int = -1;
-    if let Err((step, index, errno)) = setup(plan, fds, &mut slave) {
+    let mut ready = Prepared {
+        slave: -1,
+        ruleset: -1,
+    };
+    if let Err((step, index, errno)) = setup(plan, fds, &mut ready) {
         send(
             fds.msg,
             Msg {
@@ -142,10 +159,10 @@ pub fn init(plan: &mut Plan, fds: &ChildFds) -> ! {
         sys::exit(1);
     }
     let stack_top = plan.payload_stack.as_mut_ptr_range().end;
-    supervise(plan, fds, slave, stack_top)
+    supervise(plan, fds, ready, stack_top)
 }
 
-fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail> {
+fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fail> {
     // 1. Die with the supervisor. Set before waiting for "go": if the supervisor is already
     //    gone, the read below sees end-of-file instead, so there is no window.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
@@ -257,7 +274,14 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     sys::mount_setattr(libc::AT_FDCWD, c"/", 0, sys::MOUNT_ATTR_RDONLY, 0, -1)
         .map_err(at(Step::RootReadOnly))?;
 
-    // 10. Host name, then loopback up (the only interface of the new network namespace).
+    // 10. The Landlock ruleset, now that the view is final (a rule holds the inode its path names
+    //     now, so not before pivot_root), and in init rather than in the payload: init's steps
+    //     overlap the supervisor's cgroup work (step h). The payload enters it at step 16.
+    if let Some(ll) = plan.landlock.ruleset() {
+        ready.ruleset = landlock_ruleset(ll)?;
+    }
+
+    // 11. Host name, then loopback up (the only interface of the new network namespace).
     let h = plan.hostname.as_bytes();
     // SAFETY: the pointer and length describe the hostname bytes.
     if unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) } != 0 {
@@ -265,11 +289,33 @@ fn setup(plan: &mut Plan, fds: &ChildFds, slave: &mut c_int) -> Result<(), Fail>
     }
     loopback_up().map_err(at(Step::Loopback))?;
 
-    // 11. With a terminal: a pty from the sandbox's own devpts; the master goes to the supervisor.
+    // 12. With a terminal: a pty from the sandbox's own devpts; the master goes to the supervisor.
     if plan.tty {
-        *slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
+        ready.slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
     }
     Ok(())
+}
+
+/// Creates the ruleset and adds every rule: each path opened `O_PATH` (no read permission
+/// needed), added, closed. A path missing inside is skipped only if the plan says it may be.
+fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
+    let attr = sys::LandlockRulesetAttr {
+        handled_access_fs: ll.handled_fs,
+        handled_access_net: 0, // loopback inside must keep working (no proxy yet)
+        scoped: ll.scoped,
+    };
+    let rs = sys::landlock_create_ruleset(&attr).map_err(at(Step::LandlockRuleset))?;
+    for (i, r) in ll.rules.iter().enumerate() {
+        let fd = match sys::openat(libc::AT_FDCWD, &r.path, libc::O_PATH, 0) {
+            Ok(fd) => fd,
+            Err(libc::ENOENT) if r.optional => continue,
+            Err(e) => return Err((Step::LandlockRule, i as u32, e)),
+        };
+        let added = sys::landlock_add_path_rule(rs, fd, r.access);
+        sys::close(fd);
+        added.map_err(|e| (Step::LandlockRule, i as u32, e))?;
+    }
+    Ok(rs)
 }
 
 fn errno() -> i32 {
@@ -436,7 +482,7 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
 
 /// After setup: fork the payload, report whether its exec worked, then reap and forward signals
 /// until it exits. Init's own exit then makes the kernel kill everything left in the namespace.
-fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> ! {
+fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -> ! {
     let fail = |step: Step, e: i32| -> ! {
         send(
             fds.msg,
@@ -449,7 +495,7 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
         );
         sys::exit(1)
     };
-    // 12. Block every signal: init takes them with sigwaitinfo (a pid-namespace init ignores signals
+    // 13. Block every signal: init takes them with sigwaitinfo (a pid-namespace init ignores signals
     // it has no handler for, but blocked signals are queued and can be taken).
     // SAFETY: sigset manipulation on a local set and this thread's mask.
     let all = unsafe {
@@ -484,12 +530,14 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
     if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
         fail(Step::CgroupNamespace, errno());
     }
-    // 13. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
+    // 14. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
     // allocated, so init's memory is not copied and init resumes only once the payload has
     // exec'd (or failed to, writing the error into `args`, which the two share until then).
     let mut args = PayloadArgs {
         plan,
-        slave,
+        slave: ready.slave,
+        ruleset: ready.ruleset,
+        err_step: 0,
         err_index: 0,
         err_errno: 0,
     };
@@ -509,11 +557,13 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
     if pid < 0 {
         fail(Step::Fork, errno());
     }
-    sys::close(slave);
+    sys::close(ready.slave);
+    sys::close(ready.ruleset);
     // SAFETY: the child wrote these (if at all) before exec or exit; volatile so the read is not
     // folded with the initialization above.
-    let (index, value) = unsafe {
+    let (step, index, value) = unsafe {
         (
+            std::ptr::read_volatile(&args.err_step),
             std::ptr::read_volatile(&args.err_index),
             std::ptr::read_volatile(&args.err_errno),
         )
@@ -525,11 +575,17 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
         let mut st = 0;
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(pid, &mut st, 0) };
+        // A setup step of the payload's own (e.g. Landlock) is reported as one of init's.
+        let kind = if step != 0 {
+            MSG_SETUP_ERROR
+        } else {
+            MSG_EXEC_ERROR
+        };
         send(
             fds.msg,
             Msg {
-                kind: MSG_EXEC_ERROR,
-                step: 0,
+                kind,
+                step,
                 index,
                 value,
             },
@@ -586,6 +642,10 @@ fn supervise(plan: &Plan, fds: &ChildFds, slave: c_int, stack_top: *mut u8) -> !
 struct PayloadArgs<'a> {
     plan: &'a Plan,
     slave: c_int,
+    /// The Landlock ruleset to enter, or -1 (waived).
+    ruleset: c_int,
+    /// A failed setup step (`Step as u32`), or 0 for an exec error / the generic payload step.
+    err_step: u32,
     err_index: u32,
     err_errno: i32,
 }
@@ -597,18 +657,20 @@ extern "C" fn payload_entry(arg: *mut libc::c_void) -> c_int {
 }
 
 fn payload(args: &mut PayloadArgs) -> ! {
-    let (plan, slave) = (args.plan, args.slave);
+    let (plan, slave, ruleset) = (args.plan, args.slave, args.ruleset);
     let err = args as *mut PayloadArgs;
-    let report = |index: u32, e: i32| -> ! {
+    let fail = |step: u32, index: u32, e: i32| -> ! {
         // SAFETY: `err` points at init's PayloadArgs, alive until we exit (CLONE_VFORK).
         unsafe {
+            (*err).err_step = step;
             (*err).err_index = index;
             (*err).err_errno = if e == 0 { libc::EIO } else { e };
         }
         sys::exit(127)
     };
+    let report = |index: u32, e: i32| -> ! { fail(0, index, e) };
     const NO_CAND: u32 = u32::MAX;
-    // 14. Signals back to defaults (the supervisor may ignore SIGPIPE, as Rust does, and an
+    // 15. Signals back to defaults (the supervisor may ignore SIGPIPE, as Rust does, and an
     //     ignored disposition survives exec), then a new session, the pty as controlling terminal,
     //     the scratch directory as working directory, umask 022, the rlimits (core dumps off,
     //     processes, open files, file size).
@@ -652,7 +714,18 @@ fn payload(args: &mut PayloadArgs) -> ! {
             }
         }
     }
-    // 15. Capabilities: lock the securebits first (needs CAP_SETPCAP) so that no exec, not even of a
+    // 16. Landlock: from here on the payload and everything it starts read, execute and write
+    //     only where the plan's rules allow, whatever the mount view shows. After the rlimits and
+    //     before no_new_privs (the design's order), which the kernel otherwise requires: until
+    //     step 17 the payload holds CAP_SYS_ADMIN in its own user namespace, which the kernel
+    //     accepts instead. No capability bypasses Landlock, so dropping them later loses nothing.
+    if ruleset >= 0 {
+        if let Err(e) = sys::landlock_restrict_self(ruleset) {
+            fail(Step::LandlockRestrict as u32, 0, e);
+        }
+        sys::close(ruleset);
+    }
+    // 17. Capabilities: lock the securebits first (needs CAP_SETPCAP) so that no exec, not even of a
     // uid-0 process inside, grants capabilities again; then empty the bounding and ambient sets and
     // the thread's own sets; then no_new_privs.
     const SECBITS: libc::c_ulong = 0xEF; // NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, all locked; KEEP_CAPS off and locked
@@ -673,10 +746,10 @@ fn payload(args: &mut PayloadArgs) -> ! {
     if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
         report(NO_CAND, e);
     }
-    // 16. Everything but 0, 1, 2 closes at exec.
-    // 18. exec, searching the sandbox's PATH like execvp; an error goes back to init.
+    // 18. Everything but 0, 1, 2 closes at exec.
+    // 20. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
-    // 17. seccomp, last: after it, only the calls the filter allows are possible, and none of
+    // 19. seccomp, last: after it, only the calls the filter allows are possible, and none of
     //     palisade's own setup needs to be.
     let prog = sys::SockFprog {
         len: plan.seccomp.len() as u16,

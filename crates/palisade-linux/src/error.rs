@@ -51,6 +51,12 @@ pub enum SetupError {
         source: std::io::Error,
         hint: &'static str,
     },
+    #[error("the kernel cannot enforce Landlock, the filesystem's second wall ({source}): {hint}; or pass --allow-degraded landlock to run with the mount view as the only filesystem wall")]
+    LandlockUnavailable {
+        #[source]
+        source: std::io::Error,
+        hint: &'static str,
+    },
     #[error("sandbox setup failed at step \"{step}\": {source}")]
     Child {
         step: String,

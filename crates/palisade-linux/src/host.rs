@@ -11,17 +11,13 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// CPUs this process may run on (its affinity mask), which the sandbox inherits; at least 1.
+/// CPUs the host has (configured, online or not): an upper bound on how many a sandbox can keep
+/// busy at once, whatever affinity its code gives itself (`sched_setaffinity` may widen the mask
+/// it inherited). At least 1.
 pub fn cpus() -> usize {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set for the kernel to fill.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is this thread; the size matches the set passed.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if r != 0 {
-        return 1;
-    }
-    // SAFETY: the set was filled in by the kernel.
-    (unsafe { libc::CPU_COUNT(&set) }).max(1) as usize
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.max(1) as usize
 }
 
 /// The caller's terminal in raw mode, restored on drop, so that keys reach the sandbox's pty as

@@ -1,5 +1,6 @@
-//! palisade's Linux backend: namespaces, the filesystem view, capabilities, descriptors and the
-//! in-sandbox init. All of palisade's `unsafe` code lives in this crate, behind [`spawn`].
+//! palisade's Linux backend: namespaces, the filesystem view, Landlock, seccomp, capabilities,
+//! descriptors and the in-sandbox init. All of palisade's `unsafe` code lives in this crate,
+//! behind [`spawn`].
 //!
 //! ```
 //! use palisade_linux::{spawn, Sinks, Stdin, Termination};
@@ -17,12 +18,14 @@
 pub mod child;
 mod error;
 pub mod host;
+pub mod landlock;
 pub mod plan;
 pub mod seccomp;
 mod spawn;
 pub mod sys;
 
 pub use error::SetupError;
+pub use landlock::LandlockState;
 pub use plan::Ids;
 pub use spawn::{
     spawn, BeforeStart, CpuWatch, LimitHit, Outcome, Running, Sinks, Stdin, Termination,

@@ -9,10 +9,15 @@
 //! `passwd`, `group`, `hosts`, `resolv.conf` and `hostname`; a fresh `/proc` with `/proc/sys` and
 //! `/proc/sysrq-trigger` read-only; a minimal `/dev`; `/tmp` on its own tmpfs; the scratch directory
 //! at [`SCRATCH_DIR`]; and the policy's extra binds. Nothing else of the host exists inside.
+//!
+//! The same calls that add a mount to the view add its Landlock rule (see `landlock`): read and
+//! execute on read-only binds, read on palisade's own read-only scaffolding, every right on the
+//! writable places, so that the two walls are derived from one description of the view.
 
 use crate::error::SetupError;
+use crate::landlock::{LandlockPlan, Ruleset, DEVICE, FULL, LIST, READ, READ_EXEC};
 use libc::{c_char, c_int, c_ulong};
-use palisade_policy::{Policy, Scratch, DEFAULT_PATH, SCRATCH_DIR};
+use palisade_policy::{Degradable, Policy, Scratch, DEFAULT_PATH, SCRATCH_DIR};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -161,6 +166,9 @@ pub struct Plan {
     pub seccomp: Vec<crate::seccomp::SockFilter>,
     /// Resource limits the payload sets on itself before exec: (resource, value).
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// The Landlock rules init loads once the view is built and the payload enters (see
+    /// `landlock`), or why they were waived.
+    pub landlock: LandlockPlan,
 }
 
 /// Size of the payload's start-up stack: it only runs until exec.
@@ -171,6 +179,8 @@ pub trait HostFs {
     /// `lstat`: `None` if absent.
     fn lstat(&self, p: &Path) -> Option<std::fs::Metadata>;
     fn readlink(&self, p: &Path) -> Option<PathBuf>;
+    /// The kernel's Landlock ABI version, or the `errno` of the query.
+    fn landlock_abi(&self) -> Result<u32, i32>;
 }
 
 /// The real host.
@@ -182,6 +192,9 @@ impl HostFs for RealHost {
     }
     fn readlink(&self, p: &Path) -> Option<PathBuf> {
         std::fs::read_link(p).ok()
+    }
+    fn landlock_abi(&self) -> Result<u32, i32> {
+        crate::sys::landlock_abi()
     }
 }
 
@@ -198,9 +211,18 @@ struct Builder<'h> {
     host: &'h dyn HostFs,
     sources: Vec<Source>,
     ops: Vec<Op>,
+    /// The Landlock rules, `None` when Landlock is waived.
+    landlock: Option<Ruleset>,
 }
 
 impl Builder<'_> {
+    /// The Landlock rule for what the view puts at `inside` (absolute).
+    fn rule(&mut self, inside: &str, access: u64, dir: bool) {
+        if let Some(r) = &mut self.landlock {
+            r.add(inside, access, dir);
+        }
+    }
+
     fn source(&mut self, path: &Path, meta: &std::fs::Metadata, idmap: bool) -> usize {
         self.user_source(path, meta, idmap, false)
     }
@@ -249,8 +271,9 @@ impl Builder<'_> {
         }
     }
 
-    /// Mirrors host `/name` (a symlink stays a symlink) read-only with `attrs`.
-    fn mirror(&mut self, host_path: &Path, inside: &str, attrs: u64) {
+    /// Mirrors host `/name` (a symlink stays a symlink) read-only with `attrs`; a bind gets the
+    /// Landlock rights `access` (`None`: covered by a rule on a parent).
+    fn mirror(&mut self, host_path: &Path, inside: &str, attrs: u64, access: Option<u64>) {
         let Some(meta) = self.host.lstat(host_path) else {
             return;
         };
@@ -270,6 +293,9 @@ impl Builder<'_> {
             path: rel(inside),
             attrs,
         });
+        if let Some(a) = access {
+            self.rule(inside, a, meta.is_dir());
+        }
     }
 }
 
@@ -299,21 +325,50 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         | crate::sys::MOUNT_ATTR_NOSUID
         | crate::sys::MOUNT_ATTR_NODEV;
     let rw = crate::sys::MOUNT_ATTR_NOSUID | crate::sys::MOUNT_ATTR_NODEV;
+    // Landlock: the ABI is asked once, here. Fail closed: a kernel without it is refused unless
+    // the user waived the layer by name.
+    let (landlock, waived) = match host.landlock_abi() {
+        Ok(abi) => (Some(Ruleset::for_abi(abi)), None),
+        Err(e) if policy.allow_degraded.contains(&Degradable::Landlock) => (
+            None,
+            Some(format!(
+                "{}; {}",
+                std::io::Error::from_raw_os_error(e),
+                crate::landlock::unavailable_hint(e)
+            )),
+        ),
+        Err(e) => {
+            return Err(SetupError::LandlockUnavailable {
+                source: std::io::Error::from_raw_os_error(e),
+                hint: crate::landlock::unavailable_hint(e),
+            })
+        }
+    };
     let mut b = Builder {
         host,
         sources: Vec::new(),
         ops: Vec::new(),
+        landlock,
     };
 
+    // Directory listings everywhere (`ls /`), and nothing else through the root.
+    b.rule("/", LIST, true);
     for d in SYSTEM_DIRS {
-        b.mirror(&Path::new("/").join(d), &format!("/{d}"), ro);
+        b.mirror(
+            &Path::new("/").join(d),
+            &format!("/{d}"),
+            ro,
+            Some(READ_EXEC),
+        );
     }
     b.ops.push(Op::Mkdir {
         path: c("etc"),
         mode: 0o755,
     });
+    // All of /etc inside is the short list and the generated files: read, never execute.
+    b.rule("/etc", READ, true);
     for e in ETC_ENTRIES {
-        b.mirror(&Path::new("/etc").join(e), &format!("/etc/{e}"), ro);
+        b.mirror(&Path::new("/etc").join(e), &format!("/etc/{e}"), ro, None);
     }
     let (uid, gid) = (ids.uid, ids.gid);
     let passwd = if uid == 0 {
@@ -355,6 +410,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         mode: 0o555,
     });
     b.ops.push(Op::Proc { path: c("proc") });
+    b.rule("/proc", READ, true);
     b.ops.push(Op::NoNestedUserns);
     b.ops.push(Op::ReadOnly {
         path: c("proc/sys"),
@@ -376,6 +432,8 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         flags: nosuid | noexec,
         data: c("mode=0755,size=1m,nr_inodes=64"),
     });
+    // /dev itself is read-only to Landlock (its tmpfs is not): nothing new appears in it.
+    b.rule("/dev", READ, true);
     for n in DEV_NODES {
         let hp = Path::new("/dev").join(n);
         let Some(meta) = host.lstat(&hp) else {
@@ -390,12 +448,14 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             path: c(format!("dev/{n}")),
             attrs: crate::sys::MOUNT_ATTR_NOSUID | crate::sys::MOUNT_ATTR_NOEXEC,
         });
+        b.rule(&format!("/dev/{n}"), DEVICE, false);
     }
     b.ops.push(Op::Mkdir {
         path: c("dev/pts"),
         mode: 0o755,
     });
     b.ops.push(Op::Devpts { path: c("dev/pts") });
+    b.rule("/dev/pts", DEVICE, true);
     b.ops.push(Op::Symlink {
         target: c("pts/ptmx"),
         path: c("dev/ptmx"),
@@ -409,6 +469,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         flags: nosuid | nodev | noexec,
         data: c("mode=1777,size=64m"),
     });
+    b.rule("/dev/shm", FULL, true);
     for (l, t) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -430,6 +491,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         flags: nosuid | nodev,
         data: c(format!("mode=1777,size={}", policy.limits.tmp_bytes)),
     });
+    b.rule("/tmp", FULL, true);
 
     b.ops.push(Op::Mkdir {
         path: rel(SCRATCH_DIR),
@@ -459,11 +521,17 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             });
         }
     }
+    b.rule(SCRATCH_DIR, FULL, true);
 
-    // The policy's binds, parents before children.
-    let mut binds: Vec<_> = policy.binds.iter().collect();
-    binds.sort_by_key(|b| b.target.as_str().matches('/').count());
-    for bind in binds {
+    // The policy's binds, parents before children; the test-only one gets no Landlock rule.
+    let mut binds: Vec<(&palisade_policy::Bind, bool)> = policy
+        .binds
+        .iter()
+        .map(|b| (b, true))
+        .chain(policy.debug_unlandlocked_bind.iter().map(|b| (b, false)))
+        .collect();
+    binds.sort_by_key(|(b, _)| b.target.as_str().matches('/').count());
+    for (bind, landlocked) in binds {
         let field = if bind.writable { "--rw" } else { "--ro" };
         let (canon, meta) = resolve_host(field, &bind.source)?;
         let s = b.user_source(
@@ -478,7 +546,17 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             path: rel(bind.target.as_str()),
             attrs: if bind.writable { rw } else { ro },
         });
+        let access = if bind.writable { FULL } else { READ_EXEC };
+        if landlocked {
+            b.rule(bind.target.as_str(), access, meta.is_dir());
+        } else if let Some(r) = &mut b.landlock {
+            r.debug_unlandlocked = Some(bind.target.to_string());
+        }
     }
+    let landlock = match (b.landlock, waived) {
+        (Some(r), _) => LandlockPlan::Enforce(r),
+        (None, why) => LandlockPlan::Waived(why.unwrap_or_default()),
+    };
 
     let exec = exec_plan(policy)?;
     Ok(Plan {
@@ -499,6 +577,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             (libc::RLIMIT_FSIZE, policy.limits.file_size_bytes),
             (libc::RLIMIT_CPU, rlimit_cpu_secs(policy.limits.cpu_time())),
         ],
+        landlock,
     })
 }
 
@@ -591,7 +670,209 @@ pub fn describe(plan: &Plan, i: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::landlock::{self, Rule};
     use palisade_policy::Bind;
+
+    /// The real host's files, with a Landlock ABI of the test's choosing.
+    struct RealWithAbi(Result<u32, i32>);
+
+    impl HostFs for RealWithAbi {
+        fn lstat(&self, p: &Path) -> Option<std::fs::Metadata> {
+            RealHost.lstat(p)
+        }
+        fn readlink(&self, p: &Path) -> Option<PathBuf> {
+            RealHost.readlink(p)
+        }
+        fn landlock_abi(&self) -> Result<u32, i32> {
+            self.0
+        }
+    }
+
+    /// A described host: `/usr` and `/etc/ssl` directories, `/etc/ld.so.cache`, merged-`/usr`
+    /// links for `/bin` and `/lib`, nothing else (device nodes are the real ones).
+    struct FakeHost {
+        root: PathBuf,
+        abi: Result<u32, i32>,
+    }
+
+    impl FakeHost {
+        fn new(tag: &str, abi: Result<u32, i32>) -> FakeHost {
+            let root = std::env::temp_dir().join(format!(
+                "palisade-plan-{tag}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&root);
+            for d in ["usr/bin", "usr/lib", "etc/ssl", "data", "out", "exposed"] {
+                std::fs::create_dir_all(root.join(d)).unwrap();
+            }
+            std::fs::write(root.join("etc/ld.so.cache"), b"").unwrap();
+            std::fs::write(root.join("tool"), b"").unwrap();
+            std::os::unix::fs::symlink("usr/bin", root.join("bin")).unwrap();
+            std::os::unix::fs::symlink("usr/lib", root.join("lib")).unwrap();
+            FakeHost { root, abi }
+        }
+        fn here(&self, p: &Path) -> PathBuf {
+            if p.starts_with("/dev") {
+                p.to_owned()
+            } else {
+                self.root.join(p.strip_prefix("/").unwrap())
+            }
+        }
+        /// A bind from this host's `name` to `inside`.
+        fn bind(&self, name: &str, inside: &str, writable: bool) -> Bind {
+            let spec = format!("{}:{inside}", self.root.join(name).display());
+            Bind::parse(&spec, writable).unwrap()
+        }
+    }
+
+    impl HostFs for FakeHost {
+        fn lstat(&self, p: &Path) -> Option<std::fs::Metadata> {
+            std::fs::symlink_metadata(self.here(p)).ok()
+        }
+        fn readlink(&self, p: &Path) -> Option<PathBuf> {
+            std::fs::read_link(self.here(p)).ok()
+        }
+        fn landlock_abi(&self) -> Result<u32, i32> {
+            self.abi
+        }
+    }
+
+    impl Drop for FakeHost {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+
+    fn rule(path: &str, access: u64) -> Rule {
+        Rule {
+            path: CString::new(path).unwrap(),
+            access,
+            optional: false,
+        }
+    }
+
+    /// A policy with a read-only directory, a read-only file, a writable directory and the
+    /// test-only bind without a rule.
+    fn policy_with_binds(h: &FakeHost) -> Policy {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.binds = vec![
+            h.bind("data", "/data", false),
+            h.bind("tool", "/tool", false),
+            h.bind("out", "/out", true),
+        ];
+        p.debug_unlandlocked_bind = Some(h.bind("exposed", "/exposed", true));
+        p
+    }
+
+    #[test]
+    fn landlock_rules_follow_the_view() {
+        use landlock::*;
+        let h = FakeHost::new("ll7", Ok(7));
+        let plan = build(&policy_with_binds(&h), ids(), &h).unwrap();
+        let dev_file = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV;
+        let expected = Ruleset {
+            abi: 7,
+            handled_fs: FULL,
+            scoped: SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
+            rules: vec![
+                rule("/", READ_DIR),
+                rule("/usr", EXECUTE | READ_FILE | READ_DIR),
+                rule("/etc", READ_FILE | READ_DIR),
+                rule("/proc", READ_FILE | READ_DIR),
+                rule("/dev", READ_FILE | READ_DIR),
+                rule("/dev/null", dev_file),
+                rule("/dev/zero", dev_file),
+                rule("/dev/full", dev_file),
+                rule("/dev/random", dev_file),
+                rule("/dev/urandom", dev_file),
+                rule("/dev/tty", dev_file),
+                rule("/dev/pts", dev_file | READ_DIR),
+                rule("/dev/shm", FULL),
+                rule("/tmp", FULL),
+                rule("/workspace", FULL),
+                rule("/data", EXECUTE | READ_FILE | READ_DIR),
+                rule("/tool", EXECUTE | READ_FILE),
+                rule("/out", FULL),
+            ],
+            debug_unlandlocked: Some("/exposed".into()),
+        };
+        assert_eq!(plan.landlock, LandlockPlan::Enforce(expected));
+        // The test-only bind is in the mount view all the same.
+        assert!(plan
+            .ops
+            .iter()
+            .any(|o| matches!(o, Op::Bind { path, .. } if path.as_bytes() == b"exposed")));
+    }
+
+    #[test]
+    fn landlock_rules_keep_what_an_old_abi_handles() {
+        use landlock::*;
+        let h = FakeHost::new("ll1", Ok(1));
+        let mut p = policy_with_binds(&h);
+        p.debug_unlandlocked_bind = None;
+        let plan = build(&p, ids(), &h).unwrap();
+        let base = (1 << 13) - 1;
+        let rules: Vec<(String, u64)> = plan
+            .landlock
+            .ruleset()
+            .unwrap()
+            .rules
+            .iter()
+            .map(|r| (r.path.to_str().unwrap().to_owned(), r.access))
+            .collect();
+        let rw = READ_FILE | WRITE_FILE;
+        let want: Vec<(String, u64)> = [
+            ("/", READ_DIR),
+            ("/usr", EXECUTE | READ_FILE | READ_DIR),
+            ("/etc", READ_FILE | READ_DIR),
+            ("/proc", READ_FILE | READ_DIR),
+            ("/dev", READ_FILE | READ_DIR),
+            ("/dev/null", rw),
+            ("/dev/zero", rw),
+            ("/dev/full", rw),
+            ("/dev/random", rw),
+            ("/dev/urandom", rw),
+            ("/dev/tty", rw),
+            ("/dev/pts", rw | READ_DIR),
+            ("/dev/shm", base),
+            ("/tmp", base),
+            ("/workspace", base),
+            ("/data", EXECUTE | READ_FILE | READ_DIR),
+            ("/tool", EXECUTE | READ_FILE),
+            ("/out", base),
+        ]
+        .into_iter()
+        .map(|(p, a)| (p.to_owned(), a))
+        .collect();
+        assert_eq!(rules, want);
+        let r = plan.landlock.ruleset().unwrap();
+        assert_eq!((r.abi, r.handled_fs, r.scoped), (1, base, 0));
+        assert_eq!(r.debug_unlandlocked, None);
+    }
+
+    #[test]
+    fn a_kernel_without_landlock_is_refused_unless_waived() {
+        let h = FakeHost::new("nolandlock", Err(libc::EOPNOTSUPP));
+        let p = Policy::new(["true"]).unwrap();
+        let e = build(&p, ids(), &h).unwrap_err().to_string();
+        assert!(
+            e.contains("Landlock") && e.contains("lsm=") && e.contains("--allow-degraded landlock"),
+            "{e}"
+        );
+        let h = FakeHost::new("nolandlock-sys", Err(libc::ENOSYS));
+        let e = build(&p, ids(), &h).unwrap_err().to_string();
+        assert!(e.contains("CONFIG_SECURITY_LANDLOCK"), "{e}");
+        // Waived: the view is the same, without a ruleset, and the reason is kept for the report.
+        let mut p = p;
+        p.allow_degraded.push(palisade_policy::Degradable::Landlock);
+        let plan = build(&p, ids(), &h).unwrap();
+        let LandlockPlan::Waived(why) = &plan.landlock else {
+            panic!("not waived: {:?}", plan.landlock);
+        };
+        assert!(why.contains("CONFIG_SECURITY_LANDLOCK"), "{why}");
+        assert!(plan.ops.iter().any(|o| matches!(o, Op::Proc { .. })));
+    }
 
     fn ids() -> Ids {
         Ids {
@@ -641,7 +922,7 @@ mod tests {
         let mut p = Policy::new(["true"]).unwrap();
         p.binds
             .push(Bind::parse("/usr/share:/data/deep/share", false).unwrap());
-        let plan = build(&p, ids(), &RealHost).unwrap();
+        let plan = build(&p, ids(), &RealWithAbi(Ok(7))).unwrap();
         // No bind of /etc itself, only entries under it.
         assert!(!plan.sources.iter().any(|s| s.path.as_bytes() == b"/etc"));
         assert!(!plan
@@ -676,7 +957,9 @@ mod tests {
         let mut p = Policy::new(["true"]).unwrap();
         p.binds
             .push(Bind::parse("/nonexistent/palisade-test", true).unwrap());
-        let e = build(&p, ids(), &RealHost).unwrap_err().to_string();
+        let e = build(&p, ids(), &RealWithAbi(Ok(7)))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--rw") && e.contains("/nonexistent/palisade-test"),
             "{e}"

@@ -19,6 +19,11 @@
 //! | `socket` of families other than `AF_UNIX`, `AF_INET`, `AF_INET6` | netlink, packet and raw sockets: no route out but the proxy's |
 //! | `chmod`, `fchmod`, `fchmodat(2)`, `open`, `openat`, `creat`, `mknod(at)` with set-uid or set-gid in the mode; `openat2` (ENOSYS: its mode is out of a filter's reach) | files written to scratch or `--rw` binds land on the host owned by a real user: a set-uid file left there would run as that user (root, for a root-launched sandbox) for anyone who can reach it |
 //!
+//! Allowed on purpose: `landlock_create_ruleset`, `landlock_add_rule`, `landlock_restrict_self`.
+//! The payload has entered palisade's Landlock domain before this filter exists (step 16, the
+//! filter is step 19), and Landlock only ever narrows: a payload that sandboxes itself further
+//! gains nothing.
+//!
 //! Not yet: reporting the attempts (seccomp user notification, issue #4), and a policy switch for
 //! `ptrace` inside the sandbox (debuggers).
 
@@ -261,6 +266,14 @@ mod tests {
         let p = program();
         let call = |nr: i64, args: [u64; 6]| run(&p, nr as u32, AUDIT_ARCH, args);
         assert_eq!(call(libc::SYS_read, [0; 6]), RET_ALLOW);
+        // Landlock can only narrow what the payload may do: a payload may sandbox itself.
+        for nr in [
+            libc::SYS_landlock_create_ruleset,
+            libc::SYS_landlock_add_rule,
+            libc::SYS_landlock_restrict_self,
+        ] {
+            assert_eq!(call(nr, [0; 6]), RET_ALLOW);
+        }
         assert_eq!(call(libc::SYS_io_uring_setup, [0; 6]), EPERM);
         assert_eq!(call(libc::SYS_unshare, [0; 6]), EPERM);
         assert_eq!(

@@ -6,6 +6,7 @@
 
 use crate::child::{self, ChildFds, Msg, Step};
 use crate::error::SetupError;
+use crate::landlock::LandlockState;
 use crate::plan::{self, Ids};
 use crate::sys;
 use libc::c_int;
@@ -101,6 +102,9 @@ pub struct Outcome {
     pub max_rss: u64,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// The CPU-time watch stopped because the accounting could not be read: for the rest of the
+    /// run only the per-process RLIMIT_CPU held.
+    pub cpu_watch_lost: bool,
 }
 
 /// A started sandbox.
@@ -114,6 +118,7 @@ pub struct Running {
     started: Instant,
     ids: Ids,
     limits: palisade_policy::Limits,
+    landlock: LandlockState,
     done: bool,
 }
 
@@ -344,6 +349,7 @@ pub fn spawn(
         started,
         ids,
         limits: policy.limits,
+        landlock: plan.landlock.state(),
         done: false,
     };
 
@@ -428,6 +434,17 @@ pub fn spawn(
                         ""
                     }
                 ),
+                Some(Step::LandlockRuleset) => "create the Landlock ruleset".into(),
+                Some(Step::LandlockRule) => format!(
+                    "add the Landlock rule for {}",
+                    plan.landlock
+                        .ruleset()
+                        .and_then(|r| r.rules.get(m.index as usize))
+                        .map_or(String::new(), |r| r.path.to_string_lossy().into_owned())
+                ),
+                Some(Step::LandlockRestrict) => {
+                    "enter the Landlock ruleset (landlock_restrict_self)".into()
+                }
                 Some(s) => format!("{s:?}"),
                 None => format!("step {}", m.step),
             };
@@ -507,6 +524,11 @@ impl Running {
         self.ids
     }
 
+    /// Whether Landlock is enforced for this run (with which ABI and rights), or why not.
+    pub fn landlock(&self) -> &LandlockState {
+        &self.landlock
+    }
+
     /// The pty master (with a terminal), e.g. to resize it.
     pub fn pty(&self) -> Option<&File> {
         self.pty.as_ref()
@@ -555,6 +577,7 @@ impl Running {
         let mut limit_hit: Option<LimitHit> = None;
         let mut truncated = false;
         let cpu_limit = self.limits.cpu_time();
+        let mut cpu_watch_lost = false;
         let mut cpu_next = cpu
             .as_ref()
             .map(|w| self.started + next_cpu_check(cpu_limit, Duration::ZERO, w.cpus));
@@ -614,7 +637,10 @@ impl Running {
                             Some(used) => {
                                 cpu_next = Some(now + next_cpu_check(cpu_limit, used, w.cpus))
                             }
-                            None => cpu_next = None,
+                            None => {
+                                cpu_next = None;
+                                cpu_watch_lost = true;
+                            }
                         }
                     }
                 }
@@ -727,6 +753,7 @@ impl Running {
             max_rss: ru.ru_maxrss as u64 * 1024,
             stdout_bytes: out_n,
             stderr_bytes: err_n,
+            cpu_watch_lost,
         })
     }
 }

@@ -73,6 +73,13 @@ pub struct Policy {
     /// Layers the user explicitly accepts to run without when the host cannot enforce them.
     #[serde(default)]
     pub allow_degraded: Vec<Degradable>,
+    /// TESTS ONLY, never set it otherwise: one more host path in the mount view that gets **no
+    /// Landlock rule**, so that a test can show Landlock refusing what a wrong mount view would
+    /// expose. Not reachable from the CLI, never read from or written to a policy file
+    /// (`serde(skip)`), and the report names it when set.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub debug_unlandlocked_bind: Option<Bind>,
 }
 
 /// A layer that may be waived with `--allow-degraded`, loudly, and reported as not enforced.
@@ -81,17 +88,26 @@ pub struct Policy {
 pub enum Degradable {
     /// Memory and process ceilings through a cgroup (rlimits still apply).
     Cgroup,
+    /// Landlock, the filesystem's second wall (the mount view still applies).
+    Landlock,
 }
 
 impl Degradable {
     /// Parses the CLI name.
+    ///
+    /// ```
+    /// use palisade_policy::Degradable;
+    /// assert_eq!(Degradable::parse("landlock").unwrap(), Degradable::Landlock);
+    /// assert!(Degradable::parse("seccomp").is_err());
+    /// ```
     pub fn parse(s: &str) -> Result<Degradable, PolicyError> {
         match s {
             "cgroup" => Ok(Degradable::Cgroup),
+            "landlock" => Ok(Degradable::Landlock),
             _ => Err(PolicyError::invalid(
                 "--allow-degraded",
                 s,
-                "one of: cgroup",
+                "one of: cgroup, landlock",
             )),
         }
     }
@@ -181,6 +197,7 @@ impl Policy {
             hostname: default_hostname(),
             limits: Limits::default(),
             allow_degraded: Vec::new(),
+            debug_unlandlocked_bind: None,
         };
         p.validate()?;
         Ok(p)
@@ -238,7 +255,7 @@ impl Policy {
             ));
         }
         self.limits.validate()?;
-        for b in &self.binds {
+        for b in self.all_binds() {
             let field = if b.writable { "--rw" } else { "--ro" };
             if !b.source.is_absolute() {
                 return Err(PolicyError::invalid(
@@ -258,8 +275,9 @@ impl Policy {
                 });
             }
         }
-        for (i, b) in self.binds.iter().enumerate() {
-            if let Some(dup) = self.binds[..i].iter().find(|o| o.target == b.target) {
+        let binds: Vec<&Bind> = self.all_binds().collect();
+        for (i, b) in binds.iter().enumerate() {
+            if let Some(dup) = binds[..i].iter().find(|o| o.target == b.target) {
                 return Err(PolicyError::DuplicateTarget {
                     target: b.target.to_string(),
                     first: dup.source.display().to_string(),
@@ -277,6 +295,11 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// The policy's binds, then the test-only one without a Landlock rule.
+    fn all_binds(&self) -> impl Iterator<Item = &Bind> {
+        self.binds.iter().chain(&self.debug_unlandlocked_bind)
     }
 }
 
@@ -333,6 +356,28 @@ mod tests {
         p.hostname = "bad_host!".into();
         let e = p.validate().unwrap_err().to_string();
         assert!(e.contains("hostname") && e.contains("bad_host!"), "{e}");
+    }
+
+    #[test]
+    fn the_unlandlocked_test_bind_is_never_in_a_policy_file_and_is_validated() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.debug_unlandlocked_bind = Some(Bind::parse("/srv:/x", true).unwrap());
+        let j = serde_json::to_string(&p).unwrap();
+        assert!(
+            !j.contains("debug_unlandlocked_bind") && !j.contains("/srv"),
+            "{j}"
+        );
+        let e = serde_json::from_str::<Policy>(
+            r#"{"command":["true"],"debug_unlandlocked_bind":{"source":"/","target":"/x"}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("debug_unlandlocked_bind"), "{e}");
+        p.binds.push(Bind::parse("/opt:/x", false).unwrap());
+        assert!(p.validate().unwrap_err().to_string().contains("/x"));
+        p.binds.clear();
+        p.debug_unlandlocked_bind = Some(Bind::parse("/srv:/proc/x", true).unwrap());
+        assert!(p.validate().is_err());
     }
 
     #[test]

@@ -94,7 +94,9 @@ struct RunArgs {
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     memory: Option<String>,
     /// Run even though the host cannot enforce LAYER, which the report then lists as waived.
-    /// Accepted: cgroup (memory and process ceilings; rlimits still apply).
+    /// Accepted: cgroup (memory and process ceilings; rlimits still apply), landlock (the
+    /// filesystem's second wall, for kernels without Landlock; the mount view still applies).
+    /// Repeatable.
     #[arg(long = "allow-degraded", value_name = "LAYER")]
     allow_degraded: Vec<String>,
     /// Size of the sandbox's /tmp tmpfs, e.g. 64MiB (default 256MiB); past it, writes fail with

@@ -1,6 +1,7 @@
 //! The report of one run: what happened, what it cost, which layers held.
 
-use palisade_linux::{Ids, LimitHit, Outcome, SetupError, Termination};
+use palisade_linux::landlock::{fs_names, scope_names};
+use palisade_linux::{Ids, LandlockState, LimitHit, Outcome, SetupError, Termination};
 use serde::Serialize;
 
 /// Exit code of `palisade run` when palisade itself failed (bad option or policy, setup failure).
@@ -78,11 +79,16 @@ pub struct Report {
     pub cpus: Option<f64>,
     /// The cgroup version that enforced memory and process ceilings, if one did.
     pub cgroup: Option<&'static str>,
+    /// The kernel's Landlock ABI, when Landlock was enforced.
+    pub landlock_abi: Option<u32>,
     pub uid: Option<u32>,
     pub host_uid: Option<u32>,
     /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
     pub scratch: Option<String>,
     pub layers: Vec<Layer>,
+    /// The supervisor lost the cgroup's CPU accounting during the run (see `cpu-time-limit`).
+    #[serde(skip)]
+    pub(crate) cpu_watch_lost: bool,
 }
 
 impl Report {
@@ -100,6 +106,7 @@ impl Report {
     pub(crate) fn from_outcome(
         o: &Outcome,
         ids: Ids,
+        landlock: &LandlockState,
         scratch: Option<String>,
         limits: palisade_policy::Limits,
     ) -> Report {
@@ -134,7 +141,8 @@ impl Report {
             stdout_bytes: o.stdout_bytes,
             stderr_bytes: o.stderr_bytes,
             output_truncated: o.output_truncated,
-            ..Report::base(status, o.wall, scratch, limits, Some(ids))
+            cpu_watch_lost: o.cpu_watch_lost,
+            ..Report::base(status, o.wall, scratch, limits, Some((ids, landlock)))
         }
     }
 
@@ -164,8 +172,10 @@ impl Report {
         wall: std::time::Duration,
         scratch: Option<String>,
         limits: palisade_policy::Limits,
-        ids: Option<Ids>,
+        started: Option<(Ids, &LandlockState)>,
     ) -> Report {
+        let ids = started.map(|s| s.0);
+        let landlock = started.map(|s| s.1);
         Report {
             status,
             exit_code: None,
@@ -185,10 +195,15 @@ impl Report {
             pids_peak: None,
             cpus: None,
             cgroup: None,
+            landlock_abi: match landlock {
+                Some(LandlockState::Enforced { abi, .. }) => Some(*abi),
+                _ => None,
+            },
             uid: ids.map(|i| i.uid),
             host_uid: ids.map(|i| i.host_uid),
             scratch,
-            layers: layers(ids),
+            layers: layers(ids, landlock),
+            cpu_watch_lost: false,
         }
     }
 
@@ -210,15 +225,6 @@ impl Report {
             self.cpu_user_ms = c.user.as_secs_f64() * 1000.0;
             self.cpu_system_ms = c.system.as_secs_f64() * 1000.0;
         }
-        // Without the cgroup's watch, RLIMIT_CPU is what stops a process that spends the budget:
-        // SIGKILL at the hard limit (SIGXCPU if the code lowered its soft limit).
-        let cpu_limit_ms = self.limits.cpu_time_ms.unwrap_or(u64::MAX) as f64;
-        if self.status == Status::Signal
-            && matches!(self.signal, Some(libc::SIGKILL) | Some(libc::SIGXCPU))
-            && self.cpu_user_ms + self.cpu_system_ms >= cpu_limit_ms
-        {
-            self.status = Status::CpuTimeout;
-        }
         // An OOM kill that took the payload down is the run's cause of death.
         if stats.oom_kills > 0
             && self.status == Status::Signal
@@ -235,6 +241,21 @@ impl Report {
         {
             self.status = Status::Oom;
             self.error = None;
+        }
+        // Without the cgroup's watch, RLIMIT_CPU is what stops a process that spends the budget:
+        // SIGKILL at its hard limit (SIGXCPU first if the code lowered its soft limit). Only then,
+        // and only with about that much CPU used, is a SIGKILL taken for it ("about": wait4's times
+        // are tick-sampled estimates, while the kernel checks the limit on its exact runtime; seen
+        // 1951 ms for a kill at 2 s).
+        let rlimit_ms = self.limits.cpu_time_ms.map_or(u64::MAX, |l| {
+            palisade_linux::plan::rlimit_cpu_secs(std::time::Duration::from_millis(l)) * 1000
+        });
+        if (stats.cpu.is_none() || self.cpu_watch_lost)
+            && self.status == Status::Signal
+            && matches!(self.signal, Some(libc::SIGKILL) | Some(libc::SIGXCPU))
+            && self.cpu_user_ms + self.cpu_system_ms >= rlimit_ms as f64 * 0.9
+        {
+            self.status = Status::CpuTimeout;
         }
         let layer = match (version, waived) {
             (Some(v), _) => Layer {
@@ -267,6 +288,11 @@ impl Report {
         self.layers.push(layer);
         let limit = self.limits.cpu_time_ms.unwrap_or(0);
         self.layers.push(match stats.cpu {
+            Some(_) if self.cpu_watch_lost => Layer {
+                name: "cpu-time-limit",
+                enforced: false,
+                detail: format!("the cgroup's CPU accounting could not be read during the run: from then on only RLIMIT_CPU per process ({limit} ms, rounded up to whole seconds, plus one)"),
+            },
             Some(_) => Layer {
                 name: "cpu-time-limit",
                 enforced: true,
@@ -363,9 +389,9 @@ fn signal_name(s: i32) -> Option<&'static str> {
     })
 }
 
-/// The layers of this version. Those marked not enforced are not built yet; the report says so
-/// rather than implying protection it does not give.
-fn layers(ids: Option<Ids>) -> Vec<Layer> {
+/// The layers of this version. Those marked not enforced are not built yet (or were waived, or
+/// the run never started); the report says so rather than implying protection it does not give.
+fn layers(ids: Option<Ids>, landlock: Option<&LandlockState>) -> Vec<Layer> {
     let on = |name, detail: String| Layer {
         name,
         enforced: ids.is_some(),
@@ -412,12 +438,51 @@ fn layers(ids: Option<Ids>) -> Vec<Layer> {
             palisade_linux::seccomp::denied().len()
         ),
     ));
-    for (name, issue) in [("landlock", "#4"), ("egress-proxy", "#3")] {
-        v.push(Layer {
-            name,
-            enforced: false,
-            detail: format!("not built yet (issue {issue})"),
-        });
-    }
+    v.push(landlock_layer(landlock));
+    v.push(Layer {
+        name: "egress-proxy",
+        enforced: false,
+        detail: "not built yet (issue #3)".into(),
+    });
     v
+}
+
+fn landlock_layer(state: Option<&LandlockState>) -> Layer {
+    let (enforced, detail) = match state {
+        None => (false, "not started".to_owned()),
+        Some(LandlockState::Enforced {
+            abi,
+            handled_fs,
+            scoped,
+            rules,
+            debug_unlandlocked,
+        }) => {
+            let scopes = scope_names(*scoped);
+            let mut d = format!(
+                "ABI {abi}: {rules} rules; reads, executes and writes only under the view's paths \
+                 (handled: {}); scoped: {}; network rights not handled (loopback stays usable)",
+                fs_names(*handled_fs).join(", "),
+                if scopes.is_empty() {
+                    "none (ABI 6 needed)".to_owned()
+                } else {
+                    scopes.join(", ")
+                }
+            );
+            if let Some(p) = debug_unlandlocked {
+                d.push_str(&format!(
+                    "; DEBUG: {p} is in the view without a Landlock rule (debug_unlandlocked_bind)"
+                ));
+            }
+            (true, d)
+        }
+        Some(LandlockState::Waived { reason }) => (
+            false,
+            format!("waived with --allow-degraded landlock: {reason}; the mount view is the only filesystem wall"),
+        ),
+    };
+    Layer {
+        name: "landlock",
+        enforced,
+        detail,
+    }
 }

@@ -108,7 +108,9 @@ impl Builder {
 
     /// CPU time for all processes together (default: the wall-clock timeout).
     pub fn cpu_time(mut self, t: std::time::Duration) -> Self {
-        self.limits.cpu_time_ms = Some(t.as_millis().min(u64::MAX as u128) as u64);
+        // Rounded up, so that a non-zero limit never becomes 0 (which validation refuses).
+        self.limits.cpu_time_ms =
+            Some(t.as_nanos().div_ceil(1_000_000).min(u64::MAX as u128) as u64);
         self
     }
 
@@ -314,18 +316,24 @@ impl Sandbox {
         };
         started(&running);
         let ids = running.ids();
+        let landlock = running.landlock().clone();
         // The CPU-time limit, over every process of the sandbox, from the cgroup's accounting.
         let used = || cgroup.borrow().as_ref().and_then(|c| c.cpu_used());
-        let quota = policy
-            .limits
-            .cpu_milli
-            .map_or(f64::MAX, |m| m as f64 / 1000.0);
+        // The quota actually written, not the one asked for: a host without a cpu controller for
+        // palisade applies none, and the budget can then drain on every CPU at once.
+        let quota = cgroup
+            .borrow()
+            .as_ref()
+            .and_then(|c| c.cpu_quota_us())
+            .map_or(f64::MAX, |q| {
+                q as f64 / palisade_cgroup::CPU_PERIOD_US as f64
+            });
         let watch = manager.as_ref().map(|_| CpuWatch {
             used: &used,
             cpus: (palisade_linux::host::cpus() as f64).min(quota),
         });
         let mut report = match running.wait(sinks, watch) {
-            Ok(o) => Report::from_outcome(&o, ids, scratch, policy.limits),
+            Ok(o) => Report::from_outcome(&o, ids, &landlock, scratch, policy.limits),
             Err(e) => Report::from_error(&e, t0.elapsed(), scratch, policy.limits),
         };
         let mut cgroup = cgroup.into_inner();

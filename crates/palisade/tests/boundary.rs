@@ -3,6 +3,9 @@
 
 mod common;
 use common::*;
+use palisade::policy::{Bind, Policy};
+use palisade::{Report, Sandbox};
+use palisade_linux::Stdin;
 use std::os::unix::fs::MetadataExt;
 
 #[test]
@@ -552,4 +555,165 @@ fn a_bind_source_that_is_a_symlink_is_resolved_once_by_the_supervisor() {
         &["/probe", "read", "/data/f"],
     );
     assert!(r.probe("read /data/f").contains("REAL"));
+}
+
+/// A shell pipeline, scripts, renames across directories, named pipes, truncation, python3
+/// reading its standard library and SQLite in scratch: everything an ordinary payload does still
+/// works with Landlock on; only what the rules leave out is refused.
+#[test]
+fn landlock_leaves_an_ordinary_workload_working() {
+    let script = r#"set -e
+echo 'hello world' | tr a-z A-Z | tee /workspace/a.txt > /dev/null
+sort /workspace/a.txt | cat - /workspace/a.txt > /tmp/b.txt
+mkdir -p /tmp/d/e /workspace/sub
+mv /tmp/b.txt /tmp/d/e/b.txt
+ln -s /tmp/d/e/b.txt /workspace/sub/link
+echo "lines $(wc -l < /workspace/sub/link)"
+: > /tmp/d/e/b.txt
+mkfifo /tmp/fifo
+rm -r /tmp/d /tmp/fifo
+printf '#!/bin/sh\necho script-ran\n' > /workspace/s.sh
+chmod +x /workspace/s.sh
+/workspace/s.sh
+echo discarded > /dev/null
+echo discarded >> /dev/null
+echo "zero $(head -c 4 /dev/zero | wc -c) urandom $(head -c 4 /dev/urandom | wc -c)"
+echo shm > /dev/shm/x && cat /dev/shm/x
+echo "root lists $(ls / | grep -c '^workspace$')"
+python3 -c '
+import json, os, sqlite3, tempfile
+src = open(json.__file__).read()
+names = os.listdir(os.path.dirname(json.__file__))
+with tempfile.NamedTemporaryFile(dir="/tmp") as f:
+    f.write(b"x"); f.flush()
+db = sqlite3.connect("/workspace/t.db"); db.execute("create table t(x)"); db.commit()
+print("python", len(src) > 1000, "__init__.py" in names)
+'
+/probe write /dev/palisade-x
+echo workload-done
+"#;
+    let r = run(&[], &["/bin/sh", "-c", script]);
+    assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    for want in [
+        "lines 2",
+        "script-ran",
+        "zero 4 urandom 4",
+        "shm",
+        "root lists 1",
+        "python True True",
+        "workload-done",
+    ] {
+        assert!(
+            r.stdout.lines().any(|l| l == want),
+            "missing `{want}`:\n{}\n{}",
+            r.stdout,
+            r.stderr
+        );
+    }
+    // /dev's own tmpfs is writable as a mount; Landlock keeps it read-only.
+    assert_eq!(r.probe("write /dev/palisade-x"), "denied EACCES");
+
+    // With a terminal: /dev/tty and the pty reopened by name, and a terminal ioctl on a device
+    // opened after the restriction (Landlock's IOCTL_DEV right).
+    let r = run(
+        &["--tty"],
+        &[
+            "/bin/sh",
+            "-c",
+            "set -e; echo to-tty > /dev/tty; stty size < /dev/tty; echo via-pts > $(tty); echo tty-done",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    for want in ["to-tty", "via-pts", "tty-done"] {
+        assert!(r.stdout.contains(want), "missing `{want}`: {:?}", r.stdout);
+    }
+}
+
+/// The library, because the test-only policy field is not reachable from the CLI.
+fn run_policy(command: &str, binds: Vec<Bind>, unlandlocked: Option<Bind>) -> (Run, Report) {
+    let mut p = Policy::new(["/bin/sh", "-c", command]).unwrap();
+    p.binds = binds;
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    p.debug_unlandlocked_bind = unlandlocked;
+    let out = Sandbox::from_policy(p, false, Stdin::Null)
+        .unwrap()
+        .output();
+    let r = Run {
+        code: out.report.exit_code_for_cli(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (r, out.report)
+}
+
+/// A host directory that a wrong mount view exposes (in the view, writable, with no Landlock
+/// rule) can be neither read nor written; the same directory bound with `--rw` can.
+#[test]
+fn landlock_refuses_what_a_wrong_mount_view_would_expose() {
+    let d = TempDir::new("unlandlocked");
+    std::fs::write(d.path().join("secret.txt"), "LANDLOCK-CANARY").unwrap();
+    let spec = format!("{}:/exposed", d.s());
+    let cmd = "/probe read /exposed/secret.txt; /probe write /exposed/new.txt";
+
+    // Control: a normal --rw bind of the same directory.
+    let (r, _) = run_policy(cmd, vec![Bind::parse(&spec, true).unwrap()], None);
+    let got = r.probe("read /exposed/secret.txt");
+    assert!(
+        got.starts_with("ok") && got.contains("LANDLOCK-CANARY"),
+        "control: {got}"
+    );
+    assert_eq!(
+        r.probe("write /exposed/new.txt"),
+        "ok",
+        "control: {}",
+        r.stderr
+    );
+    std::fs::remove_file(d.path().join("new.txt")).expect("the control's write is on the host");
+
+    // The same directory mounted the same way, without its rule: present (not `absent`), but
+    // refused by Landlock.
+    let (r, report) = run_policy(cmd, vec![], Some(Bind::parse(&spec, true).unwrap()));
+    assert_eq!(
+        r.probe("read /exposed/secret.txt"),
+        "denied EACCES",
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.probe("write /exposed/new.txt"), "denied EACCES");
+    assert!(!r.stdout.contains("LANDLOCK-CANARY"));
+    assert!(
+        !d.path().join("new.txt").exists(),
+        "the write reached the host"
+    );
+    let layer = report.layers.iter().find(|l| l.name == "landlock").unwrap();
+    assert!(
+        layer.enforced && layer.detail.contains("DEBUG: /exposed"),
+        "the report must name the path without a rule: {layer:?}"
+    );
+}
+
+#[test]
+fn the_report_says_landlock_is_enforced_with_its_abi() {
+    let r = run(&["--json", "-"], &["true"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..])
+        .expect("a JSON report on stdout");
+    let abi = j["landlock_abi"]
+        .as_u64()
+        .expect("landlock_abi in the report");
+    assert!(abi >= 1, "{j}");
+    let layer = j["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "landlock")
+        .expect("a landlock layer");
+    assert_eq!(layer["enforced"], true, "{layer}");
+    let detail = layer["detail"].as_str().unwrap();
+    assert!(detail.starts_with(&format!("ABI {abi}: ")), "{detail}");
+    assert!(
+        detail.contains("read-file") && detail.contains("write-file"),
+        "{detail}"
+    );
 }

@@ -105,8 +105,9 @@ fn json_report_describes_the_run() {
         assert_eq!(enforced(n), Some(true), "{n}");
     }
     assert_eq!(enforced("seccomp"), Some(true));
+    assert_eq!(enforced("landlock"), Some(true));
     assert_eq!(
-        enforced("landlock"),
+        enforced("egress-proxy"),
         Some(false),
         "the report must not claim layers that are not built"
     );
@@ -142,4 +143,34 @@ fn keep_leaves_the_scratch_directory_and_reports_it() {
         std::path::PathBuf::from(j["scratch"].as_str().expect("the kept scratch is reported"));
     assert!(dir.join("kept.txt").exists());
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn landlock_can_be_waived_by_name_and_the_help_says_so() {
+    // The waiver only matters on a kernel without Landlock: here the layer is enforced anyway.
+    let r = run(&["--allow-degraded", "landlock", "--json", "-"], &["true"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value =
+        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let layer = j["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "landlock")
+        .cloned()
+        .unwrap();
+    assert_eq!(layer["enforced"], true, "{layer}");
+    let r = run(&["--allow-degraded", "landlocks"], &["true"]);
+    assert_eq!(r.code, 125);
+    assert!(
+        r.stderr.contains("landlocks") && r.stderr.contains("cgroup, landlock"),
+        "{}",
+        r.stderr
+    );
+    let help = std::process::Command::new(palisade_bin())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("landlock (the"), "{help}");
 }

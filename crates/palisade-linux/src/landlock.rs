@@ -1,0 +1,383 @@
+//! Landlock: the filesystem's second wall, beneath the mount view.
+//!
+//! The mount view (see `plan`) decides what exists inside the sandbox. Landlock decides, in the
+//! kernel and independently of the mounts, what the payload may do with what exists: read and
+//! execute only under the paths the policy makes visible read-only, write only where the policy
+//! makes things writable (`/workspace`, `/tmp`, `/dev/shm`, `--rw` binds, and the device nodes
+//! that must be writable). If the view were ever wrong — a host directory mounted by mistake, a
+//! read-only flag lost — files under it still could not be read, executed or written.
+//!
+//! What it guarantees, once the payload has called `landlock_restrict_self` (setup step 16):
+//! - opening a file for reading, writing or execution, listing a directory, creating, removing,
+//!   linking, renaming, truncating (ABI 3) and device `ioctl`s (ABI 5) are refused with `EACCES`
+//!   outside the plan's rules, for the payload and everything it starts, whatever its
+//!   capabilities or file modes; no process can leave the domain;
+//! - with ABI 6 or newer, the payload cannot signal processes outside its domain (the sandbox's
+//!   init) nor connect to abstract unix sockets created outside it;
+//! - only the rights the running kernel knows are handled: see [`handled_fs`] for what each ABI
+//!   adds; a newer kernel is used at the newest ABI this code knows.
+//!
+//! What it does not:
+//! - `stat`, `readlink`, `chdir` and path lookup are not access rights: a path that exists in the
+//!   view is visible as such even where its contents are refused; listing directory entries is
+//!   allowed everywhere (`/` carries `READ_DIR`, so `ls /` works), reading what they hold is not;
+//! - rights add up along a path: a `--ro` bind inside a writable place (say `--ro X:/tmp/x`) gets
+//!   the writable place's rights from Landlock, and only its read-only mount flag keeps it so;
+//! - descriptors opened before the restriction keep their access (stdin, stdout, stderr);
+//! - network rights (TCP bind/connect, ABI 4) are not handled yet: loopback inside must keep
+//!   working until the egress proxy exists (issue #3); the empty network namespace and the
+//!   seccomp socket filter are the network's walls;
+//! - with ABI 1, renaming or linking a file into another directory always fails (`EXDEV`): only
+//!   ABI 2 lets a ruleset grant it (`REFER`); with ABI 1 or 2 truncation is not handled, with
+//!   ABI 4 or lower device `ioctl`s are not.
+//!
+//! The plan holds the rules, computed on the supervisor side ([`Ruleset::add`]); init creates the
+//! ruleset once the view is complete (setup step 10) and the payload enters it (step 16). Both
+//! child-side steps only walk precomputed values with raw system calls.
+
+use std::ffi::CString;
+
+/// Execute a file (ABI 1).
+pub const EXECUTE: u64 = 1 << 0;
+/// Open a file for writing (ABI 1).
+pub const WRITE_FILE: u64 = 1 << 1;
+/// Open a file for reading (ABI 1).
+pub const READ_FILE: u64 = 1 << 2;
+/// Open a directory to list it (ABI 1).
+pub const READ_DIR: u64 = 1 << 3;
+/// Remove an empty directory, or rename one away (ABI 1).
+pub const REMOVE_DIR: u64 = 1 << 4;
+/// Unlink a file, or rename one away (ABI 1).
+pub const REMOVE_FILE: u64 = 1 << 5;
+/// Create a character device (ABI 1).
+pub const MAKE_CHAR: u64 = 1 << 6;
+/// Create a directory (ABI 1).
+pub const MAKE_DIR: u64 = 1 << 7;
+/// Create a regular file (ABI 1).
+pub const MAKE_REG: u64 = 1 << 8;
+/// Create a unix socket (ABI 1).
+pub const MAKE_SOCK: u64 = 1 << 9;
+/// Create a named pipe (ABI 1).
+pub const MAKE_FIFO: u64 = 1 << 10;
+/// Create a block device (ABI 1).
+pub const MAKE_BLOCK: u64 = 1 << 11;
+/// Create a symbolic link (ABI 1).
+pub const MAKE_SYM: u64 = 1 << 12;
+/// Link or rename a file into another directory (ABI 2).
+pub const REFER: u64 = 1 << 13;
+/// Truncate a file (`truncate`, `ftruncate`, `O_TRUNC`) (ABI 3).
+pub const TRUNCATE: u64 = 1 << 14;
+/// `ioctl` on a character or block device (ABI 5).
+pub const IOCTL_DEV: u64 = 1 << 15;
+
+/// No connecting to abstract unix sockets created outside the domain (ABI 6).
+pub const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+/// No signals to processes outside the domain (ABI 6).
+pub const SCOPE_SIGNAL: u64 = 1 << 1;
+
+/// The newest ABI whose rights this code knows; newer kernels are used at this level.
+pub const NEWEST_KNOWN_ABI: u32 = 7;
+
+/// Rights that apply to a file (not a directory); a rule on a file may carry only these.
+pub const FILE_RIGHTS: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV;
+
+/// `/`: directory listings only, so that `ls /` works; no file under it is readable through this.
+pub const LIST: u64 = READ_DIR;
+/// Palisade's own read-only scaffolding (`/etc`, `/proc`, `/dev`): read files, list directories.
+pub const READ: u64 = READ_FILE | READ_DIR;
+/// Read-only binds (system directories, `--ro`): read, list, execute.
+pub const READ_EXEC: u64 = EXECUTE | READ_FILE | READ_DIR;
+/// Device nodes and `/dev/pts`: read, write, truncate (`> /dev/null` opens with `O_TRUNC`),
+/// terminal and device `ioctl`s; no execution, nothing created.
+pub const DEVICE: u64 = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV | READ_DIR;
+/// Writable places (`/workspace`, `/tmp`, `/dev/shm`, `--rw`): every right.
+pub const FULL: u64 = (1 << 16) - 1;
+
+/// The filesystem rights `abi` can handle: ABI 1 the thirteen base rights, ABI 2 adds
+/// [`REFER`], ABI 3 [`TRUNCATE`], ABI 5 [`IOCTL_DEV`] (ABI 4, 6 and 7 add none).
+///
+/// ```
+/// use palisade_linux::landlock::{handled_fs, IOCTL_DEV, REFER, TRUNCATE};
+/// assert_eq!(handled_fs(1), 0x1fff);
+/// assert_eq!(handled_fs(3), 0x1fff | REFER | TRUNCATE);
+/// assert_eq!(handled_fs(7), 0x1fff | REFER | TRUNCATE | IOCTL_DEV);
+/// ```
+pub const fn handled_fs(abi: u32) -> u64 {
+    let mut m = (1 << 13) - 1;
+    if abi >= 2 {
+        m |= REFER;
+    }
+    if abi >= 3 {
+        m |= TRUNCATE;
+    }
+    if abi >= 5 {
+        m |= IOCTL_DEV;
+    }
+    m
+}
+
+/// The scopes `abi` can restrict: from ABI 6, abstract unix sockets and signals.
+pub const fn scoped(abi: u32) -> u64 {
+    if abi >= 6 {
+        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+    } else {
+        0
+    }
+}
+
+/// One rule: `access` on the file or directory at `path` inside the sandbox, and beneath it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Absolute path inside the sandbox, opened by init with `O_PATH` once the view is built.
+    pub path: CString,
+    pub access: u64,
+    /// The path may be missing inside, and the rule is then skipped. Every path the planner
+    /// emits today is one the view itself creates, so none is; a missing one is a setup error.
+    pub optional: bool,
+}
+
+/// The rules for one run, for the kernel's ABI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruleset {
+    /// The kernel's ABI as queried (may be newer than [`NEWEST_KNOWN_ABI`]).
+    pub abi: u32,
+    /// Filesystem rights handled: anything in here and not granted by a rule is refused.
+    pub handled_fs: u64,
+    /// Scopes restricted.
+    pub scoped: u64,
+    pub rules: Vec<Rule>,
+    /// Inside path of the policy's test-only bind that has no rule (`debug_unlandlocked_bind`),
+    /// so that the report can say so; the child never reads this.
+    pub debug_unlandlocked: Option<String>,
+}
+
+impl Ruleset {
+    /// An empty ruleset that handles everything `abi` knows (capped at [`NEWEST_KNOWN_ABI`]).
+    pub fn for_abi(abi: u32) -> Ruleset {
+        let known = abi.min(NEWEST_KNOWN_ABI);
+        Ruleset {
+            abi,
+            handled_fs: handled_fs(known),
+            scoped: scoped(known),
+            rules: Vec::new(),
+            debug_unlandlocked: None,
+        }
+    }
+
+    /// Adds a rule for `path` (absolute, inside), keeping of `access` what the ABI handles and,
+    /// for a file (`dir` false), what applies to files. A rule left with no right is not added.
+    ///
+    /// ```
+    /// use palisade_linux::landlock::*;
+    /// let mut r = Ruleset::for_abi(1);
+    /// r.add("/usr", READ_EXEC, true);
+    /// r.add("/dev/null", DEVICE, false);
+    /// r.add("/workspace", FULL, true);
+    /// // ABI 1 handles neither truncation nor device ioctls; a file gets no directory rights.
+    /// assert_eq!(r.rules[1].access, READ_FILE | WRITE_FILE);
+    /// assert_eq!(r.rules[2].access, handled_fs(1));
+    /// ```
+    pub fn add(&mut self, path: &str, access: u64, dir: bool) {
+        let mut a = access & self.handled_fs;
+        if !dir {
+            a &= FILE_RIGHTS;
+        }
+        if a == 0 {
+            return;
+        }
+        self.rules.push(Rule {
+            path: CString::new(path).expect("no NUL byte in a validated path"),
+            access: a,
+            optional: false,
+        });
+    }
+}
+
+/// What the plan does about Landlock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LandlockPlan {
+    /// Enforce this ruleset.
+    Enforce(Ruleset),
+    /// The kernel cannot enforce Landlock and the user waived it (`--allow-degraded landlock`);
+    /// why, for the report.
+    Waived(String),
+}
+
+impl LandlockPlan {
+    /// The ruleset to enforce, if any.
+    pub fn ruleset(&self) -> Option<&Ruleset> {
+        match self {
+            LandlockPlan::Enforce(r) => Some(r),
+            LandlockPlan::Waived(_) => None,
+        }
+    }
+
+    /// What the report says about this layer.
+    pub fn state(&self) -> LandlockState {
+        match self {
+            LandlockPlan::Enforce(r) => LandlockState::Enforced {
+                abi: r.abi,
+                handled_fs: r.handled_fs,
+                scoped: r.scoped,
+                rules: r.rules.len(),
+                debug_unlandlocked: r.debug_unlandlocked.clone(),
+            },
+            LandlockPlan::Waived(why) => LandlockState::Waived {
+                reason: why.clone(),
+            },
+        }
+    }
+}
+
+/// Whether Landlock held for a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LandlockState {
+    Enforced {
+        abi: u32,
+        handled_fs: u64,
+        scoped: u64,
+        rules: usize,
+        /// A test-only path in the view without a rule.
+        debug_unlandlocked: Option<String>,
+    },
+    Waived {
+        reason: String,
+    },
+}
+
+const FS_NAMES: [&str; 16] = [
+    "execute",
+    "write-file",
+    "read-file",
+    "read-dir",
+    "remove-dir",
+    "remove-file",
+    "make-char",
+    "make-dir",
+    "make-reg",
+    "make-sock",
+    "make-fifo",
+    "make-block",
+    "make-sym",
+    "refer",
+    "truncate",
+    "ioctl-dev",
+];
+
+/// The names of the filesystem rights in `mask`, e.g. `["execute", "read-file"]`.
+///
+/// ```
+/// use palisade_linux::landlock::{fs_names, READ_EXEC};
+/// assert_eq!(fs_names(READ_EXEC), ["execute", "read-file", "read-dir"]);
+/// ```
+pub fn fs_names(mask: u64) -> Vec<&'static str> {
+    (0..16)
+        .filter(|i| mask & (1 << i) != 0)
+        .map(|i| FS_NAMES[i])
+        .collect()
+}
+
+/// The names of the scopes in `mask`.
+pub fn scope_names(mask: u64) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if mask & SCOPE_ABSTRACT_UNIX_SOCKET != 0 {
+        v.push("abstract-unix-socket");
+    }
+    if mask & SCOPE_SIGNAL != 0 {
+        v.push("signal");
+    }
+    v
+}
+
+/// Why the kernel cannot enforce Landlock, and what to do, for the `errno` of the ABI query.
+pub fn unavailable_hint(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOSYS => "this kernel was built without Landlock: Linux 5.13 or newer with CONFIG_SECURITY_LANDLOCK=y is needed",
+        libc::EOPNOTSUPP => "Landlock is built in but not enabled at boot: add `landlock` to the kernel's `lsm=` list (e.g. `lsm=landlock,lockdown,yama,integrity,apparmor,bpf` in GRUB_CMDLINE_LINUX, then update-grub and reboot)",
+        libc::EPERM | libc::EACCES => "the Landlock system calls are refused here (a container's seccomp profile may block `landlock_create_ruleset`; allow it, or run palisade outside the container)",
+        _ => "the Landlock ABI query failed unexpectedly",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_abi_handles_what_it_knows() {
+        let base = (1u64 << 13) - 1;
+        assert_eq!(
+            [1, 2, 3, 4, 5, 6, 7].map(|a| (handled_fs(a), scoped(a))),
+            [
+                (base, 0),
+                (base | REFER, 0),
+                (base | REFER | TRUNCATE, 0),
+                (base | REFER | TRUNCATE, 0),
+                (base | REFER | TRUNCATE | IOCTL_DEV, 0),
+                (FULL, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
+                (FULL, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
+            ]
+        );
+        // A newer kernel is used at the newest ABI known here, and reported as what it is.
+        let r = Ruleset::for_abi(9);
+        assert_eq!(
+            (r.abi, r.handled_fs, r.scoped),
+            (9, FULL, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+        );
+    }
+
+    #[test]
+    fn rules_keep_only_what_the_abi_and_the_file_type_allow() {
+        let mut r = Ruleset::for_abi(2);
+        r.add("/", LIST, true);
+        r.add("/dev/tty", DEVICE, false);
+        r.add("/tmp", FULL, true);
+        r.add("/probe", READ_EXEC, false);
+        assert_eq!(
+            r.rules,
+            vec![
+                Rule {
+                    path: c"/".into(),
+                    access: READ_DIR,
+                    optional: false
+                },
+                Rule {
+                    path: c"/dev/tty".into(),
+                    access: READ_FILE | WRITE_FILE,
+                    optional: false
+                },
+                Rule {
+                    path: c"/tmp".into(),
+                    access: ((1 << 13) - 1) | REFER,
+                    optional: false
+                },
+                Rule {
+                    path: c"/probe".into(),
+                    access: EXECUTE | READ_FILE,
+                    optional: false
+                },
+            ]
+        );
+        // A right set that leaves nothing for a file is dropped rather than sent as 0 (the kernel
+        // refuses an empty rule with ENOMSG).
+        r.add("/etc/passwd", LIST, false);
+        assert_eq!(r.rules.len(), 4);
+    }
+
+    #[test]
+    fn names_for_the_report() {
+        assert_eq!(
+            fs_names(DEVICE),
+            [
+                "write-file",
+                "read-file",
+                "read-dir",
+                "truncate",
+                "ioctl-dev"
+            ]
+        );
+        assert_eq!(fs_names(FULL).len(), 16);
+        assert_eq!(scope_names(scoped(7)), ["abstract-unix-socket", "signal"]);
+        assert!(unavailable_hint(libc::EOPNOTSUPP).contains("lsm="));
+    }
+}
