@@ -537,6 +537,7 @@ fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -
         plan,
         slave: ready.slave,
         ruleset: ready.ruleset,
+        notify_sock: fds.go,
         err_step: 0,
         err_index: 0,
         err_errno: 0,
@@ -644,6 +645,8 @@ struct PayloadArgs<'a> {
     slave: c_int,
     /// The Landlock ruleset to enter, or -1 (waived).
     ruleset: c_int,
+    /// Init's end of the supervisor socket, on which the payload sends its seccomp listener.
+    notify_sock: c_int,
     /// A failed setup step (`Step as u32`), or 0 for an exec error / the generic payload step.
     err_step: u32,
     err_index: u32,
@@ -657,7 +660,8 @@ extern "C" fn payload_entry(arg: *mut libc::c_void) -> c_int {
 }
 
 fn payload(args: &mut PayloadArgs) -> ! {
-    let (plan, slave, ruleset) = (args.plan, args.slave, args.ruleset);
+    let (plan, slave, ruleset, notify_sock) =
+        (args.plan, args.slave, args.ruleset, args.notify_sock);
     let err = args as *mut PayloadArgs;
     let fail = |step: u32, index: u32, e: i32| -> ! {
         // SAFETY: `err` points at init's PayloadArgs, alive until we exit (CLONE_VFORK).
@@ -755,8 +759,15 @@ fn payload(args: &mut PayloadArgs) -> ! {
         len: plan.seccomp.len() as u16,
         filter: plan.seccomp.as_ptr(),
     };
-    if let Err(e) = sys::install_seccomp(&prog) {
-        report(NO_CAND, e);
+    //     The listener it returns goes to the supervisor, which answers (and records) every call
+    //     the filter refuses; our copy closes at exec. Sending is allowed by the filter.
+    match sys::install_seccomp_listener(&prog) {
+        Ok(listener) => {
+            if let Err(e) = sys::send_fds(notify_sock, b's', &[listener]) {
+                report(NO_CAND, e);
+            }
+        }
+        Err(e) => report(NO_CAND, e),
     }
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);

@@ -28,6 +28,6 @@ pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use plan::Ids;
 pub use spawn::{
-    spawn, BeforeStart, CpuWatch, LimitHit, Outcome, Running, Sinks, Stdin, Termination,
-    NAMESPACES, ROOT_MAPPED_ID,
+    spawn, BeforeStart, CpuWatch, DeniedCall, LimitHit, Outcome, Running, Sinks, Stdin,
+    Termination, NAMESPACES, ROOT_MAPPED_ID,
 };

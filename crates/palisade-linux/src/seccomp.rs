@@ -2,7 +2,7 @@
 //!
 //! Installed last in the payload, after no_new_privs and right before `execve`, so that none of
 //! palisade's own setup calls are filtered. Refused calls fail with `EPERM` (not a kill), so that
-//! programs fail gracefully; `clone3` fails with `ENOSYS` so that libc falls back to `clone`, whose
+//! programs fail gracefully (the supervisor gives the answer, see below); `clone3` fails with `ENOSYS` so that libc falls back to `clone`, whose
 //! flags a classic BPF filter can inspect (it cannot read `clone3`'s argument struct).
 //!
 //! | refused | why |
@@ -24,8 +24,13 @@
 //! filter is step 19), and Landlock only ever narrows: a payload that sandboxes itself further
 //! gains nothing.
 //!
-//! Not yet: reporting the attempts (seccomp user notification, issue #4), and a policy switch for
-//! `ptrace` inside the sandbox (debuggers).
+//! Attempts are reported: the filter hands every refused call (all rows above but the `ENOSYS`
+//! fallbacks of `clone3` and `openat2`) to the supervisor through a seccomp user-notification
+//! listener; the supervisor records name, count and first pid and answers with the errno, so the
+//! call never runs. A run that makes no refused call pays only for creating and passing the
+//! listener.
+//!
+//! Not yet: a policy switch for `ptrace` inside the sandbox (debuggers).
 
 /// One classic BPF instruction (`struct sock_filter`).
 #[repr(C)]
@@ -45,6 +50,7 @@ const BPF_RET_K: u16 = 0x06;
 
 const RET_ALLOW: u32 = 0x7fff_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
+const RET_USER_NOTIF: u32 = 0x7fc0_0000;
 
 // Offsets in `struct seccomp_data`.
 const OFF_NR: u32 = 0;
@@ -90,76 +96,88 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> SockFilter {
     SockFilter { code, jt, jf, k }
 }
 
-/// System calls refused outright.
-pub fn denied() -> Vec<i64> {
+/// A system call's name and number.
+macro_rules! sys {
+    ($name:ident) => {
+        (stringify!($name).trim_start_matches("SYS_"), libc::$name)
+    };
+}
+
+/// System calls refused outright, with their names (for the report).
+pub fn denied() -> Vec<(&'static str, i64)> {
     let mut v = vec![
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
-        libc::SYS_bpf,
-        libc::SYS_perf_event_open,
-        libc::SYS_userfaultfd,
-        libc::SYS_keyctl,
-        libc::SYS_add_key,
-        libc::SYS_request_key,
-        libc::SYS_ptrace,
-        libc::SYS_process_vm_readv,
-        libc::SYS_process_vm_writev,
-        libc::SYS_kexec_load,
-        libc::SYS_kexec_file_load,
-        libc::SYS_init_module,
-        libc::SYS_finit_module,
-        libc::SYS_delete_module,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_fsopen,
-        libc::SYS_fsconfig,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_move_mount,
-        libc::SYS_open_tree,
-        libc::SYS_mount_setattr,
-        libc::SYS_pivot_root,
-        libc::SYS_chroot,
-        libc::SYS_swapon,
-        libc::SYS_swapoff,
-        libc::SYS_reboot,
-        libc::SYS_acct,
-        libc::SYS_quotactl,
-        libc::SYS_quotactl_fd,
-        libc::SYS_open_by_handle_at,
-        libc::SYS_name_to_handle_at,
-        libc::SYS_syslog,
-        libc::SYS_unshare,
-        libc::SYS_setns,
-        libc::SYS_lookup_dcookie,
+        sys!(SYS_io_uring_setup),
+        sys!(SYS_io_uring_enter),
+        sys!(SYS_io_uring_register),
+        sys!(SYS_bpf),
+        sys!(SYS_perf_event_open),
+        sys!(SYS_userfaultfd),
+        sys!(SYS_keyctl),
+        sys!(SYS_add_key),
+        sys!(SYS_request_key),
+        sys!(SYS_ptrace),
+        sys!(SYS_process_vm_readv),
+        sys!(SYS_process_vm_writev),
+        sys!(SYS_kexec_load),
+        sys!(SYS_kexec_file_load),
+        sys!(SYS_init_module),
+        sys!(SYS_finit_module),
+        sys!(SYS_delete_module),
+        sys!(SYS_mount),
+        sys!(SYS_umount2),
+        sys!(SYS_fsopen),
+        sys!(SYS_fsconfig),
+        sys!(SYS_fsmount),
+        sys!(SYS_fspick),
+        sys!(SYS_move_mount),
+        sys!(SYS_open_tree),
+        sys!(SYS_mount_setattr),
+        sys!(SYS_pivot_root),
+        sys!(SYS_chroot),
+        sys!(SYS_swapon),
+        sys!(SYS_swapoff),
+        sys!(SYS_reboot),
+        sys!(SYS_acct),
+        sys!(SYS_quotactl),
+        sys!(SYS_quotactl_fd),
+        sys!(SYS_open_by_handle_at),
+        sys!(SYS_name_to_handle_at),
+        sys!(SYS_syslog),
+        sys!(SYS_unshare),
+        sys!(SYS_setns),
+        sys!(SYS_lookup_dcookie),
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([
-        libc::SYS_iopl,
-        libc::SYS_ioperm,
-        libc::SYS_uselib,
-        libc::SYS__sysctl,
+        sys!(SYS_iopl),
+        sys!(SYS_ioperm),
+        sys!(SYS_uselib),
+        sys!(SYS__sysctl),
     ]);
     v
 }
 
-/// Builds the filter program.
+/// Builds the filter program. Refusals go to the supervisor through the filter's listener, so that
+/// the report can list them; the two fallbacks that libc takes on its own (`clone3`, `openat2`
+/// answering `ENOSYS`) are answered in the filter and not reported.
 pub fn program() -> Vec<SockFilter> {
     let mut p = Vec::new();
     let errno = |e: i32| stmt(BPF_RET_K, RET_ERRNO | (e as u32 & 0xffff));
+    // A refusal the report lists: the supervisor takes the call from the listener, records it and
+    // answers with the errno `answer` gives (the call itself never runs).
+    let refuse = || stmt(BPF_RET_K, RET_USER_NOTIF);
     // Architecture first: a foreign ABI would reinterpret every number below.
     p.push(stmt(BPF_LD_W_ABS, OFF_ARCH));
     p.push(jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0));
-    p.push(errno(libc::EPERM));
+    p.push(refuse());
     p.push(stmt(BPF_LD_W_ABS, OFF_NR));
     if cfg!(target_arch = "x86_64") {
         p.push(jump(BPF_JGE_K, X32_BIT, 0, 1));
-        p.push(errno(libc::EPERM));
+        p.push(refuse());
     }
-    for nr in denied() {
+    for (_, nr) in denied() {
         p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
-        p.push(errno(libc::EPERM));
+        p.push(refuse());
     }
     // clone3: ENOSYS, so that libc falls back to clone.
     p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
@@ -168,7 +186,7 @@ pub fn program() -> Vec<SockFilter> {
     p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 3));
     p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
     p.push(jump(BPF_JSET_K, NAMESPACE_FLAGS, 0, 1));
-    p.push(errno(libc::EPERM));
+    p.push(refuse());
     // The number may have been replaced by an argument above: reload it.
     p.push(stmt(BPF_LD_W_ABS, OFF_NR));
     // ioctl TIOCSTI / TIOCLINUX, compared on the low 32 bits of the command.
@@ -176,7 +194,7 @@ pub fn program() -> Vec<SockFilter> {
     p.push(stmt(BPF_LD_W_ABS, OFF_ARG1_LO));
     p.push(jump(BPF_JEQ_K, libc::TIOCSTI as u32, 1, 0));
     p.push(jump(BPF_JEQ_K, libc::TIOCLINUX as u32, 0, 1));
-    p.push(errno(libc::EPERM));
+    p.push(refuse());
     p.push(stmt(BPF_LD_W_ABS, OFF_NR));
     // socket: only unix, inet, inet6.
     p.push(jump(BPF_JEQ_K, libc::SYS_socket as u32, 0, 5));
@@ -184,14 +202,14 @@ pub fn program() -> Vec<SockFilter> {
     p.push(jump(BPF_JEQ_K, libc::AF_UNIX as u32, 3, 0));
     p.push(jump(BPF_JEQ_K, libc::AF_INET as u32, 2, 0));
     p.push(jump(BPF_JEQ_K, libc::AF_INET6 as u32, 1, 0));
-    p.push(errno(libc::EAFNOSUPPORT));
+    p.push(refuse());
     p.push(stmt(BPF_LD_W_ABS, OFF_NR));
     // No set-uid/set-gid bit on any file the payload creates or changes.
     for (nr, arg) in mode_args() {
         p.push(jump(BPF_JEQ_K, nr as u32, 0, 3));
         p.push(stmt(BPF_LD_W_ABS, arg_lo(arg)));
         p.push(jump(BPF_JSET_K, SETID_BITS, 0, 1));
-        p.push(errno(libc::EPERM));
+        p.push(refuse());
         p.push(stmt(BPF_LD_W_ABS, OFF_NR));
     }
     // openat2 takes its mode in a struct a filter cannot read: ENOSYS, callers fall back to openat.
@@ -218,6 +236,43 @@ fn mode_args() -> Vec<(i64, u32)> {
         (libc::SYS_mknod, 1),
     ]);
     v
+}
+
+/// How the supervisor answers a refused call the filter sent it: a name for the report, and the
+/// errno the call fails with — `EAFNOSUPPORT` for a socket family, `EPERM` for everything else,
+/// as the module table says. Classified the same way the filter is built.
+pub fn answer(nr: i32, arch: u32, args: &[u64; 6]) -> (String, i32) {
+    let eperm = |n: &str| (n.to_owned(), libc::EPERM);
+    if arch != AUDIT_ARCH {
+        return eperm("foreign-abi");
+    }
+    if cfg!(target_arch = "x86_64") && nr as u32 & X32_BIT != 0 {
+        return eperm("x32-abi");
+    }
+    let nr = nr as i64;
+    if let Some((name, _)) = denied().into_iter().find(|&(_, n)| n == nr) {
+        return eperm(name);
+    }
+    match nr {
+        libc::SYS_clone => eperm("clone (namespace flags)"),
+        libc::SYS_ioctl if args[1] as u32 == libc::TIOCSTI as u32 => eperm("ioctl TIOCSTI"),
+        libc::SYS_ioctl => eperm("ioctl TIOCLINUX"),
+        libc::SYS_socket => {
+            let family = match args[0] as u32 as i32 {
+                libc::AF_NETLINK => "netlink".to_owned(),
+                libc::AF_PACKET => "packet".to_owned(),
+                libc::AF_VSOCK => "vsock".to_owned(),
+                libc::AF_BLUETOOTH => "bluetooth".to_owned(),
+                libc::AF_ALG => "alg".to_owned(),
+                f => format!("family {f}"),
+            };
+            (format!("socket ({family})"), libc::EAFNOSUPPORT)
+        }
+        _ => match mode_args().into_iter().find(|&(n, _)| n == nr) {
+            Some(_) => eperm("set-uid/set-gid file mode"),
+            None => (format!("syscall {nr}"), libc::EPERM),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -261,10 +316,41 @@ mod tests {
 
     const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
 
+    /// The filter's verdict, with a call it hands to the supervisor answered as the supervisor
+    /// does (`answer`): so each check covers both halves of a refusal.
+    fn decide(p: &[SockFilter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        match run(p, nr, arch, args) {
+            RET_USER_NOTIF => RET_ERRNO | answer(nr as i32, arch, &args).1 as u32,
+            v => v,
+        }
+    }
+
+    #[test]
+    fn refusals_are_named_for_the_report() {
+        let z = [0u64; 6];
+        assert_eq!(answer(libc::SYS_ptrace as i32, AUDIT_ARCH, &z).0, "ptrace");
+        assert_eq!(
+            answer(libc::SYS_add_key as i32, AUDIT_ARCH, &z).0,
+            "add_key"
+        );
+        let mut a = z;
+        a[0] = libc::AF_NETLINK as u64;
+        assert_eq!(
+            answer(libc::SYS_socket as i32, AUDIT_ARCH, &a),
+            ("socket (netlink)".to_owned(), libc::EAFNOSUPPORT)
+        );
+        a[1] = libc::TIOCSTI as u64 | 0xdead_0000_0000;
+        assert_eq!(
+            answer(libc::SYS_ioctl as i32, AUDIT_ARCH, &a).0,
+            "ioctl TIOCSTI"
+        );
+        assert_eq!(answer(3, 0x4000_0003, &z).0, "foreign-abi");
+    }
+
     #[test]
     fn decisions() {
         let p = program();
-        let call = |nr: i64, args: [u64; 6]| run(&p, nr as u32, AUDIT_ARCH, args);
+        let call = |nr: i64, args: [u64; 6]| decide(&p, nr as u32, AUDIT_ARCH, args);
         assert_eq!(call(libc::SYS_read, [0; 6]), RET_ALLOW);
         // Landlock can only narrow what the payload may do: a payload may sandbox itself.
         for nr in [
@@ -351,7 +437,10 @@ mod tests {
             assert_eq!(call(libc::SYS_creat, [0, 0o4755, 0, 0, 0, 0]), EPERM);
         }
         // Another ABI, or an x32 number, is refused before any number is looked at.
-        assert_eq!(run(&p, libc::SYS_read as u32, 0x4000_0003, [0; 6]), EPERM);
+        assert_eq!(
+            decide(&p, libc::SYS_read as u32, 0x4000_0003, [0; 6]),
+            EPERM
+        );
         if cfg!(target_arch = "x86_64") {
             assert_eq!(call(libc::SYS_read | 0x4000_0000, [0; 6]), EPERM);
         }

@@ -105,6 +105,21 @@ pub struct Outcome {
     /// The CPU-time watch stopped because the accounting could not be read: for the rest of the
     /// run only the per-process RLIMIT_CPU held.
     pub cpu_watch_lost: bool,
+    /// System calls the seccomp filter refused, in the order first seen.
+    pub denied: Vec<DeniedCall>,
+}
+
+/// A host pid as the sandbox knows it: the last `NSpid` entry of `/proc/PID/status` (the pid in
+/// the innermost namespace), or the host pid if the process is already gone.
+fn inner_pid(host: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{host}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last()?.parse().ok())
+        })
+        .unwrap_or(host)
 }
 
 /// A started sandbox.
@@ -119,8 +134,28 @@ pub struct Running {
     ids: Ids,
     limits: palisade_policy::Limits,
     landlock: LandlockState,
+    /// The payload's seccomp listener: refused calls arrive here to be answered and recorded.
+    notify: Option<OwnedFd>,
+    denied: Vec<DeniedCall>,
     done: bool,
 }
+
+/// A system call the seccomp filter refused, as the report lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedCall {
+    /// The call's name (`ptrace`, `socket (netlink)`, `ioctl TIOCSTI`, …).
+    pub name: String,
+    /// How many times it was attempted.
+    pub count: u64,
+    /// The process that tried first, as a pid inside the sandbox where the host can tell.
+    pub first_pid: u32,
+    /// The errno the calls failed with.
+    pub errno: i32,
+}
+
+/// At most this many distinct refused calls are listed (each with its count); more are counted
+/// under the last entry, so a payload cannot grow the supervisor's memory through refusals.
+const MAX_DENIED_KINDS: usize = 64;
 
 fn io_err(op: &'static str) -> impl Fn(io::Error) -> SetupError {
     move |source| SetupError::Supervisor { op, source }
@@ -350,6 +385,8 @@ pub fn spawn(
         ids,
         limits: policy.limits,
         landlock: plan.landlock.state(),
+        notify: None,
+        denied: Vec::new(),
         done: false,
     };
 
@@ -416,6 +453,22 @@ pub fn spawn(
         return Err(SetupError::InitVanished);
     }
     let m = Msg::from_bytes(&b);
+    if m.kind == child::MSG_STARTED {
+        // The payload sent its seccomp listener before its exec, so before init's "started".
+        let mut got = [-1 as c_int; sys::MAX_FDS];
+        match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
+            Ok((b's', 1)) => {
+                // SAFETY: the kernel just installed this descriptor in our table; we own it.
+                running.notify = Some(unsafe { OwnedFd::from_raw_fd(got[0]) });
+            }
+            Ok(_) | Err(_) => {
+                return Err(SetupError::Supervisor {
+                    op: "receive the payload's seccomp listener",
+                    source: io::Error::from_raw_os_error(libc::EPROTO),
+                })
+            }
+        }
+    }
     drop(go_w);
     match m.kind {
         child::MSG_STARTED => Ok(running),
@@ -610,6 +663,10 @@ impl Running {
             if let Some(s) = sinks.signals {
                 pfds.push(pollin(s.fd()));
             }
+            let notify_fd = self.notify.as_ref().map(|f| f.as_raw_fd());
+            if let Some(n) = notify_fd {
+                pfds.push(pollin(n));
+            }
             // Until the deadline or the next look at the CPU time (rounded up to whole ms), or
             // without end once the payload is done or already killed.
             let watching = limit_hit.is_none() && term == Termination::Vanished;
@@ -659,7 +716,14 @@ impl Running {
                 });
             }
             for p in pfds.iter().filter(|p| p.revents != 0) {
-                if Some(p.fd) == out_fd {
+                if Some(p.fd) == notify_fd {
+                    if p.revents & libc::POLLIN != 0 {
+                        self.answer_refused_call();
+                    } else {
+                        // No process of the sandbox runs under the filter any more.
+                        self.notify = None;
+                    }
+                } else if Some(p.fd) == out_fd {
                     let src = self
                         .stdout
                         .as_mut()
@@ -754,7 +818,33 @@ impl Running {
             stdout_bytes: out_n,
             stderr_bytes: err_n,
             cpu_watch_lost,
+            denied: std::mem::take(&mut self.denied),
         })
+    }
+
+    /// Takes one refused call from the seccomp listener, records it and makes it fail with the
+    /// filter's errno. The call never runs; a caller that died meanwhile is simply skipped.
+    fn answer_refused_call(&mut self) {
+        let Some(listener) = self.notify.as_ref().map(|f| f.as_raw_fd()) else {
+            return;
+        };
+        let Ok(n) = sys::seccomp_notif_recv(listener) else {
+            return;
+        };
+        let (name, errno) = crate::seccomp::answer(n.nr, n.arch, &n.args);
+        let _ = sys::seccomp_notif_fail(listener, n.id, errno);
+        if let Some(d) = self.denied.iter_mut().find(|d| d.name == name) {
+            d.count += 1;
+        } else if self.denied.len() < MAX_DENIED_KINDS {
+            self.denied.push(DeniedCall {
+                name,
+                count: 1,
+                first_pid: inner_pid(n.pid),
+                errno,
+            });
+        } else if let Some(last) = self.denied.last_mut() {
+            last.count += 1;
+        }
     }
 }
 

@@ -302,18 +302,62 @@ pub struct SockFprog {
     pub filter: *const crate::seccomp::SockFilter,
 }
 
-/// Installs a seccomp filter on the calling thread (no_new_privs must be set).
-pub fn install_seccomp(prog: &SockFprog) -> SysResult<()> {
+/// Installs a seccomp filter on the calling thread (no_new_privs must be set) and returns its
+/// user-notification listener (close-on-exec), through which another process answers the calls
+/// the filter sends to it (`SECCOMP_RET_USER_NOTIF`). Async-signal-safe: one system call.
+pub fn install_seccomp_listener(prog: &SockFprog) -> SysResult<c_int> {
     // SAFETY: `prog` points at `len` valid instructions that outlive the call (the kernel copies
-    // them).
-    check_int(unsafe {
-        libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER as c_ulong,
+    // them); the flag asks for a new descriptor, which becomes ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
             prog as *const SockFprog,
         )
+    };
+    check_int(r as c_int)
+}
+
+/// One system call a seccomp filter handed to its listener.
+#[derive(Debug, Clone, Copy)]
+pub struct SeccompNotice {
+    pub id: u64,
+    /// The calling thread, in the listener's pid namespace.
+    pub pid: u32,
+    pub nr: i32,
+    pub arch: u32,
+    pub args: [u64; 6],
+}
+
+/// Takes the next notification from a seccomp listener (blocks if there is none; poll first).
+pub fn seccomp_notif_recv(listener: c_int) -> SysResult<SeccompNotice> {
+    // SAFETY: the kernel requires a zeroed struct, which an all-zero seccomp_notif is; it fills
+    // it in on success.
+    let mut n: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: ioctl with the request's own struct type, which outlives the call.
+    let r = unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut n) };
+    check_int(r)?;
+    Ok(SeccompNotice {
+        id: n.id,
+        pid: n.pid,
+        nr: n.data.nr,
+        arch: n.data.arch,
+        args: n.data.args,
     })
-    .map(drop)
+}
+
+/// Answers notification `id`: the call fails with `errno` and never runs. (palisade never asks
+/// the kernel to continue a call, so nothing the payload changes after the check matters.)
+pub fn seccomp_notif_fail(listener: c_int, id: u64, errno: i32) -> SysResult<()> {
+    let mut resp = libc::seccomp_notif_resp {
+        id,
+        val: 0,
+        error: -errno,
+        flags: 0,
+    };
+    // SAFETY: ioctl with the request's own struct type, which outlives the call.
+    check_int(unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) }).map(drop)
 }
 
 /// `struct landlock_ruleset_attr` as of Landlock ABI 6 (the kernel accepts a larger struct than

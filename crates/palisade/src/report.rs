@@ -36,6 +36,18 @@ pub enum Status {
     SandboxError,
 }
 
+/// A refused system call, with how often and by whom it was attempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeniedSyscall {
+    /// `ptrace`, `bpf`, `socket (netlink)`, `ioctl TIOCSTI`, `clone (namespace flags)`…
+    pub name: String,
+    pub count: u64,
+    /// The first process that tried, as a pid inside the sandbox.
+    pub first_pid: u32,
+    /// What the call returned: `EPERM`, or `EAFNOSUPPORT` for a socket family.
+    pub errno: &'static str,
+}
+
 /// One isolation layer and whether it was enforced for this run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Layer {
@@ -81,6 +93,9 @@ pub struct Report {
     pub cgroup: Option<&'static str>,
     /// The kernel's Landlock ABI, when Landlock was enforced.
     pub landlock_abi: Option<u32>,
+    /// System calls the seccomp filter refused, in the order first attempted: what the code
+    /// tried that the sandbox stopped.
+    pub denied_syscalls: Vec<DeniedSyscall>,
     pub uid: Option<u32>,
     pub host_uid: Option<u32>,
     /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
@@ -142,6 +157,19 @@ impl Report {
             stderr_bytes: o.stderr_bytes,
             output_truncated: o.output_truncated,
             cpu_watch_lost: o.cpu_watch_lost,
+            denied_syscalls: o
+                .denied
+                .iter()
+                .map(|d| DeniedSyscall {
+                    name: d.name.clone(),
+                    count: d.count,
+                    first_pid: d.first_pid,
+                    errno: match d.errno {
+                        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+                        _ => "EPERM",
+                    },
+                })
+                .collect(),
             ..Report::base(status, o.wall, scratch, limits, Some((ids, landlock)))
         }
     }
@@ -204,6 +232,7 @@ impl Report {
             scratch,
             layers: layers(ids, landlock),
             cpu_watch_lost: false,
+            denied_syscalls: Vec::new(),
         }
     }
 
@@ -347,6 +376,14 @@ impl Report {
         if let Some(p) = &self.scratch {
             s.push_str(&format!(" · scratch {p}"));
         }
+        if !self.denied_syscalls.is_empty() {
+            let calls: Vec<String> = self
+                .denied_syscalls
+                .iter()
+                .map(|d| format!("{}×{}", d.name, d.count))
+                .collect();
+            s.push_str(&format!(" · refused: {}", calls.join(", ")));
+        }
         s
     }
 }
@@ -434,7 +471,7 @@ fn layers(ids: Option<Ids>, landlock: Option<&LandlockState>) -> Vec<Layer> {
     v.push(on(
         "seccomp",
         format!(
-            "{} system calls refused (io_uring, bpf, ptrace, keyctl, mount API, unshare/setns…), clone with namespace flags, TIOCSTI/TIOCLINUX, socket families but unix/inet/inet6, other ABIs",
+            "{} system calls refused (io_uring, bpf, ptrace, keyctl, mount API, unshare/setns…), clone with namespace flags, TIOCSTI/TIOCLINUX, socket families but unix/inet/inet6, other ABIs; every refused attempt answered by the supervisor and listed in denied_syscalls",
             palisade_linux::seccomp::denied().len()
         ),
     ));

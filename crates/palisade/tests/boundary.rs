@@ -265,6 +265,54 @@ fn seccomp_refuses_the_kernels_riskiest_calls() {
 }
 
 #[test]
+fn refused_calls_are_reported_with_counts() {
+    let r = run(
+        &["--json", "-"],
+        &[
+            "/bin/sh",
+            "-c",
+            "/probe syscalls; /probe syscalls; /probe syscalls",
+        ],
+    );
+    let start = r.stdout.rfind("\n{").expect("a JSON report") + 1;
+    let j: serde_json::Value = serde_json::from_str(&r.stdout[start..]).unwrap();
+    let denied = j["denied_syscalls"].as_array().expect("denied_syscalls");
+    let entry = |name: &str| {
+        denied
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not reported: {denied:?}"))
+            .clone()
+    };
+    for name in [
+        "ptrace",
+        "bpf",
+        "io_uring_setup",
+        "keyctl",
+        "unshare",
+        "ioctl TIOCSTI",
+    ] {
+        let d = entry(name);
+        assert_eq!(d["count"], 3, "{d}");
+        assert_eq!(d["errno"], "EPERM", "{d}");
+        // A pid inside the sandbox (init is 1, the shell 2, the probes after it).
+        assert!((2..1000).contains(&d["first_pid"].as_u64().unwrap()), "{d}");
+    }
+    assert_eq!(entry("socket (netlink)")["errno"], "EAFNOSUPPORT");
+    assert_eq!(entry("clone (namespace flags)")["count"], 3);
+    // clone3's ENOSYS is libc's everyday fallback, not an attempt.
+    assert!(denied.iter().all(|d| d["name"] != "clone3"), "{denied:?}");
+    // Control: an ordinary run reports nothing.
+    let r = run(
+        &["--json", "-"],
+        &["/bin/sh", "-c", "ls / >/dev/null; echo hi"],
+    );
+    let start = r.stdout.rfind("\n{").expect("a JSON report") + 1;
+    let j: serde_json::Value = serde_json::from_str(&r.stdout[start..]).unwrap();
+    assert_eq!(j["denied_syscalls"], serde_json::json!([]), "{j}");
+}
+
+#[test]
 fn no_set_uid_file_reaches_the_host() {
     use std::os::unix::fs::PermissionsExt;
     // Control: outside the sandbox the probe can make a set-uid file (its own, in a temp dir).
