@@ -569,7 +569,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
         scratch_source,
-        seccomp: crate::seccomp::program(),
+        seccomp: crate::seccomp::program(policy.allow_ptrace),
         rlimits: vec![
             (libc::RLIMIT_CORE, 0),
             (libc::RLIMIT_NPROC, policy.limits.pids),

@@ -30,7 +30,7 @@
 //! call never runs. A run that makes no refused call pays only for creating and passing the
 //! listener.
 //!
-//! Not yet: a policy switch for `ptrace` inside the sandbox (debuggers).
+//! `--allow-ptrace` takes `ptrace` and `process_vm_readv/writev` off the refused list (debuggers).
 
 /// One classic BPF instruction (`struct sock_filter`).
 #[repr(C)]
@@ -103,7 +103,24 @@ macro_rules! sys {
     };
 }
 
-/// System calls refused outright, with their names (for the report).
+/// The calls `--allow-ptrace` takes off the refused list.
+const TRACING: [i64; 3] = [
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+];
+
+/// System calls refused outright, with their names (for the report); with `allow_ptrace`, the
+/// tracing calls are not among them.
+pub fn refused(allow_ptrace: bool) -> Vec<(&'static str, i64)> {
+    let mut v = denied();
+    if allow_ptrace {
+        v.retain(|(_, nr)| !TRACING.contains(nr));
+    }
+    v
+}
+
+/// Every system call the filter can refuse outright, with its name.
 pub fn denied() -> Vec<(&'static str, i64)> {
     let mut v = vec![
         sys!(SYS_io_uring_setup),
@@ -160,7 +177,7 @@ pub fn denied() -> Vec<(&'static str, i64)> {
 /// Builds the filter program. Refusals go to the supervisor through the filter's listener, so that
 /// the report can list them; the two fallbacks that libc takes on its own (`clone3`, `openat2`
 /// answering `ENOSYS`) are answered in the filter and not reported.
-pub fn program() -> Vec<SockFilter> {
+pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
     let mut p = Vec::new();
     let errno = |e: i32| stmt(BPF_RET_K, RET_ERRNO | (e as u32 & 0xffff));
     // A refusal the report lists: the supervisor takes the call from the listener, records it and
@@ -175,7 +192,7 @@ pub fn program() -> Vec<SockFilter> {
         p.push(jump(BPF_JGE_K, X32_BIT, 0, 1));
         p.push(refuse());
     }
-    for (_, nr) in denied() {
+    for (_, nr) in refused(allow_ptrace) {
         p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
         p.push(refuse());
     }
@@ -349,8 +366,18 @@ mod tests {
 
     #[test]
     fn decisions() {
-        let p = program();
+        let p = program(false);
         let call = |nr: i64, args: [u64; 6]| decide(&p, nr as u32, AUDIT_ARCH, args);
+        // --allow-ptrace lets exactly the tracing calls through.
+        let traced = program(true);
+        for nr in TRACING {
+            assert_eq!(call(nr, [0; 6]), EPERM);
+            assert_eq!(decide(&traced, nr as u32, AUDIT_ARCH, [0; 6]), RET_ALLOW);
+        }
+        assert_eq!(
+            decide(&traced, libc::SYS_bpf as u32, AUDIT_ARCH, [0; 6]),
+            EPERM
+        );
         assert_eq!(call(libc::SYS_read, [0; 6]), RET_ALLOW);
         // Landlock can only narrow what the payload may do: a payload may sandbox itself.
         for nr in [

@@ -73,6 +73,12 @@ pub struct Policy {
     /// Layers the user explicitly accepts to run without when the host cannot enforce them.
     #[serde(default)]
     pub allow_degraded: Vec<Degradable>,
+    /// Let processes inside trace one another (`ptrace`, `process_vm_readv/writev`: debuggers,
+    /// `strace`), which the seccomp filter refuses by default. Nothing outside becomes reachable:
+    /// the pid namespace shows no other process, init is not dumpable, and Landlock confines
+    /// tracing to the sandbox's own domain.
+    #[serde(default)]
+    pub allow_ptrace: bool,
     /// TESTS ONLY, never set it otherwise: one more host path in the mount view that gets **no
     /// Landlock rule**, so that a test can show Landlock refusing what a wrong mount view would
     /// expose. Not reachable from the CLI, never read from or written to a policy file
@@ -198,6 +204,7 @@ impl Policy {
             limits: Limits::default(),
             allow_degraded: Vec::new(),
             debug_unlandlocked_bind: None,
+            allow_ptrace: false,
         };
         p.validate()?;
         Ok(p)

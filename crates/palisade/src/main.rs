@@ -110,6 +110,10 @@ struct RunArgs {
     /// (default: no quota; the wall-clock timeout bounds a runaway loop).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     cpus: Option<String>,
+    /// Let processes inside the sandbox trace one another (ptrace, process_vm_readv/writev: gdb,
+    /// strace), which the seccomp filter refuses by default. Nothing outside becomes reachable.
+    #[arg(long = "allow-ptrace")]
+    allow_ptrace: bool,
     /// Do not print the one-line summary on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -160,6 +164,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let mut b = Sandbox::builder()
         .command(a.command.clone())
+        .allow_ptrace(a.allow_ptrace)
         .tty(tty)
         .keep_scratch(a.keep);
     if let Some(s) = &a.scratch {

@@ -236,6 +236,20 @@ impl Report {
         }
     }
 
+    /// Says in the seccomp layer that tracing inside was allowed (`--allow-ptrace`).
+    pub(crate) fn note_ptrace_allowed(&mut self) {
+        if let Some(l) = self.layers.iter_mut().find(|l| l.name == "seccomp") {
+            l.detail = format!(
+                "{}; ALLOWED by --allow-ptrace: ptrace, process_vm_readv, process_vm_writev between processes of the sandbox",
+                l.detail.replacen(
+                    &palisade_linux::seccomp::denied().len().to_string(),
+                    &palisade_linux::seccomp::refused(true).len().to_string(),
+                    1
+                )
+            );
+        }
+    }
+
     /// Records what the cgroup layer did: enforced (with its accounting) or waived.
     pub(crate) fn set_cgroup(
         &mut self,

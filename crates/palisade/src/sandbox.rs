@@ -41,6 +41,7 @@ pub struct Builder {
     limits: palisade_policy::Limits,
     degraded: Vec<Degradable>,
     cgroup_root: Option<PathBuf>,
+    allow_ptrace: bool,
     error: Option<PolicyError>,
 }
 
@@ -147,6 +148,13 @@ impl Builder {
         self
     }
 
+    /// Lets processes inside trace one another (debuggers, `strace`); see
+    /// [`Policy::allow_ptrace`]. Off by default.
+    pub fn allow_ptrace(mut self, allow: bool) -> Self {
+        self.allow_ptrace = allow;
+        self
+    }
+
     /// Gives the payload a pty of its own.
     pub fn tty(mut self, tty: bool) -> Self {
         self.tty = tty;
@@ -173,6 +181,7 @@ impl Builder {
         policy.tty = self.tty;
         policy.limits = self.limits;
         policy.allow_degraded = self.degraded;
+        policy.allow_ptrace = self.allow_ptrace;
         policy.validate()?;
         Ok(Sandbox {
             policy,
@@ -343,6 +352,9 @@ impl Sandbox {
         }
         let version = cgroup.as_ref().and(manager.as_ref()).map(|m| m.version());
         report.set_cgroup(version, stats, waived);
+        if policy.allow_ptrace {
+            report.note_ptrace_allowed();
+        }
         report
     }
 

@@ -265,6 +265,31 @@ fn seccomp_refuses_the_kernels_riskiest_calls() {
 }
 
 #[test]
+fn allow_ptrace_lets_tracing_through_and_nothing_else() {
+    let r = run(&["--allow-ptrace", "--json", "-"], &["/probe", "syscalls"]);
+    assert!(
+        r.probe("sys ptrace-traceme").starts_with("ok"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.probe("sys process_vm_readv").starts_with("ok"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.probe("sys bpf"), "denied EPERM");
+    assert_eq!(r.probe("sys unshare-user"), "denied EPERM");
+    assert!(
+        r.stdout.contains("ALLOWED by --allow-ptrace"),
+        "{}",
+        r.stdout
+    );
+    // Without the switch, the same calls are refused (see the test above).
+    let r = run(&[], &["/probe", "syscalls"]);
+    assert_eq!(r.probe("sys ptrace-traceme"), "denied EPERM");
+}
+
+#[test]
 fn refused_calls_are_reported_with_counts() {
     let r = run(
         &["--json", "-"],
