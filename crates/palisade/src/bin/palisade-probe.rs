@@ -519,6 +519,24 @@ fn burn(secs: f64, threads: usize) -> Result<String, i32> {
     Ok(format!("cpu_ms={}", ms(ru.ru_utime) + ms(ru.ru_stime)))
 }
 
+/// `n` rounds of two cheap system calls (`getppid`, and a one-byte `read` of /dev/zero), timed:
+/// how much the seccomp filter adds to every call a busy program makes.
+fn syscall_loop(n: u64) -> Result<String, i32> {
+    let zero = std::fs::File::open("/dev/zero").map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&zero);
+    let mut b = [0u8; 1];
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        // SAFETY: getppid has no arguments; read fills our one-byte buffer from our own descriptor.
+        unsafe {
+            libc::getppid();
+            libc::read(fd, b.as_mut_ptr().cast(), 1);
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / (2 * n) as f64;
+    Ok(format!("ns_per_call={ns:.1}"))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
@@ -555,6 +573,7 @@ fn main() {
             sysv_shm(a(1).parse().unwrap_or(0)),
         ),
         "setuid" => setuid(a(1)),
+        "syscall-loop" => line("syscall-loop", syscall_loop(a(1).parse().unwrap_or(1_000_000))),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         },
@@ -572,7 +591,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm burn linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm burn syscall-loop linger exit segv whoami");
             std::process::exit(2);
         }
     }
