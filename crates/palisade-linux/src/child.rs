@@ -723,6 +723,11 @@ fn payload(args: &mut PayloadArgs) -> ! {
     //     before no_new_privs (the design's order), which the kernel otherwise requires: until
     //     step 17 the payload holds CAP_SYS_ADMIN in its own user namespace, which the kernel
     //     accepts instead. No capability bypasses Landlock, so dropping them later loses nothing.
+    //     A plan that holds a ruleset and no descriptor for it is a bug, refused rather than run
+    //     without the layer the report would claim.
+    if plan.landlock.ruleset().is_some() && ruleset < 0 {
+        fail(Step::LandlockRestrict as u32, 0, libc::EBADF);
+    }
     if ruleset >= 0 {
         if let Err(e) = sys::landlock_restrict_self(ruleset) {
             fail(Step::LandlockRestrict as u32, 0, e);

@@ -5,7 +5,11 @@
 //! execute only under the paths the policy makes visible read-only, write only where the policy
 //! makes things writable (`/workspace`, `/tmp`, `/dev/shm`, `--rw` binds, and the device nodes
 //! that must be writable). If the view were ever wrong — a host directory mounted by mistake, a
-//! read-only flag lost — files under it still could not be read, executed or written.
+//! read-only flag lost — files under it still could not be read, executed or written, as long as
+//! the mistake lies outside every path that has a rule: a rule belongs to its directory's inode
+//! and covers everything beneath it, so a mistaken mount under `/usr` would be readable, one under
+//! `/workspace` writable, and a `--ro` bind inside a writable place is read-only by its mount flag
+//! alone. Names can be listed anywhere (`/` has the list right), contents only under rules.
 //!
 //! What it guarantees, once the payload has called `landlock_restrict_self` (setup step 16):
 //! - opening a file for reading, writing or execution, listing a directory, creating, removing,
@@ -90,8 +94,12 @@ pub const READ_EXEC: u64 = EXECUTE | READ_FILE | READ_DIR;
 /// Device nodes and `/dev/pts`: read, write, truncate (`> /dev/null` opens with `O_TRUNC`),
 /// terminal and device `ioctl`s; no execution, nothing created.
 pub const DEVICE: u64 = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV | READ_DIR;
-/// Writable places (`/workspace`, `/tmp`, `/dev/shm`, `--rw`): every right.
-pub const FULL: u64 = (1 << 16) - 1;
+/// Every filesystem right of ABI 7.
+pub const ALL_FS: u64 = (1 << 16) - 1;
+/// Writable places (`/workspace`, `/tmp`, `/dev/shm`, `--rw`): every right but making device
+/// nodes (no payload needs them, and a second wall should not grant what only the first —
+/// no `CAP_MKNOD`, `nodev` mounts — happens to stop).
+pub const FULL: u64 = ALL_FS & !(MAKE_CHAR | MAKE_BLOCK);
 
 /// The filesystem rights `abi` can handle: ABI 1 the thirteen base rights, ABI 2 adds
 /// [`REFER`], ABI 3 [`TRUNCATE`], ABI 5 [`IOCTL_DEV`] (ABI 4, 6 and 7 add none).
@@ -175,7 +183,7 @@ impl Ruleset {
     /// r.add("/workspace", FULL, true);
     /// // ABI 1 handles neither truncation nor device ioctls; a file gets no directory rights.
     /// assert_eq!(r.rules[1].access, READ_FILE | WRITE_FILE);
-    /// assert_eq!(r.rules[2].access, handled_fs(1));
+    /// assert_eq!(r.rules[2].access, handled_fs(1) & FULL);
     /// ```
     pub fn add(&mut self, path: &str, access: u64, dir: bool) {
         let mut a = access & self.handled_fs;
@@ -314,15 +322,15 @@ mod tests {
                 (base | REFER | TRUNCATE, 0),
                 (base | REFER | TRUNCATE, 0),
                 (base | REFER | TRUNCATE | IOCTL_DEV, 0),
-                (FULL, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
-                (FULL, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
+                (ALL_FS, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
+                (ALL_FS, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
             ]
         );
         // A newer kernel is used at the newest ABI known here, and reported as what it is.
         let r = Ruleset::for_abi(9);
         assert_eq!(
             (r.abi, r.handled_fs, r.scoped),
-            (9, FULL, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+            (9, ALL_FS, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
         );
     }
 
@@ -348,7 +356,7 @@ mod tests {
                 },
                 Rule {
                     path: c"/tmp".into(),
-                    access: ((1 << 13) - 1) | REFER,
+                    access: (((1 << 13) - 1) | REFER) & !(MAKE_CHAR | MAKE_BLOCK),
                     optional: false
                 },
                 Rule {
@@ -376,7 +384,12 @@ mod tests {
                 "ioctl-dev"
             ]
         );
-        assert_eq!(fs_names(FULL).len(), 16);
+        assert_eq!(fs_names(ALL_FS).len(), 16);
+        assert_eq!(
+            fs_names(FULL).len(),
+            14,
+            "no device nodes made in writable places"
+        );
         assert_eq!(scope_names(scoped(7)), ["abstract-unix-socket", "signal"]);
         assert!(unavailable_hint(libc::EOPNOTSUPP).contains("lsm="));
     }

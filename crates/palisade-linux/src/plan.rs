@@ -773,7 +773,7 @@ mod tests {
         let dev_file = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV;
         let expected = Ruleset {
             abi: 7,
-            handled_fs: FULL,
+            handled_fs: ALL_FS,
             scoped: SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
             rules: vec![
                 rule("/", READ_DIR),
@@ -835,12 +835,12 @@ mod tests {
             ("/dev/urandom", rw),
             ("/dev/tty", rw),
             ("/dev/pts", rw | READ_DIR),
-            ("/dev/shm", base),
-            ("/tmp", base),
-            ("/workspace", base),
+            ("/dev/shm", base & FULL),
+            ("/tmp", base & FULL),
+            ("/workspace", base & FULL),
             ("/data", EXECUTE | READ_FILE | READ_DIR),
             ("/tool", EXECUTE | READ_FILE),
-            ("/out", base),
+            ("/out", base & FULL),
         ]
         .into_iter()
         .map(|(p, a)| (p.to_owned(), a))

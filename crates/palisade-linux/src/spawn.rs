@@ -832,7 +832,8 @@ impl Running {
             return;
         };
         let (name, errno) = crate::seccomp::answer(n.nr, n.arch, &n.args);
-        let _ = sys::seccomp_notif_fail(listener, n.id, errno);
+        // Recorded before the answer: until then the caller waits in the call, so its pid can
+        // still be looked up (a short-lived child would be gone right after).
         if let Some(d) = self.denied.iter_mut().find(|d| d.name == name) {
             d.count += 1;
         } else if self.denied.len() < MAX_DENIED_KINDS {
@@ -845,6 +846,7 @@ impl Running {
         } else if let Some(last) = self.denied.last_mut() {
             last.count += 1;
         }
+        let _ = sys::seccomp_notif_fail(listener, n.id, errno);
     }
 }
 

@@ -81,7 +81,8 @@ pub struct Policy {
     pub allow_ptrace: bool,
     /// TESTS ONLY, never set it otherwise: one more host path in the mount view that gets **no
     /// Landlock rule**, so that a test can show Landlock refusing what a wrong mount view would
-    /// expose. Not reachable from the CLI, never read from or written to a policy file
+    /// expose. Refused by validation in release builds; not reachable from the CLI, never read
+    /// from or written to a policy file
     /// (`serde(skip)`), and the report names it when set.
     #[doc(hidden)]
     #[serde(skip)]
@@ -213,6 +214,14 @@ impl Policy {
     /// Checks what the type system cannot: the command, the hostname, overlapping and reserved
     /// bind targets, duplicate variables. Deserialized policies must pass this before use.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        // The test-only bind does not exist for release builds: a library user cannot ship it.
+        if self.debug_unlandlocked_bind.is_some() && !cfg!(debug_assertions) {
+            return Err(PolicyError::invalid(
+                "debug_unlandlocked_bind",
+                "(set)",
+                "nothing: a test-only field, refused in release builds",
+            ));
+        }
         match self.command.first() {
             None => {
                 return Err(PolicyError::invalid(

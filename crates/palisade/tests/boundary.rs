@@ -790,3 +790,27 @@ fn the_report_says_landlock_is_enforced_with_its_abi() {
         "{detail}"
     );
 }
+
+/// Two refusals that only Landlock makes, seen from inside: writing the payload's own
+/// `/proc/self/oom_score_adj` (outside `/proc/sys`, so the mount view leaves it writable; raising
+/// it needs no privilege, as the control outside shows), and signalling init, which has the
+/// payload's uid but is outside its Landlock domain (signal scoping, ABI 6 and later).
+#[test]
+fn landlock_alone_refuses_proc_writes_and_signals_to_init() {
+    let script =
+        "echo 500 > /proc/self/oom_score_adj && echo proc-write-ok || echo proc-write-denied; \
+                  kill -0 1 2>/dev/null && echo signal-ok || echo signal-denied";
+    let control = std::process::Command::new("/bin/sh")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    let control = String::from_utf8_lossy(&control.stdout).into_owned();
+    assert!(control.contains("proc-write-ok"), "control: {control}");
+    let r = run(&["--json", "-"], &["/bin/sh", "-c", script]);
+    assert!(r.stdout.contains("proc-write-denied"), "{}", r.stdout);
+    let j: serde_json::Value =
+        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    if j["landlock_abi"].as_u64().unwrap() >= 6 {
+        assert!(r.stdout.contains("signal-denied"), "{}", r.stdout);
+    }
+}

@@ -573,7 +573,10 @@ fn main() {
             sysv_shm(a(1).parse().unwrap_or(0)),
         ),
         "setuid" => setuid(a(1)),
-        "syscall-loop" => line("syscall-loop", syscall_loop(a(1).parse().unwrap_or(1_000_000))),
+        "syscall-loop" => line(
+            "syscall-loop",
+            syscall_loop(a(1).parse().unwrap_or(1_000_000)),
+        ),
         "linger" => loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         },
