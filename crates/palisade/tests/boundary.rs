@@ -814,3 +814,44 @@ fn landlock_alone_refuses_proc_writes_and_signals_to_init() {
         assert!(r.stdout.contains("signal-denied"), "{}", r.stdout);
     }
 }
+
+/// An ordinary build-and-commit workload still works under every wall at once (Landlock, seccomp,
+/// the mount view, the limits), and the filter refuses nothing it does: a C compiler run, git in
+/// scratch, python3 with threads and subprocesses.
+#[test]
+fn compilers_git_and_python_threads_work_and_trip_nothing() {
+    let script = r#"set -e
+cd /workspace
+printf '#include <stdio.h>\nint main(void){puts("compiled-ok");return 0;}\n' > t.c
+cc -O2 -o t t.c && ./t
+git init -q repo && cd repo
+git config user.email t@example.invalid && git config user.name t
+echo x > f && git add f && git commit -qm first && echo y >> f && git commit -qam second
+echo "git-commits=$(git rev-list --count HEAD)"
+python3 -c '
+import subprocess, threading
+out = []
+ts = [threading.Thread(target=lambda: out.append(subprocess.run(["echo", "sub"], capture_output=True, text=True).stdout.strip())) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("python-threads-ok" if out == ["sub"] * 4 else out)
+'
+"#;
+    for tool in ["cc", "git", "python3"] {
+        assert!(
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .status()
+                .unwrap()
+                .success(),
+            "{tool} is missing on this host: run .ci/setup"
+        );
+    }
+    let r = run(&["--json", "-"], &["/bin/sh", "-c", script]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    for want in ["compiled-ok", "git-commits=2", "python-threads-ok"] {
+        assert!(r.stdout.contains(want), "{want}: {}", r.stdout);
+    }
+    let j: serde_json::Value =
+        serde_json::from_str(&r.stdout[r.stdout.rfind("\n{").unwrap() + 1..]).unwrap();
+    assert_eq!(j["denied_syscalls"], serde_json::json!([]), "{j}");
+}
