@@ -11,6 +11,58 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// The uid the host's files know this process by, for finding its delegated cgroups: the effective
+/// uid, except for root of a user namespace (a rootless container, `unshare -r`), which is the
+/// outside uid its `uid_map` maps 0 to (the owner of the cgroups delegated to it).
+pub fn cgroup_uid() -> u32 {
+    let euid = euid();
+    if euid != 0 {
+        return euid;
+    }
+    std::fs::read_to_string("/proc/self/uid_map")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                let f: Vec<u32> = l
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                (f.len() == 3 && f[0] == 0).then_some(f[1])
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Whether this process may create a user namespace: a child is cloned into a new one and exits
+/// at once. `Err(errno)` says why not (`EPERM`/`EACCES`: refused by policy, e.g. a container's
+/// seccomp profile or `kernel.unprivileged_userns_clone=0`; `ENOSPC`: `user.max_user_namespaces`
+/// reached or 0; `EINVAL`/`ENOSYS`: the kernel has none).
+pub fn try_user_namespace() -> Result<(), i32> {
+    // SAFETY: a raw clone without CLONE_VM and without a stack behaves like fork; the child only
+    // calls _exit, which is async-signal-safe, so the caller's other threads cannot matter.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    if pid == 0 {
+        // SAFETY: the child ends at once without running any of the parent's code.
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: waiting for the child just created.
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut st, 0) };
+    Ok(())
+}
+
 /// CPUs the host has (configured, online or not): an upper bound on how many a sandbox can keep
 /// busy at once, whatever affinity its code gives itself (`sched_setaffinity` may widen the mask
 /// it inherited). At least 1.

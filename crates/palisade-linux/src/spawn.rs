@@ -207,7 +207,9 @@ fn devnull() -> Result<OwnedFd, SetupError> {
 fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> {
     // SAFETY: trivially safe id queries.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    if euid != 0 {
+    // Root in a user namespace that lacks ROOT_MAPPED_ID (a rootless container, `unshare -r`)
+    // cannot map the payload there; it takes the unprivileged path, mapping only itself.
+    if euid != 0 || !root_mapped_id_exists() {
         if let Scratch::Host { path } = &policy.scratch {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
                 SetupError::NotWritable {
@@ -256,6 +258,26 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> 
         },
         seen,
     ))
+}
+
+/// Whether ROOT_MAPPED_ID exists as a uid and a gid in this process's user namespace (always in
+/// the initial one, whose maps cover every id).
+fn root_mapped_id_exists() -> bool {
+    let has =
+        |file: &str| std::fs::read_to_string(file).is_ok_and(|m| id_in_map(&m, ROOT_MAPPED_ID));
+    has("/proc/self/uid_map") && has("/proc/self/gid_map")
+}
+
+/// Whether `id` is inside one of the ranges of a `uid_map`/`gid_map` text ("inside outside
+/// count" lines).
+fn id_in_map(map: &str, id: u32) -> bool {
+    map.lines().any(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        f.len() == 3 && (f[0]..f[0] + f[2]).contains(&(id as u64))
+    })
 }
 
 fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError> {
@@ -872,6 +894,23 @@ impl Drop for Running {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_root_mapped_id_exists_only_where_a_map_covers_it() {
+        assert!(id_in_map(
+            "         0          0 4294967295\n",
+            ROOT_MAPPED_ID
+        ));
+        assert!(!id_in_map(
+            "         0       1000          1\n",
+            ROOT_MAPPED_ID
+        ));
+        assert!(!id_in_map("", ROOT_MAPPED_ID));
+        assert!(id_in_map(
+            "0 100000 65536\n2147000000 5 1\n",
+            ROOT_MAPPED_ID
+        ));
+    }
 
     #[test]
     fn cpu_checks_are_spaced_by_what_is_left_of_the_budget() {

@@ -13,6 +13,7 @@
 //! assert_eq!(out.stdout, b"fast\n/workspace\n");
 //! ```
 
+pub mod doctor;
 mod report;
 mod sandbox;
 

@@ -31,6 +31,14 @@ enum Cmd {
     Run(Box<RunArgs>),
     /// Delegate a palisade cgroup subtree to a user, once, as root (like systemd's Delegate=yes),
     /// so that the user's sandboxes get memory and process ceilings.
+    /// Check what this host gives each layer (user namespaces, Landlock, seccomp, cgroups,
+    /// containers), end with a real trial run, and say how to fix what is missing. Exit status 0
+    /// when `palisade run` works here, 1 when it does not.
+    Doctor {
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     CgroupDelegate {
         /// The user (name or uid) to delegate to.
         #[arg(long)]
@@ -143,6 +151,7 @@ fn main() {
                 EXIT_SANDBOX_ERROR
             }
         },
+        Cmd::Doctor { json } => doctor(json),
         Cmd::CgroupDelegate { user } => match delegate(&user) {
             Ok(()) => 0,
             Err(e) => {
@@ -257,6 +266,46 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     drop(signals);
     emit(&a, &report)?;
     Ok(report.exit_code_for_cli())
+}
+
+fn doctor(json: bool) -> i32 {
+    use palisade::doctor::{healthy, run_checks, Verdict};
+    let checks = run_checks(std::path::Path::new("/sys/fs/cgroup"));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "healthy": healthy(&checks),
+                "checks": checks,
+            }))
+            .expect("checks serialize")
+        );
+    } else {
+        for c in &checks {
+            let tag = match c.verdict {
+                Verdict::Ok => "ok  ",
+                Verdict::Warn => "warn",
+                Verdict::Fail => "FAIL",
+            };
+            println!("{tag}  {:<16} {}", c.name, c.detail);
+            if let Some(f) = &c.fix {
+                println!("      {:<16} fix: {f}", "");
+            }
+        }
+        println!(
+            "{}",
+            if healthy(&checks) {
+                "palisade run works on this host."
+            } else {
+                "palisade run will refuse on this host until the rows marked FAIL are fixed."
+            }
+        );
+    }
+    if healthy(&checks) {
+        0
+    } else {
+        1
+    }
 }
 
 fn delegate(user: &str) -> anyhow::Result<()> {

@@ -273,7 +273,7 @@ impl Sandbox {
         // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
         // one, refuse, unless the user waived it by name.
         let (manager, waived) =
-            match palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::euid()) {
+            match palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::cgroup_uid()) {
                 Ok(m) => (Some(m), None),
                 Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
                     (None, Some(e.to_string()))

@@ -174,3 +174,105 @@ fn landlock_can_be_waived_by_name_and_the_help_says_so() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("landlock (the"), "{help}");
 }
+
+fn doctor_json(cmd: &mut std::process::Command) -> (i32, serde_json::Value) {
+    let o = cmd.output().expect("palisade doctor could not be started");
+    let j = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json is not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    (o.status.code().unwrap_or(-1), j)
+}
+
+fn row<'a>(j: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    j["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} row: {j}"))
+}
+
+#[test]
+fn doctor_matches_what_a_run_really_gets() {
+    let (code, j) =
+        doctor_json(std::process::Command::new(palisade_bin()).args(["doctor", "--json"]));
+    assert_eq!(code, 0, "{j}");
+    assert_eq!(j["healthy"], true);
+    for name in [
+        "kernel",
+        "user-namespaces",
+        "landlock",
+        "seccomp",
+        "cgroup",
+        "trial-run",
+    ] {
+        assert_eq!(row(&j, name)["verdict"], "ok", "{name}: {j}");
+    }
+    // The same Landlock ABI and cgroup version as a real run reports.
+    let r = run(&["--json", "-"], &["true"]);
+    let rep: serde_json::Value =
+        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let abi = rep["landlock_abi"].as_u64().unwrap();
+    let ll = row(&j, "landlock")["detail"].as_str().unwrap().to_owned();
+    assert!(ll.starts_with(&format!("ABI {abi}:")), "{ll} vs ABI {abi}");
+    let cg = row(&j, "cgroup")["detail"].as_str().unwrap().to_owned();
+    assert!(
+        cg.starts_with(&format!("cgroup {} ", rep["cgroup"].as_str().unwrap())),
+        "{cg}"
+    );
+}
+
+/// A host where user namespaces are switched off, made safely: a throwaway user namespace whose
+/// own `user.max_user_namespaces` is 0 (the machine's setting is untouched). `doctor` names the
+/// cause and the fix, and `run` refuses with the same explanation.
+#[test]
+fn with_user_namespaces_off_doctor_explains_and_run_refuses() {
+    let unshare = "/usr/bin/unshare";
+    assert!(
+        std::path::Path::new(unshare).exists(),
+        "unshare (util-linux) is missing: run .ci/setup"
+    );
+    let inner = |args: &str| {
+        let mut c = std::process::Command::new(unshare);
+        c.args(["-Ur", "sh", "-c"]).arg(format!(
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec {} {args}",
+            palisade_bin().display()
+        ));
+        c
+    };
+    let (code, j) = doctor_json(&mut inner("doctor --json"));
+    assert_eq!(code, 1, "{j}");
+    assert_eq!(j["healthy"], false);
+    let u = row(&j, "user-namespaces");
+    assert_eq!(u["verdict"], "fail", "{u}");
+    assert!(
+        u["fix"]
+            .as_str()
+            .unwrap()
+            .contains("user.max_user_namespaces"),
+        "{u}"
+    );
+    assert_eq!(row(&j, "trial-run")["verdict"], "fail");
+    let o = inner("run -q -- true").output().unwrap();
+    assert_eq!(o.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("max_user_namespaces"), "{err}");
+    // Control: the same wrapper without the sysctl change runs fine, with its cgroup: as root of
+    // a user namespace, palisade uses the cgroups delegated to the uid that namespace maps 0 to.
+    let o = std::process::Command::new(unshare)
+        .args(["-Ur"])
+        .arg(palisade_bin())
+        .args(["run", "-q", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
