@@ -299,8 +299,7 @@ fn refused_calls_are_reported_with_counts() {
             "/probe syscalls; /probe syscalls; /probe syscalls",
         ],
     );
-    let start = r.stdout.rfind("\n{").expect("a JSON report") + 1;
-    let j: serde_json::Value = serde_json::from_str(&r.stdout[start..]).unwrap();
+    let j = r.report();
     let denied = j["denied_syscalls"].as_array().expect("denied_syscalls");
     let entry = |name: &str| {
         denied
@@ -332,8 +331,7 @@ fn refused_calls_are_reported_with_counts() {
         &["--json", "-"],
         &["/bin/sh", "-c", "ls / >/dev/null; echo hi"],
     );
-    let start = r.stdout.rfind("\n{").expect("a JSON report") + 1;
-    let j: serde_json::Value = serde_json::from_str(&r.stdout[start..]).unwrap();
+    let j = r.report();
     assert_eq!(j["denied_syscalls"], serde_json::json!([]), "{j}");
 }
 
@@ -770,8 +768,7 @@ fn landlock_refuses_what_a_wrong_mount_view_would_expose() {
 fn the_report_says_landlock_is_enforced_with_its_abi() {
     let r = run(&["--json", "-"], &["true"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let j: serde_json::Value = serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..])
-        .expect("a JSON report on stdout");
+    let j = r.report();
     let abi = j["landlock_abi"]
         .as_u64()
         .expect("landlock_abi in the report");
@@ -808,8 +805,7 @@ fn landlock_alone_refuses_proc_writes_and_signals_to_init() {
     assert!(control.contains("proc-write-ok"), "control: {control}");
     let r = run(&["--json", "-"], &["/bin/sh", "-c", script]);
     assert!(r.stdout.contains("proc-write-denied"), "{}", r.stdout);
-    let j: serde_json::Value =
-        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let j = r.report();
     if j["landlock_abi"].as_u64().unwrap() >= 6 {
         assert!(r.stdout.contains("signal-denied"), "{}", r.stdout);
     }
@@ -851,7 +847,6 @@ print("python-threads-ok" if out == ["sub"] * 4 else out)
     for want in ["compiled-ok", "git-commits=2", "python-threads-ok"] {
         assert!(r.stdout.contains(want), "{want}: {}", r.stdout);
     }
-    let j: serde_json::Value =
-        serde_json::from_str(&r.stdout[r.stdout.rfind("\n{").unwrap() + 1..]).unwrap();
+    let j = r.report();
     assert_eq!(j["denied_syscalls"], serde_json::json!([]), "{j}");
 }

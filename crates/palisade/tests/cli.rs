@@ -137,8 +137,7 @@ fn a_sandbox_error_is_never_the_programs_result() {
 fn keep_leaves_the_scratch_directory_and_reports_it() {
     let r = run(&["--keep", "--json", "-"], &["/probe", "write", "kept.txt"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let j: serde_json::Value =
-        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let j = r.report();
     let dir =
         std::path::PathBuf::from(j["scratch"].as_str().expect("the kept scratch is reported"));
     assert!(dir.join("kept.txt").exists());
@@ -150,8 +149,7 @@ fn landlock_can_be_waived_by_name_and_the_help_says_so() {
     // The waiver only matters on a kernel without Landlock: here the layer is enforced anyway.
     let r = run(&["--allow-degraded", "landlock", "--json", "-"], &["true"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let j: serde_json::Value =
-        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let j = r.report();
     let layer = j["layers"]
         .as_array()
         .unwrap()
@@ -214,8 +212,7 @@ fn doctor_matches_what_a_run_really_gets() {
     }
     // The same Landlock ABI and cgroup version as a real run reports.
     let r = run(&["--json", "-"], &["true"]);
-    let rep: serde_json::Value =
-        serde_json::from_str(&r.stdout[r.stdout.find('{').unwrap()..]).unwrap();
+    let rep = r.report();
     let abi = rep["landlock_abi"].as_u64().unwrap();
     let ll = row(&j, "landlock")["detail"].as_str().unwrap().to_owned();
     assert!(ll.starts_with(&format!("ABI {abi}:")), "{ll} vs ABI {abi}");

@@ -4,16 +4,6 @@
 mod common;
 use common::*;
 
-fn report_of(r: &Run) -> serde_json::Value {
-    let start = r
-        .stdout
-        .rfind("\n{")
-        .map(|i| i + 1)
-        .or_else(|| r.stdout.find('{'))
-        .expect("a JSON report");
-    serde_json::from_str(&r.stdout[start..]).expect("the report is JSON")
-}
-
 #[test]
 fn timeout_kills_everything_including_processes_that_ignore_sigterm() {
     let marker = unique("palisade-timeout-marker");
@@ -23,7 +13,7 @@ fn timeout_kills_everything_including_processes_that_ignore_sigterm() {
         &["/bin/sh", "-c", &script],
     );
     assert_eq!(r.code, 124, "{}", r.stderr);
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "timeout");
     assert_eq!(j["limits"]["timeout_ms"], 1000);
     let wall = j["wall_time_ms"].as_f64().unwrap();
@@ -54,7 +44,7 @@ fn a_cpu_loop_under_a_cpu_limit_is_a_cpu_timeout() {
         &["/probe", "burn", "30", "1"],
     );
     assert_eq!(r.code, 124, "{}", r.stderr);
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "cpu-timeout", "{j}");
     assert_eq!(j["limits"]["cpu_time_ms"], 1000);
     let cpu = cpu_ms(&j);
@@ -73,7 +63,7 @@ fn a_cpu_loop_under_a_cpu_limit_is_a_cpu_timeout() {
     assert_eq!(layer["enforced"], true, "{layer}");
     // Control: the same probe for a short while under the default limit ends on its own.
     let r = run(&["--json", "-"], &["/probe", "burn", "0.3", "1"]);
-    assert_eq!(report_of(&r)["status"], "ok", "{}", r.stdout);
+    assert_eq!(r.report()["status"], "ok", "{}", r.stdout);
 }
 
 #[test]
@@ -86,7 +76,7 @@ fn the_cpu_limit_covers_all_processes_together() {
         &["--cpu-time", "1s", "--json", "-"],
         &["/bin/sh", "-c", &script],
     );
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "cpu-timeout", "{j}");
     let cpu = cpu_ms(&j);
     assert!((1000.0..1500.0).contains(&cpu), "{cpu} ms of CPU in all");
@@ -105,7 +95,7 @@ fn cpu_of_processes_killed_at_the_timeout_is_accounted() {
         &["--timeout", "1s", "--json", "-"],
         &["/bin/sh", "-c", "/probe burn 30 1 & sleep 30"],
     );
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "timeout", "{j}");
     let cpu = cpu_ms(&j);
     assert!(
@@ -121,7 +111,7 @@ fn the_deadline_holds_while_output_never_stops() {
         &["--timeout", "1s", "--json", "-"],
         &["/bin/sh", "-c", "while :; do echo x; done"],
     );
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "timeout", "{}", r.stderr);
     let wall = j["wall_time_ms"].as_f64().unwrap();
     assert!((1000.0..10_000.0).contains(&wall), "wall {wall} ms");
@@ -134,7 +124,7 @@ fn output_cap_truncates_kills_and_says_so() {
         &["/bin/sh", "-c", "yes | head -c 200000000"],
     );
     assert_eq!(r.code, 124, "{}", r.stderr);
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "output-limit");
     assert_eq!(j["output_truncated"], true);
     assert_eq!(j["stdout_bytes"], 1 << 20);
@@ -153,7 +143,7 @@ fn output_under_the_cap_is_untouched() {
         &["/bin/sh", "-c", "head -c 1000 /dev/zero | tr '\\0' x"],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "ok");
     assert_eq!(j["output_truncated"], false);
     assert_eq!(j["stdout_bytes"], 1000);
@@ -191,7 +181,7 @@ fn a_fork_bomb_hits_the_process_ceiling() {
         .unwrap();
     assert!((20..32).contains(&spawned), "{got}");
     assert!(got.ends_with("error=EAGAIN"), "{got}");
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["limits"]["pids"], 32);
     // The cgroup's own count: the sandbox never had more than the ceiling at once.
     let peak = j["pids_peak"]
@@ -206,7 +196,7 @@ fn file_size_and_tmp_size_are_bounded() {
         &["--file-size", "1MiB", "--json", "-"],
         &["/probe", "fill", "/tmp/big", "4194304"],
     );
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "signal", "{}", r.stdout);
     assert_eq!(j["signal_name"], "SIGXFSZ");
     assert_eq!(j["limits"]["file_size_bytes"], 1 << 20);
@@ -230,7 +220,7 @@ fn memory_past_the_ceiling_is_an_oom_with_the_numbers() {
         &["/probe", "alloc", "512"],
     );
     assert_eq!(r.code, 124, "{}", r.stderr);
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["status"], "oom", "{j}");
     assert!(j["oom_kills"].as_u64().unwrap() >= 1, "{j}");
     assert_eq!(j["limits"]["memory_bytes"], 64 << 20);
@@ -252,7 +242,7 @@ fn memory_past_the_ceiling_is_an_oom_with_the_numbers() {
         &["/probe", "alloc", "64"],
     );
     assert_eq!(r.probe("alloc 64"), "ok 64 MiB");
-    assert_eq!(report_of(&r)["status"], "ok");
+    assert_eq!(r.report()["status"], "ok");
 }
 
 #[test]
@@ -262,7 +252,7 @@ fn tmpfs_contents_count_against_the_memory_ceiling() {
         &["--memory", "64MiB", "--json", "-"],
         &["/probe", "fill", "/tmp/big", "200000000"],
     );
-    let j = report_of(&r);
+    let j = r.report();
     assert!(
         j["status"] == "oom" || r.stdout.contains("denied"),
         "{}",
@@ -330,7 +320,7 @@ fn tmp_and_scratch_sizes_are_what_was_asked() {
     assert_eq!(r.probe("fill /tmp/x"), "denied ENOSPC", "{}", r.stderr);
     assert_eq!(r.probe("fill /workspace/y"), "denied ENOSPC");
     assert_eq!(r.code, 0, "the run goes on after ENOSPC: {}", r.stderr);
-    let j = report_of(&r);
+    let j = r.report();
     assert_eq!(j["limits"]["tmp_bytes"], 8 << 20);
     assert_eq!(j["limits"]["scratch_bytes"], 4 << 20);
 }
@@ -341,7 +331,7 @@ fn sysv_shared_memory_counts_against_the_memory_ceiling() {
         &["--memory", "64MiB", "--json", "-"],
         &["/probe", "sysv-shm", "200"],
     );
-    assert_eq!(report_of(&r)["status"], "oom", "{}", r.stdout);
+    assert_eq!(r.report()["status"], "oom", "{}", r.stdout);
     // Under the ceiling the same call works (the probe can do it), and the segment dies with the
     // run's IPC namespace.
     let r = run(&["--memory", "256MiB"], &["/probe", "sysv-shm", "32"]);
@@ -359,7 +349,7 @@ fn cpu_quota_holds_the_sandbox_to_its_share() {
         );
         let got = r.probe("burn");
         let ms = got.trim_start_matches("ok cpu_ms=").parse().unwrap();
-        (ms, report_of(&r))
+        (ms, r.report())
     };
     let (half, j) = burn("0.5");
     assert_eq!(j["cpus"], 0.5);

@@ -62,6 +62,20 @@ impl From<Output> for Run {
 }
 
 /// `palisade run -q --no-tty --ro PROBE:/probe <opts> -- <cmd>`.
+impl Run {
+    /// The JSON report (`--json -`), which palisade writes after the command's output: the last
+    /// line that opens an object, or the whole stdout when the command printed nothing.
+    pub fn report(&self) -> serde_json::Value {
+        let start = self
+            .stdout
+            .rfind("\n{")
+            .map(|i| i + 1)
+            .or_else(|| self.stdout.find('{'))
+            .unwrap_or_else(|| panic!("no JSON report on stdout: {}", self.stdout));
+        serde_json::from_str(&self.stdout[start..]).expect("the report is JSON")
+    }
+}
+
 pub fn command(opts: &[&str], cmd: &[&str]) -> Command {
     let mut c = Command::new(palisade_bin());
     let probe = format!("{}:/probe", probe_bin().display());
