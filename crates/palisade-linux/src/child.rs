@@ -73,10 +73,11 @@ pub enum Step {
     LandlockRuleset,
     LandlockRule,
     LandlockRestrict,
+    EgressSocket,
 }
 
 impl Step {
-    const ALL: [Step; 23] = [
+    const ALL: [Step; 24] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -100,6 +101,7 @@ impl Step {
         Step::LandlockRuleset,
         Step::LandlockRule,
         Step::LandlockRestrict,
+        Step::EgressSocket,
     ];
 
     pub fn from_u32(v: u32) -> Option<Step> {
@@ -288,6 +290,24 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
         return Err((Step::Hostname, 0, errno()));
     }
     loopback_up().map_err(at(Step::Loopback))?;
+    // 11b. The egress proxy's listeners, made here so that they belong to this network namespace,
+    //      then sent to the supervisor, which serves them from outside. Init keeps no copy, so
+    //      the payload never holds them.
+    for (c, chunk) in plan.sockets.chunks(sys::MAX_FDS).enumerate() {
+        let mut made = [-1 as c_int; sys::MAX_FDS];
+        for (i, spec) in chunk.iter().enumerate() {
+            match egress_socket(spec) {
+                Ok(fd) => made[i] = fd,
+                Err(e) => {
+                    made[..i].iter().for_each(|&fd| sys::close(fd));
+                    return Err((Step::EgressSocket, (c * sys::MAX_FDS + i) as u32, e));
+                }
+            }
+        }
+        let r = sys::send_fds(fds.go, b'n', &made[..chunk.len()]);
+        made[..chunk.len()].iter().for_each(|&fd| sys::close(fd));
+        r.map_err(|e| (Step::EgressSocket, (c * sys::MAX_FDS) as u32, e))?;
+    }
 
     // 12. With a terminal: a pty from the sandbox's own devpts; the master goes to the supervisor.
     if plan.tty {
@@ -450,6 +470,46 @@ fn loopback_up() -> SysResult<()> {
         }
     }
     Ok(())
+}
+
+/// A bound socket for one egress listener (TCP listening, or the DNS stub's UDP).
+fn egress_socket(spec: &crate::plan::SockSpec) -> SysResult<c_int> {
+    let kind = if spec.udp() {
+        libc::SOCK_DGRAM
+    } else {
+        libc::SOCK_STREAM
+    };
+    // SAFETY: socket/setsockopt/bind/listen on a descriptor we own, with a local sockaddr_in.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(errno());
+        }
+        let one: c_int = 1;
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = spec.port.to_be();
+        sa.sin_addr.s_addr = spec.addr.to_be();
+        let ok = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as u32,
+        ) == 0
+            && libc::bind(
+                fd,
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            ) == 0
+            && (spec.udp() || libc::listen(fd, 1024) == 0);
+        if !ok {
+            let e = errno();
+            sys::close(fd);
+            return Err(e);
+        }
+        Ok(fd)
+    }
 }
 
 fn open_pty(sock: c_int) -> SysResult<c_int> {

@@ -26,7 +26,7 @@ pub mod sys;
 
 pub use error::SetupError;
 pub use landlock::LandlockState;
-pub use plan::Ids;
+pub use plan::{Ids, SockRole, SockSpec};
 pub use spawn::{
     spawn, BeforeStart, CpuWatch, DeniedCall, LimitHit, Outcome, Running, Sinks, Stdin,
     Termination, NAMESPACES, ROOT_MAPPED_ID,

@@ -169,6 +169,74 @@ pub struct Plan {
     /// The Landlock rules init loads once the view is built and the payload enters (see
     /// `landlock`), or why they were waived.
     pub landlock: LandlockPlan,
+    /// Sockets init creates in the sandbox's network namespace and hands to the supervisor (the
+    /// egress proxy's listeners), in this order; empty without network rules.
+    pub sockets: Vec<SockSpec>,
+}
+
+/// One socket of the egress proxy, made inside the sandbox's network namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SockSpec {
+    /// What it is for.
+    pub role: SockRole,
+    /// IPv4 address (host byte order) and port it is bound to.
+    pub addr: u32,
+    pub port: u16,
+}
+
+/// The listeners of the egress proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SockRole {
+    /// HTTP proxy (CONNECT and absolute-form requests), TCP on 127.0.0.1.
+    HttpProxy,
+    /// SOCKS5, TCP on 127.0.0.1.
+    Socks,
+    /// The DNS stub, UDP on 127.0.0.1:53.
+    Dns,
+    /// Transparent capture of one allowed port, TCP on 0.0.0.0.
+    Transparent,
+}
+
+impl SockSpec {
+    pub fn udp(&self) -> bool {
+        self.role == SockRole::Dns
+    }
+}
+
+/// The egress listeners for a policy: none without allow rules.
+pub fn sockets(policy: &Policy) -> Vec<SockSpec> {
+    use palisade_policy::net::{DNS_PORT, HTTP_PROXY_PORT, SOCKS_PORT};
+    if !policy.network.enabled() {
+        return Vec::new();
+    }
+    const LO: u32 = 0x7f00_0001;
+    let mut v = vec![
+        SockSpec {
+            role: SockRole::HttpProxy,
+            addr: LO,
+            port: HTTP_PROXY_PORT,
+        },
+        SockSpec {
+            role: SockRole::Socks,
+            addr: LO,
+            port: SOCKS_PORT,
+        },
+        SockSpec {
+            role: SockRole::Dns,
+            addr: LO,
+            port: DNS_PORT,
+        },
+    ];
+    for port in policy.network.ports() {
+        if ![HTTP_PROXY_PORT, SOCKS_PORT, DNS_PORT].contains(&port) {
+            v.push(SockSpec {
+                role: SockRole::Transparent,
+                addr: 0,
+                port,
+            });
+        }
+    }
+    v
 }
 
 /// Size of the payload's start-up stack: it only runs until exec.
@@ -578,6 +646,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             (libc::RLIMIT_CPU, rlimit_cpu_secs(policy.limits.cpu_time())),
         ],
         landlock,
+        sockets: sockets(policy),
     })
 }
 
@@ -599,6 +668,21 @@ pub fn environment(policy: &Policy) -> Vec<(String, String)> {
     ];
     if policy.tty {
         env.push(("TERM".into(), "xterm-256color".into()));
+    }
+    if policy.network.enabled() {
+        use palisade_policy::net::{HTTP_PROXY_PORT, SOCKS_PORT};
+        let http = format!("http://127.0.0.1:{HTTP_PROXY_PORT}");
+        let socks = format!("socks5h://127.0.0.1:{SOCKS_PORT}");
+        let no = "localhost,127.0.0.1,::1".to_string();
+        for (n, v) in [
+            ("HTTP_PROXY", &http),
+            ("HTTPS_PROXY", &http),
+            ("ALL_PROXY", &socks),
+            ("NO_PROXY", &no),
+        ] {
+            env.push((n.into(), v.clone()));
+            env.push((n.to_ascii_lowercase(), v.clone()));
+        }
     }
     for v in &policy.env {
         match env.iter_mut().find(|(n, _)| n == v.name.as_str()) {

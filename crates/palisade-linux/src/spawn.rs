@@ -138,6 +138,8 @@ pub struct Running {
     notify: Option<OwnedFd>,
     denied: Vec<DeniedCall>,
     done: bool,
+    /// The egress proxy's listeners, made inside the sandbox's network namespace.
+    egress: Vec<(plan::SockSpec, OwnedFd)>,
 }
 
 /// A system call the seccomp filter refused, as the report lists it.
@@ -410,6 +412,7 @@ pub fn spawn(
         notify: None,
         denied: Vec::new(),
         done: false,
+        egress: Vec::new(),
     };
 
     // The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
@@ -476,8 +479,27 @@ pub fn spawn(
     }
     let m = Msg::from_bytes(&b);
     if m.kind == child::MSG_STARTED {
-        // The payload sent its seccomp listener before its exec, so before init's "started".
+        // Init sent the egress listeners while it set up, before the payload existed.
         let mut got = [-1 as c_int; sys::MAX_FDS];
+        for chunk in plan.sockets.chunks(sys::MAX_FDS) {
+            match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
+                Ok((b'n', n)) if n == chunk.len() => {
+                    for (spec, &fd) in chunk.iter().zip(&got[..n]) {
+                        // SAFETY: the kernel just installed these descriptors; we own them.
+                        running
+                            .egress
+                            .push((*spec, unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                }
+                _ => {
+                    return Err(SetupError::Supervisor {
+                        op: "receive the egress proxy's listeners",
+                        source: io::Error::from_raw_os_error(libc::EPROTO),
+                    })
+                }
+            }
+        }
+        // The payload sent its seccomp listener before its exec, so before init's "started".
         match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
             Ok((b's', 1)) => {
                 // SAFETY: the kernel just installed this descriptor in our table; we own it.
@@ -516,6 +538,17 @@ pub fn spawn(
                         .ruleset()
                         .and_then(|r| r.rules.get(m.index as usize))
                         .map_or(String::new(), |r| r.path.to_string_lossy().into_owned())
+                ),
+                Some(Step::EgressSocket) => format!(
+                    "create the egress proxy's listener {}",
+                    plan.sockets
+                        .get(m.index as usize)
+                        .map_or(String::new(), |s| format!(
+                            "{}:{}{}",
+                            std::net::Ipv4Addr::from(s.addr),
+                            s.port,
+                            if s.udp() { "/udp" } else { "" }
+                        ))
                 ),
                 Some(Step::LandlockRestrict) => {
                     "enter the Landlock ruleset (landlock_restrict_self)".into()
@@ -602,6 +635,12 @@ impl Running {
     /// Whether Landlock is enforced for this run (with which ABI and rights), or why not.
     pub fn landlock(&self) -> &LandlockState {
         &self.landlock
+    }
+
+    /// Takes the egress proxy's listeners (bound inside the sandbox's network namespace), for the
+    /// supervisor to serve; empty without network rules.
+    pub fn take_egress(&mut self) -> Vec<(plan::SockSpec, OwnedFd)> {
+        std::mem::take(&mut self.egress)
     }
 
     /// The pty master (with a terminal), e.g. to resize it.

@@ -12,6 +12,7 @@
 mod env;
 mod error;
 mod limits;
+pub mod net;
 mod path;
 
 pub use env::{EnvName, EnvVar};
@@ -79,6 +80,9 @@ pub struct Policy {
     /// tracing to the sandbox's own domain.
     #[serde(default)]
     pub allow_ptrace: bool,
+    /// Egress: none unless allow rules are given; then only through palisade's proxy.
+    #[serde(default)]
+    pub network: net::Network,
     /// TESTS ONLY, never set it otherwise: one more host path in the mount view that gets **no
     /// Landlock rule**, so that a test can show Landlock refusing what a wrong mount view would
     /// expose. Refused by validation in release builds; not reachable from the CLI, never read
@@ -206,6 +210,7 @@ impl Policy {
             allow_degraded: Vec::new(),
             debug_unlandlocked_bind: None,
             allow_ptrace: false,
+            network: net::Network::default(),
         };
         p.validate()?;
         Ok(p)
@@ -271,6 +276,7 @@ impl Policy {
             ));
         }
         self.limits.validate()?;
+        self.network.validate()?;
         for b in self.all_binds() {
             let field = if b.writable { "--rw" } else { "--ro" };
             if !b.source.is_absolute() {

@@ -18,8 +18,9 @@ mod report;
 mod sandbox;
 
 pub use palisade_linux::SetupError;
+pub use palisade_net::{Event as NetEvent, NetLog};
 pub use palisade_policy as policy;
 pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
-pub use sandbox::{Builder, Output, Sandbox};
+pub use sandbox::{Builder, NetNotify, Output, Sandbox};

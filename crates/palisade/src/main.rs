@@ -122,7 +122,23 @@ struct RunArgs {
     /// strace), which the seccomp filter refuses by default. Nothing outside becomes reachable.
     #[arg(long = "allow-ptrace")]
     allow_ptrace: bool,
-    /// Do not print the one-line summary on stderr.
+    /// Allow egress to RULE through palisade's proxy (repeatable): HOST, *.DOMAIN (subdomains
+    /// only), an IP address, [IPv6] or a CIDR block, optionally :PORT (default 80 and 443).
+    /// Without any, the sandbox has no network at all.
+    #[arg(long = "allow-net", value_name = "RULE")]
+    allow_net: Vec<String>,
+    /// Deny RULE even where an allow rule matches (repeatable; without :PORT, every port).
+    #[arg(long = "deny-net", value_name = "RULE")]
+    deny_net: Vec<String>,
+    /// Resolve HOST to IP for the proxy's upstream connections instead of asking the system
+    /// resolver (repeatable; for tests and special setups; the address is still checked).
+    #[arg(long, value_name = "HOST=IP")]
+    resolve: Vec<String>,
+    /// Print every network decision on stderr as it happens, allowed ones too (denied ones are
+    /// printed anyway unless --quiet).
+    #[arg(long = "net-log")]
+    net_log: bool,
+    /// Do not print the one-line summary (nor denied connections) on stderr.
     #[arg(long, short)]
     quiet: bool,
     /// The command and its arguments, after `--`.
@@ -240,7 +256,27 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
             b = b.env("TERM", &t);
         }
     }
-    let sandbox = b.build()?;
+    for r in &a.allow_net {
+        b = b.allow_net(r);
+    }
+    for r in &a.deny_net {
+        b = b.deny_net(r);
+    }
+    for r in &a.resolve {
+        b = b.resolve(r);
+    }
+    let mut sandbox = b.build()?;
+    if a.net_log || !a.quiet {
+        let all = a.net_log;
+        sandbox = sandbox.on_net_event(std::sync::Arc::new(move |e: &palisade::NetEvent| {
+            if all || e.decision != "allowed" {
+                eprintln!(
+                    "palisade: net: {} {} {}:{} ({}: {})",
+                    e.decision, e.via, e.host, e.port, e.reason, e.detail
+                );
+            }
+        }));
+    }
     // Forward the usual termination signals to the sandbox (its init passes them to the payload).
     let mut wanted = vec![libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
     if tty {

@@ -101,6 +101,8 @@ pub struct Report {
     /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
     pub scratch: Option<String>,
     pub layers: Vec<Layer>,
+    /// Egress: `none`, or `allow-list` with every decision of the proxy and DNS stub.
+    pub network: Network,
     /// The supervisor lost the cgroup's CPU accounting during the run (see `cpu-time-limit`).
     #[serde(skip)]
     pub(crate) cpu_watch_lost: bool,
@@ -233,6 +235,29 @@ impl Report {
             layers: layers(ids, landlock),
             cpu_watch_lost: false,
             denied_syscalls: Vec::new(),
+            network: Network::default(),
+        }
+    }
+
+    /// Records the egress proxy's decisions (with allow rules), and says so in the network layer.
+    pub(crate) fn set_network(&mut self, log: palisade_net::NetLog, rules: usize) {
+        self.network = Network {
+            mode: "allow-list",
+            events: log.events,
+            allowed: log.allowed,
+            denied: log.denied,
+            dropped: log.dropped,
+        };
+        if let Some(l) = self
+            .layers
+            .iter_mut()
+            .find(|l| l.name == "network-namespace")
+        {
+            l.detail = format!(
+                "only loopback, no route out; egress through palisade's proxy for {rules} allow rule(s) (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}, DNS stub 127.0.0.1:53, transparent capture)",
+                palisade_policy::net::HTTP_PROXY_PORT,
+                palisade_policy::net::SOCKS_PORT
+            );
         }
     }
 
@@ -390,6 +415,12 @@ impl Report {
         if let Some(p) = &self.scratch {
             s.push_str(&format!(" · scratch {p}"));
         }
+        if self.network.mode != "none" {
+            s.push_str(&format!(
+                " · net {} allowed, {} denied",
+                self.network.allowed, self.network.denied
+            ));
+        }
         if !self.denied_syscalls.is_empty() {
             let calls: Vec<String> = self
                 .denied_syscalls
@@ -399,6 +430,31 @@ impl Report {
             s.push_str(&format!(" · refused: {}", calls.join(", ")));
         }
         s
+    }
+}
+
+/// The network part of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Network {
+    /// `none` (no network at all) or `allow-list`.
+    pub mode: &'static str,
+    /// Every decision, in order: connections with their bytes, and DNS answers.
+    pub events: Vec<palisade_net::Event>,
+    pub allowed: u64,
+    pub denied: u64,
+    /// Decisions past the kept maximum, counted only.
+    pub dropped: u64,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            mode: "none",
+            events: Vec::new(),
+            allowed: 0,
+            denied: 0,
+            dropped: 0,
+        }
     }
 }
 

@@ -12,12 +12,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Sandbox {
     policy: Policy,
     keep: bool,
     stdin: Stdin,
     cgroup_root: PathBuf,
+    net_notify: Option<NetNotify>,
+}
+
+/// Called with each egress decision as it happens (from the proxy's threads).
+pub type NetNotify = std::sync::Arc<dyn Fn(&palisade_net::Event) + Send + Sync>;
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("policy", &self.policy)
+            .field("keep", &self.keep)
+            .field("cgroup_root", &self.cgroup_root)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Output captured by [`Sandbox::output`].
@@ -42,6 +56,7 @@ pub struct Builder {
     degraded: Vec<Degradable>,
     cgroup_root: Option<PathBuf>,
     allow_ptrace: bool,
+    network: palisade_policy::net::Network,
     error: Option<PolicyError>,
 }
 
@@ -155,6 +170,35 @@ impl Builder {
         self
     }
 
+    /// Allows egress to `rule` (`HOST`, `*.DOMAIN`, IP or CIDR, optionally `:PORT`) through
+    /// palisade's proxy. Without any, the sandbox has no network.
+    pub fn allow_net(mut self, rule: &str) -> Self {
+        match palisade_policy::net::NetRule::parse("--allow-net", rule) {
+            Ok(r) => self.network.allow.push(r),
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// Denies `rule` even where an allow rule would match (deny wins).
+    pub fn deny_net(mut self, rule: &str) -> Self {
+        match palisade_policy::net::NetRule::parse("--deny-net", rule) {
+            Ok(r) => self.network.deny.push(r),
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// Pins a name to an address (`HOST=IP`) for the proxy's upstream lookups; for tests and
+    /// special setups. The address is still checked like any other.
+    pub fn resolve(mut self, pin: &str) -> Self {
+        match palisade_policy::net::Pin::parse(pin) {
+            Ok(p) => self.network.resolve.push(p),
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
     /// Gives the payload a pty of its own.
     pub fn tty(mut self, tty: bool) -> Self {
         self.tty = tty;
@@ -182,8 +226,10 @@ impl Builder {
         policy.limits = self.limits;
         policy.allow_degraded = self.degraded;
         policy.allow_ptrace = self.allow_ptrace;
+        policy.network = self.network;
         policy.validate()?;
         Ok(Sandbox {
+            net_notify: None,
             policy,
             keep: self.keep,
             stdin: if self.stdin_null {
@@ -217,7 +263,14 @@ impl Sandbox {
             keep,
             stdin,
             cgroup_root: PathBuf::from(CGROUP_ROOT),
+            net_notify: None,
         })
+    }
+
+    /// Calls `f` with each egress decision as it happens (e.g. to print denials at once).
+    pub fn on_net_event(mut self, f: NetNotify) -> Self {
+        self.net_notify = Some(f);
+        self
     }
 
     /// The effective policy.
@@ -323,6 +376,40 @@ impl Sandbox {
                 return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
             }
         };
+        let mut running = running;
+        // The egress proxy, on the listeners init made inside the sandbox's network namespace.
+        let egress = if policy.network.enabled() {
+            let socks = running
+                .take_egress()
+                .into_iter()
+                .map(|(spec, fd)| {
+                    let role = match spec.role {
+                        palisade_linux::SockRole::HttpProxy => palisade_net::Role::HttpProxy,
+                        palisade_linux::SockRole::Socks => palisade_net::Role::Socks,
+                        palisade_linux::SockRole::Dns => palisade_net::Role::Dns,
+                        palisade_linux::SockRole::Transparent => palisade_net::Role::Transparent,
+                    };
+                    (role, fd)
+                })
+                .collect();
+            let notify = self
+                .net_notify
+                .clone()
+                .map(|f| Box::new(move |e: &palisade_net::Event| f(e)) as palisade_net::Notify);
+            match palisade_net::Egress::start(policy.network.clone(), socks, notify) {
+                Ok(e) => Some(e),
+                Err(source) => {
+                    running.kill();
+                    let e = SetupError::Supervisor {
+                        op: "start the egress proxy",
+                        source,
+                    };
+                    return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
+                }
+            }
+        } else {
+            None
+        };
         started(&running);
         let ids = running.ids();
         let landlock = running.landlock().clone();
@@ -354,6 +441,9 @@ impl Sandbox {
         report.set_cgroup(version, stats, waived);
         if policy.allow_ptrace {
             report.note_ptrace_allowed();
+        }
+        if let Some(e) = egress {
+            report.set_network(e.finish(), policy.network.allow.len());
         }
         report
     }

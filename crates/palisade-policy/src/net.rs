@@ -1,0 +1,839 @@
+//! Network egress rules: which hosts and ports a sandbox may reach through palisade's proxy, and the
+//! decisions made from them.
+//!
+//! A rule is a host pattern with an optional port: an exact name (`pypi.org`), a wildcard for
+//! subdomains only (`*.example.org`, not `example.org` itself), an IP address or a CIDR block
+//! (`127.0.0.1`, `10.0.0.0/8`, `[2001:db8::/32]`). Names are normalized before they are stored or
+//! compared: IDNA to ASCII, lower case, one trailing dot removed. Anything that the C library would
+//! read as an IPv4 address (`3325256714`, `0xC6336402`, `0306.0063.0144.02`) is an IP literal, never
+//! a name, so it cannot slip past the IP rules.
+//!
+//! Decisions: deny rules first (they win), then allow rules. An allow rule without a port means
+//! ports 80 and 443; a deny rule without a port means every port. The addresses a name resolves to
+//! must be globally reachable ([`is_global`]) unless an IP allow rule names them.
+
+use crate::PolicyError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The ports an allow rule without a port opens.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+/// Where the proxy listens on the sandbox's own loopback (127.0.0.1): HTTP (CONNECT and
+/// absolute-form requests), SOCKS5, and the DNS stub (UDP).
+pub const HTTP_PROXY_PORT: u16 = 3128;
+pub const SOCKS_PORT: u16 = 1080;
+pub const DNS_PORT: u16 = 53;
+
+/// The stub hands out addresses from 127.77.0.0/16 for allowed names: loopback inside the
+/// sandbox, where palisade's transparent listeners take the connections and map them back.
+pub const TRANSPARENT_NET: [u8; 2] = [127, 77];
+
+/// At most this many rules of each kind, and names pinned with `--resolve`.
+pub const MAX_RULES: usize = 256;
+
+/// A destination as a connection names it: a normalized host name or an IP address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// Lower-case ASCII (IDNA), no trailing dot, valid labels.
+    Name(String),
+    /// An IP literal, in any of the notations the C library accepts.
+    Ip(IpAddr),
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(n) => f.write_str(n),
+            Host::Ip(IpAddr::V6(a)) => write!(f, "[{a}]"),
+            Host::Ip(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl Host {
+    /// Parses a host as a client sends it (CONNECT, SOCKS, `Host:`, the TLS server name): IPv6 in
+    /// brackets or bare, IPv4 in every `inet_aton` notation, or a name (normalized).
+    ///
+    /// ```
+    /// use palisade_policy::net::Host;
+    /// assert_eq!(Host::parse("Example.ORG.").unwrap(), Host::Name("example.org".into()));
+    /// assert_eq!(Host::parse("3325256714").unwrap().to_string(), "198.51.100.10");
+    /// assert!(Host::parse("exa mple.org").is_err());
+    /// ```
+    pub fn parse(s: &str) -> Result<Host, &'static str> {
+        let bare = s.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
+        if let Some(v6) = bare {
+            return v6
+                .parse::<Ipv6Addr>()
+                .map(|a| Host::Ip(IpAddr::V6(a)))
+                .map_err(|_| "an IPv6 address inside the brackets");
+        }
+        if s.contains(':') {
+            return s
+                .parse::<Ipv6Addr>()
+                .map(|a| Host::Ip(IpAddr::V6(a)))
+                .map_err(|_| "a host name or an IP address");
+        }
+        let name = s.strip_suffix('.').unwrap_or(s);
+        if name.is_empty() || name.len() > 253 {
+            return Err("a host name of 1 to 253 characters");
+        }
+        let last = name.rsplit('.').next().unwrap_or(name);
+        if looks_numeric(last) {
+            return inet_aton(name)
+                .map(|a| Host::Ip(IpAddr::V4(a)))
+                .ok_or("a host name or an IP address (a name's last label cannot be a number)");
+        }
+        let ascii = idna::domain_to_ascii(name).map_err(|_| "a valid (IDNA) host name")?;
+        if ascii.is_empty()
+            || ascii.len() > 253
+            || !ascii.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+        {
+            return Err("a host name: letters, digits, `-` in labels of at most 63 characters");
+        }
+        Ok(Host::Name(ascii))
+    }
+}
+
+/// Whether a label is something `inet_aton` would take a number from: all digits, or `0x` hex.
+fn looks_numeric(label: &str) -> bool {
+    let l = label.to_ascii_lowercase();
+    let hex = l.strip_prefix("0x");
+    !l.is_empty()
+        && match hex {
+            Some(h) => h.bytes().all(|b| b.is_ascii_hexdigit()),
+            None => l.bytes().all(|b| b.is_ascii_digit()),
+        }
+}
+
+/// IPv4 as the C library's `inet_aton` reads it: one to four parts, each decimal, octal (leading
+/// 0) or hex (0x); the last part fills the remaining bytes.
+fn inet_aton(s: &str) -> Option<Ipv4Addr> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut nums = Vec::with_capacity(4);
+    for p in &parts {
+        let lower = p.to_ascii_lowercase();
+        let v = if let Some(h) = lower.strip_prefix("0x") {
+            if h.is_empty() {
+                0
+            } else {
+                u64::from_str_radix(h, 16).ok()?
+            }
+        } else if lower.len() > 1 && lower.starts_with('0') {
+            u64::from_str_radix(&lower[1..], 8).ok()?
+        } else {
+            lower.parse::<u64>().ok()?
+        };
+        nums.push(v);
+    }
+    let (head, last) = nums.split_at(nums.len() - 1);
+    if head.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let rest_bits = 8 * (4 - head.len()) as u32;
+    if last[0] >= 1u64 << rest_bits {
+        return None;
+    }
+    let mut v: u32 = 0;
+    for (i, &h) in head.iter().enumerate() {
+        v |= (h as u32) << (24 - 8 * i as u32);
+    }
+    Some(Ipv4Addr::from(v | last[0] as u32))
+}
+
+/// What a rule matches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Pattern {
+    /// One host name.
+    Exact(String),
+    /// Every name below this domain (`*.example.org`: `a.example.org`, not `example.org`).
+    Subdomains(String),
+    /// Addresses in a block; a single address is a /32 or /128.
+    Net { addr: IpAddr, prefix: u8 },
+}
+
+/// One `--allow-net` or `--deny-net` rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct NetRule {
+    pub pattern: Pattern,
+    /// None: ports 80 and 443 for an allow rule, every port for a deny rule.
+    pub port: Option<u16>,
+}
+
+impl NetRule {
+    /// Parses `PATTERN[:PORT]`; `field` names the option in errors.
+    ///
+    /// ```
+    /// use palisade_policy::net::NetRule;
+    /// assert!(NetRule::parse("--allow-net", "*.example.org:8443").is_ok());
+    /// assert!(NetRule::parse("--allow-net", "*.com").is_err());
+    /// assert!(NetRule::parse("--allow-net", "*").is_err());
+    /// ```
+    pub fn parse(field: &'static str, s: &str) -> Result<NetRule, PolicyError> {
+        const EXPECTED: &str = "HOST, *.DOMAIN (subdomains only, not on a public suffix), an IP address, [IPv6] or a CIDR block (10.0.0.0/8, [2001:db8::/32]), each optionally followed by :PORT (1-65535)";
+        let bad = |why: &'static str| PolicyError::Invalid {
+            field,
+            value: s.to_owned(),
+            expected: why,
+        };
+        let (host, port) = split_port(s).ok_or_else(|| bad(EXPECTED))?;
+        let port = match port {
+            None => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => return Err(bad("a port from 1 to 65535 after the `:`")),
+            },
+        };
+        let pattern = if let Some(rest) = host.strip_prefix("*.") {
+            let d = match Host::parse(rest) {
+                Ok(Host::Name(d)) => d,
+                _ => return Err(bad(EXPECTED)),
+            };
+            if psl::suffix_str(&d).is_none() || psl::suffix_str(&d) == Some(d.as_str()) {
+                return Err(bad("a wildcard below a registrable domain (`*.example.org`); `*.com`, `*.co.uk` and other public suffixes would allow most of the internet"));
+            }
+            Pattern::Subdomains(d)
+        } else if host.contains('*') {
+            return Err(bad("a host without `*`, or `*.DOMAIN` for subdomains; a bare `*` would allow everything, so it is refused"));
+        } else if let Some((a, len)) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .split_once('/')
+        {
+            let addr: IpAddr = a.parse().map_err(|_| bad(EXPECTED))?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let prefix: u8 = match len.parse() {
+                Ok(n) if n >= 1 && n <= max => n,
+                _ => return Err(bad("a CIDR prefix length from 1 to 32 (IPv4) or 128 (IPv6); /0 would allow every address")),
+            };
+            Pattern::Net {
+                addr: mask(addr, prefix),
+                prefix,
+            }
+        } else {
+            match Host::parse(host).map_err(|_| bad(EXPECTED))? {
+                Host::Name(n) => Pattern::Exact(n),
+                Host::Ip(a) => Pattern::Net {
+                    addr: a,
+                    prefix: if a.is_ipv4() { 32 } else { 128 },
+                },
+            }
+        };
+        Ok(NetRule { pattern, port })
+    }
+
+    fn matches_name(&self, name: &str) -> bool {
+        match &self.pattern {
+            Pattern::Exact(n) => n == name,
+            Pattern::Subdomains(d) => name
+                .strip_suffix(d.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+            Pattern::Net { .. } => false,
+        }
+    }
+
+    fn matches_addr(&self, a: IpAddr) -> bool {
+        match self.pattern {
+            Pattern::Net { addr, prefix } => {
+                addr.is_ipv4() == a.is_ipv4() && mask(a, prefix) == addr
+            }
+            _ => false,
+        }
+    }
+
+    fn allows_port(&self, port: u16) -> bool {
+        self.port
+            .map_or(DEFAULT_PORTS.contains(&port), |p| p == port)
+    }
+
+    fn denies_port(&self, port: u16) -> bool {
+        self.port.is_none() || self.port == Some(port)
+    }
+
+    /// Whether this is an IP or CIDR rule.
+    pub fn is_ip(&self) -> bool {
+        matches!(self.pattern, Pattern::Net { .. })
+    }
+}
+
+/// Splits `HOST[:PORT]`, `[V6][:PORT]`, `[V6/LEN][:PORT]`; a bare IPv6 takes no port.
+fn split_port(s: &str) -> Option<(&str, Option<&str>)> {
+    if s.is_empty() {
+        return None;
+    }
+    if s.starts_with('[') {
+        let end = s.find(']')?;
+        let (h, rest) = s.split_at(end + 1);
+        return match rest {
+            "" => Some((h, None)),
+            r => Some((h, Some(r.strip_prefix(':')?))),
+        };
+    }
+    match s.matches(':').count() {
+        0 => Some((s, None)),
+        1 => {
+            let (h, p) = s.split_once(':')?;
+            Some((h, Some(p)))
+        }
+        _ => Some((s, None)),
+    }
+}
+
+fn mask(a: IpAddr, prefix: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(v) => {
+            let m = if prefix == 0 {
+                0
+            } else {
+                u32::MAX << (32 - prefix as u32)
+            };
+            IpAddr::V4(Ipv4Addr::from(u32::from(v) & m))
+        }
+        IpAddr::V6(v) => {
+            let m = if prefix == 0 {
+                0
+            } else {
+                u128::MAX << (128 - prefix as u32)
+            };
+            IpAddr::V6(Ipv6Addr::from(u128::from(v) & m))
+        }
+    }
+}
+
+impl fmt::Display for NetRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.pattern {
+            Pattern::Exact(n) => f.write_str(n)?,
+            Pattern::Subdomains(d) => write!(f, "*.{d}")?,
+            Pattern::Net {
+                addr: IpAddr::V4(a),
+                prefix: 32,
+            } => write!(f, "{a}")?,
+            Pattern::Net {
+                addr: IpAddr::V6(a),
+                prefix: 128,
+            } => write!(f, "[{a}]")?,
+            Pattern::Net {
+                addr: IpAddr::V4(a),
+                prefix,
+            } => write!(f, "{a}/{prefix}")?,
+            Pattern::Net {
+                addr: IpAddr::V6(a),
+                prefix,
+            } => write!(f, "[{a}/{prefix}]")?,
+        }
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<String> for NetRule {
+    type Error = PolicyError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        NetRule::parse("network rule", &s)
+    }
+}
+
+impl From<NetRule> for String {
+    fn from(r: NetRule) -> String {
+        r.to_string()
+    }
+}
+
+/// A name the supervisor resolves to a fixed address (`--resolve HOST=IP`), for tests and special
+/// setups; its address is still checked like any other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pin {
+    pub host: String,
+    pub addr: IpAddr,
+}
+
+impl Pin {
+    /// Parses `HOST=IP`.
+    pub fn parse(s: &str) -> Result<Pin, PolicyError> {
+        let bad = || PolicyError::Invalid {
+            field: "--resolve",
+            value: s.to_owned(),
+            expected: "HOST=IP, e.g. example.org=198.51.100.10 or example.org=[2001:db8::10]",
+        };
+        let (h, a) = s.split_once('=').ok_or_else(bad)?;
+        let host = match Host::parse(h) {
+            Ok(Host::Name(n)) => n,
+            _ => return Err(bad()),
+        };
+        let a = a.trim_start_matches('[').trim_end_matches(']');
+        Ok(Pin {
+            host,
+            addr: a.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// The sandbox's network: nothing unless `allow` has rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    #[serde(default)]
+    pub allow: Vec<NetRule>,
+    #[serde(default)]
+    pub deny: Vec<NetRule>,
+    #[serde(default)]
+    pub resolve: Vec<Pin>,
+}
+
+/// Why a connection was refused; `code()` is the stable name the report uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    NotAllowed,
+    PortNotAllowed,
+    DeniedByRule,
+    IpLiteral,
+    SpecialAddress,
+}
+
+impl Refusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::NotAllowed => "not-allowed",
+            Refusal::PortNotAllowed => "port-not-allowed",
+            Refusal::DeniedByRule => "denied-by-rule",
+            Refusal::IpLiteral => "ip-literal",
+            Refusal::SpecialAddress => "special-address",
+        }
+    }
+}
+
+impl Network {
+    /// Whether egress is on at all.
+    pub fn enabled(&self) -> bool {
+        !self.allow.is_empty()
+    }
+
+    /// Every port some allow rule opens, sorted.
+    pub fn ports(&self) -> Vec<u16> {
+        let mut v: Vec<u16> = self
+            .allow
+            .iter()
+            .flat_map(|r| match r.port {
+                Some(p) => vec![p],
+                None => DEFAULT_PORTS.to_vec(),
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Checks a destination as the client named it. Ok holds the allow rule that matched.
+    pub fn decide(&self, host: &Host, port: u16) -> Result<&NetRule, (Refusal, String)> {
+        let deny = self.deny.iter().find(|r| {
+            r.denies_port(port)
+                && match host {
+                    Host::Name(n) => r.matches_name(n),
+                    Host::Ip(a) => r.matches_addr(*a),
+                }
+        });
+        if let Some(r) = deny {
+            return Err((
+                Refusal::DeniedByRule,
+                format!("{host}:{port} is denied by `{r}`"),
+            ));
+        }
+        let mut matched_host = false;
+        for r in &self.allow {
+            let m = match host {
+                Host::Name(n) => r.matches_name(n),
+                Host::Ip(a) => r.matches_addr(*a),
+            };
+            if m {
+                matched_host = true;
+                if r.allows_port(port) {
+                    return Ok(r);
+                }
+            }
+        }
+        Err(match (matched_host, host) {
+            (true, _) => (
+                Refusal::PortNotAllowed,
+                format!("{host} is allowed, but not on port {port}"),
+            ),
+            (false, Host::Ip(_)) => (
+                Refusal::IpLiteral,
+                format!(
+                    "{host} is an IP address and no IP rule allows it; allow-list the host name"
+                ),
+            ),
+            (false, Host::Name(_)) => (
+                Refusal::NotAllowed,
+                format!("{host} is not on the allow-list"),
+            ),
+        })
+    }
+
+    /// Checks one address that an allowed name resolved to: deny rules for it, then it must be
+    /// globally reachable or named by an IP allow rule for this port.
+    pub fn address_ok(&self, a: IpAddr, port: u16) -> Result<(), (Refusal, String)> {
+        if let Some(r) = self
+            .deny
+            .iter()
+            .find(|r| r.denies_port(port) && r.matches_addr(a))
+        {
+            return Err((Refusal::DeniedByRule, format!("{a} is denied by `{r}`")));
+        }
+        if is_global(a)
+            || self
+                .allow
+                .iter()
+                .any(|r| r.matches_addr(a) && r.allows_port(port))
+        {
+            return Ok(());
+        }
+        Err((
+            Refusal::SpecialAddress,
+            format!("{a} is not a globally reachable address (loopback, private, link-local, documentation, …); an IP rule must allow it"),
+        ))
+    }
+
+    /// The pinned address of a name, if any.
+    pub fn pinned(&self, name: &str) -> Vec<IpAddr> {
+        self.resolve
+            .iter()
+            .filter(|p| p.host == name)
+            .map(|p| p.addr)
+            .collect()
+    }
+
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        for (field, n) in [
+            ("--allow-net", self.allow.len()),
+            ("--deny-net", self.deny.len()),
+            ("--resolve", self.resolve.len()),
+        ] {
+            if n > MAX_RULES {
+                return Err(PolicyError::Invalid {
+                    field,
+                    value: n.to_string(),
+                    expected: "at most 256 entries",
+                });
+            }
+        }
+        if self.allow.is_empty() && !(self.deny.is_empty() && self.resolve.is_empty()) {
+            return Err(PolicyError::Invalid {
+                field: "--deny-net/--resolve",
+                value: "(given)".into(),
+                expected:
+                    "an --allow-net rule as well: without one the sandbox has no network at all",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether an address is globally reachable: not loopback, private, shared (CGNAT), link-local,
+/// documentation, benchmarking, multicast, reserved, unspecified or broadcast; IPv6 also not
+/// unique-local, discard, and not a form that embeds IPv4 (mapped, compatible, NAT64, 6to4,
+/// Teredo), whose IPv4 part would need the same check. Follows the IANA special-purpose registries.
+pub fn is_global(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v) => v4_global(v),
+        IpAddr::V6(v) => {
+            let s = v.segments();
+            let x = u128::from(v);
+            let in_net = |net: u128, len: u32| (x >> (128 - len)) == (net >> (128 - len));
+            !(v.is_unspecified()
+                || v.is_loopback()
+                || in_net(0, 96) // IPv4-compatible (deprecated) and ::
+                || in_net(0xffff << 32, 96) // IPv4-mapped
+                || in_net(0x64_ff9b << 96, 96) // NAT64, well known
+                || in_net(0x64_ff9b_0001 << 80, 48) // NAT64, local use
+                || in_net(0x0100 << 112, 64) // discard
+                || in_net(0x2001 << 112, 23) // IETF protocol assignments, Teredo
+                || in_net(0x2001_0db8 << 96, 32) // documentation
+                || in_net(0x3fff << 112, 20) // documentation (RFC 9637)
+                || in_net(0x2002 << 112, 16) // 6to4
+                || in_net(0x5f00 << 112, 16) // segment routing
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
+                || (s[0] & 0xff00) == 0xff00) // multicast
+        }
+    }
+}
+
+fn v4_global(v: Ipv4Addr) -> bool {
+    let o = v.octets();
+    let x = u32::from(v);
+    let in_net =
+        |net: [u8; 4], len: u32| (x >> (32 - len)) == (u32::from_be_bytes(net) >> (32 - len));
+    !(in_net([0, 0, 0, 0], 8)
+        || in_net([10, 0, 0, 0], 8)
+        || in_net([100, 64, 0, 0], 10)
+        || in_net([127, 0, 0, 0], 8)
+        || in_net([169, 254, 0, 0], 16)
+        || in_net([172, 16, 0, 0], 12)
+        || in_net([192, 0, 0, 0], 24)
+        || in_net([192, 0, 2, 0], 24)
+        || in_net([192, 88, 99, 0], 24)
+        || in_net([192, 168, 0, 0], 16)
+        || in_net([198, 18, 0, 0], 15)
+        || in_net([198, 51, 100, 0], 24)
+        || in_net([203, 0, 113, 0], 24)
+        || o[0] >= 224)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(s: &str) -> NetRule {
+        NetRule::parse("--allow-net", s).unwrap()
+    }
+
+    fn net(allow: &[&str], deny: &[&str]) -> Network {
+        Network {
+            allow: allow.iter().map(|s| rule(s)).collect(),
+            deny: deny.iter().map(|s| rule(s)).collect(),
+            resolve: Vec::new(),
+        }
+    }
+
+    fn name(s: &str) -> Host {
+        Host::parse(s).unwrap()
+    }
+
+    #[test]
+    fn names_are_normalized() {
+        assert_eq!(name("EXAMPLE.org."), Host::Name("example.org".into()));
+        assert_eq!(
+            name("bücher.example"),
+            Host::Name("xn--bcher-kva.example".into())
+        );
+        for bad in [
+            "",
+            ".",
+            "exa mple.org",
+            "a..b",
+            "-a.org",
+            "a-.org",
+            "a/b",
+            "x\0y",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn every_ipv4_notation_is_an_ip_literal() {
+        for s in [
+            "198.51.100.10",
+            "3325256714",
+            "0xC633640A",
+            "0xc6.0x33.0x64.0x0a",
+            "0306.0063.0144.012",
+            "198.51.25610",
+            "198.3367946",
+        ] {
+            assert_eq!(
+                Host::parse(s).unwrap(),
+                Host::Ip("198.51.100.10".parse().unwrap()),
+                "{s}"
+            );
+        }
+        assert!(Host::parse("1.2.3.256").is_err());
+        assert!(Host::parse("example.123").is_err());
+        assert_eq!(
+            name("[2001:db8::1]"),
+            Host::Ip("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(name("::1"), Host::Ip("::1".parse().unwrap()));
+    }
+
+    #[test]
+    fn rules_parse_and_print() {
+        for (s, shown) in [
+            ("Example.ORG", "example.org"),
+            ("*.example.org:8443", "*.example.org:8443"),
+            ("127.0.0.1:8080", "127.0.0.1:8080"),
+            ("10.1.2.3/8", "10.0.0.0/8"),
+            ("[2001:db8::/32]:443", "[2001:db8::/32]:443"),
+            ("[::1]:3000", "[::1]:3000"),
+            ("2001:db8::1", "[2001:db8::1]"),
+        ] {
+            assert_eq!(rule(s).to_string(), shown);
+        }
+        for bad in [
+            "*",
+            "*.com",
+            "*.co.uk",
+            "*.github.io",
+            "a.*.org",
+            "*example.org",
+            "example.org:0",
+            "example.org:99999",
+            "example.org:x",
+            "10.0.0.0/0",
+            "10.0.0.0/33",
+            "[::1",
+            "",
+            ":80",
+            "exa mple.org",
+        ] {
+            let e = NetRule::parse("--allow-net", bad).unwrap_err().to_string();
+            assert!(e.contains("--allow-net") && e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn wildcards_cover_subdomains_only_and_not_lookalikes() {
+        let n = net(&["*.example.org"], &[]);
+        assert!(n.decide(&name("a.example.org"), 443).is_ok());
+        assert!(n.decide(&name("deep.a.example.org"), 80).is_ok());
+        assert_eq!(
+            n.decide(&name("example.org"), 443).unwrap_err().0,
+            Refusal::NotAllowed
+        );
+        assert_eq!(
+            n.decide(&name("evilexample.org"), 443).unwrap_err().0,
+            Refusal::NotAllowed
+        );
+        assert_eq!(
+            n.decide(&name("a.example.org.evil"), 443).unwrap_err().0,
+            Refusal::NotAllowed
+        );
+        let n = net(&["example.org"], &[]);
+        assert!(n.decide(&name("EXAMPLE.org."), 443).is_ok());
+        assert_eq!(
+            n.decide(&name("evilexample.org"), 443).unwrap_err().0,
+            Refusal::NotAllowed
+        );
+        assert_eq!(
+            n.decide(&name("a.example.org"), 443).unwrap_err().0,
+            Refusal::NotAllowed
+        );
+    }
+
+    #[test]
+    fn ports_default_to_web_for_allow_and_to_all_for_deny() {
+        let n = net(&["example.org", "example.org:8080"], &["*.example.org"]);
+        assert!(n.decide(&name("example.org"), 80).is_ok());
+        assert!(n.decide(&name("example.org"), 8080).is_ok());
+        assert_eq!(
+            n.decide(&name("example.org"), 22).unwrap_err().0,
+            Refusal::PortNotAllowed
+        );
+        let n = net(&["*.example.org"], &["a.example.org"]);
+        assert_eq!(
+            n.decide(&name("a.example.org"), 443).unwrap_err().0,
+            Refusal::DeniedByRule
+        );
+        assert!(n.decide(&name("b.example.org"), 443).is_ok());
+        assert_eq!(n.ports(), vec![80, 443]);
+    }
+
+    #[test]
+    fn ip_literals_need_ip_rules_and_addresses_must_be_global() {
+        let n = net(&["example.org", "198.51.100.10", "10.0.0.0/8:5432"], &[]);
+        let ip = |s: &str| Host::Ip(s.parse().unwrap());
+        assert!(n.decide(&ip("198.51.100.10"), 443).is_ok());
+        assert_eq!(
+            n.decide(&ip("198.51.100.11"), 443).unwrap_err().0,
+            Refusal::IpLiteral
+        );
+        assert!(n.decide(&ip("10.9.9.9"), 5432).is_ok());
+        assert_eq!(
+            n.decide(&ip("10.9.9.9"), 443).unwrap_err().0,
+            Refusal::PortNotAllowed
+        );
+        assert!(n.address_ok("198.51.100.10".parse().unwrap(), 443).is_ok());
+        assert!(n.address_ok("93.184.215.14".parse().unwrap(), 443).is_ok());
+        for special in [
+            "127.0.0.1",
+            "10.1.1.1",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "198.51.100.11",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00:ec2::254",
+            "::ffff:93.184.215.14",
+            "64:ff9b::5db8:d70e",
+            "2002:5db8:d70e::1",
+            "2001:db8::1",
+            "2001::1",
+            "ff02::1",
+        ] {
+            let a: IpAddr = special.parse().unwrap();
+            assert!(!is_global(a), "{special}");
+            assert_eq!(
+                n.address_ok(a, 443).unwrap_err().0,
+                Refusal::SpecialAddress,
+                "{special}"
+            );
+        }
+        assert!(is_global("2606:4700::1".parse().unwrap()));
+        let n = net(&["example.org"], &["93.184.0.0/16"]);
+        assert_eq!(
+            n.address_ok("93.184.215.14".parse().unwrap(), 443)
+                .unwrap_err()
+                .0,
+            Refusal::DeniedByRule
+        );
+    }
+
+    #[test]
+    fn pins_and_validation() {
+        let p = Pin::parse("Example.org=198.51.100.10").unwrap();
+        assert_eq!(p.host, "example.org");
+        assert!(Pin::parse("example.org=[2001:db8::10]").is_ok());
+        for bad in [
+            "nonsense",
+            "example.org=",
+            "=1.2.3.4",
+            "1.2.3.4=1.2.3.4",
+            "a=b",
+        ] {
+            let e = Pin::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("--resolve"), "{e}");
+        }
+        let mut n = Network::default();
+        n.deny.push(rule("example.org"));
+        assert!(n
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--allow-net"));
+    }
+
+    #[test]
+    fn rules_round_trip_through_json() {
+        let n = net(
+            &["*.example.org:8443", "[2001:db8::/32]"],
+            &["a.example.org"],
+        );
+        let j = serde_json::to_string(&n).unwrap();
+        assert_eq!(serde_json::from_str::<Network>(&j).unwrap(), n);
+        assert!(serde_json::from_str::<Network>(r#"{"allow":["*"]}"#).is_err());
+    }
+}
