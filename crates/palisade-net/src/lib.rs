@@ -165,7 +165,14 @@ impl Egress {
         for t in self.threads {
             let _ = t.join();
         }
-        for c in self.shared.conns.lock().unwrap().drain().flat_map(|(_, v)| v) {
+        for c in self
+            .shared
+            .conns
+            .lock()
+            .unwrap()
+            .drain()
+            .flat_map(|(_, v)| v)
+        {
             let _ = c.shutdown(Shutdown::Both);
         }
         let mut log = self.shared.log.lock().unwrap();
@@ -497,20 +504,55 @@ impl Pending<'_> {
     }
 }
 
-/// Copies until end of file, then half-closes the destination.
+/// Copies until end of file, then half-closes the destination. Through a pipe with splice, so
+/// the bytes stay in the kernel; with read and write where splice is refused.
 fn pump(mut from: TcpStream, mut to: TcpStream, count: &AtomicU64) {
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
+    use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
+    const STEP: usize = 1 << 20;
+    let mut spliced = false;
+    if let Ok((r, w)) = pipe_with(PipeFlags::CLOEXEC) {
+        let _ = rustix::pipe::fcntl_setpipe_size(&w, STEP);
+        spliced = true;
+        loop {
+            let n = match splice(&from, None, &w, None, STEP, SpliceFlags::MOVE) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::INVAL) if count.load(Ordering::Relaxed) == 0 => {
+                    spliced = false;
                     break;
                 }
-                count.fetch_add(n as u64, Ordering::Relaxed);
+                Err(_) => break,
+            };
+            let mut left = n;
+            while left > 0 {
+                match splice(&r, None, &to, None, left, SpliceFlags::MOVE) {
+                    Ok(0) => break,
+                    Ok(k) => left -= k,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break,
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
+            count.fetch_add((n - left) as u64, Ordering::Relaxed);
+            if left > 0 {
+                break;
+            }
+        }
+    }
+    if !spliced {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    count.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
     }
     let _ = to.shutdown(Shutdown::Write);
