@@ -577,11 +577,11 @@ fn split_authority(a: &str, default: u16) -> Option<(&str, u16)> {
 
 fn http_error(c: &mut TcpStream, status: &str, code: &str, detail: &str) {
     let body = format!("palisade: {code}: {detail}\n");
-    let _ = write!(
-        c,
+    let msg = format!(
         "HTTP/1.1 {status}\r\nX-Palisade-Denied: {code}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
+    let _ = c.write_all(msg.as_bytes());
 }
 
 fn http_proxy(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
