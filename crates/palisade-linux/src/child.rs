@@ -321,7 +321,7 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
 fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
     let attr = sys::LandlockRulesetAttr {
         handled_access_fs: ll.handled_fs,
-        handled_access_net: 0, // loopback inside must keep working (no proxy yet)
+        handled_access_net: ll.handled_net,
         scoped: ll.scoped,
     };
     let rs = sys::landlock_create_ruleset(&attr).map_err(at(Step::LandlockRuleset))?;
@@ -334,6 +334,10 @@ fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
         let added = sys::landlock_add_path_rule(rs, fd, r.access);
         sys::close(fd);
         added.map_err(|e| (Step::LandlockRule, i as u32, e))?;
+    }
+    for (i, &(port, access)) in ll.ports.iter().enumerate() {
+        sys::landlock_add_port_rule(rs, port, access)
+            .map_err(|e| (Step::LandlockRule, (ll.rules.len() + i) as u32, e))?;
     }
     Ok(rs)
 }

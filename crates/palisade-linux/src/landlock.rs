@@ -16,6 +16,10 @@
 //!   linking, renaming, truncating (ABI 3) and device `ioctl`s (ABI 5) are refused with `EACCES`
 //!   outside the plan's rules, for the payload and everything it starts, whatever its
 //!   capabilities or file modes; no process can leave the domain;
+//! - with ABI 4 or newer, TCP `bind` is refused (`EACCES`) but on the `--allow-local-port`
+//!   ports, and TCP `connect` but to those and to the egress proxy's TCP ports: if the network
+//!   namespace were ever shared by mistake, the payload still could not reach a host service or
+//!   listen where the host could reach it;
 //! - with ABI 6 or newer, the payload cannot signal processes outside its domain (the sandbox's
 //!   init) nor connect to abstract unix sockets created outside it;
 //! - only the rights the running kernel knows are handled: see [`handled_fs`] for what each ABI
@@ -28,9 +32,11 @@
 //! - rights add up along a path: a `--ro` bind inside a writable place (say `--ro X:/tmp/x`) gets
 //!   the writable place's rights from Landlock, and only its read-only mount flag keeps it so;
 //! - descriptors opened before the restriction keep their access (stdin, stdout, stderr);
-//! - network rights (TCP bind/connect, ABI 4) are not handled yet: loopback inside must keep
-//!   working until the egress proxy exists (issue #3); the empty network namespace and the
-//!   seccomp socket filter are the network's walls;
+//! - TCP rights (ABI 4) go by port, not by address: a connect to an allowed port is allowed to
+//!   any address the network namespace routes, which is only its own loopback (the proxy's
+//!   listeners, or the payload's own `--allow-local-port` server); UDP, and unix sockets other
+//!   than abstract ones, are not Landlock's (the seccomp socket filter and the empty namespace
+//!   are their walls);
 //! - with ABI 1, renaming or linking a file into another directory always fails (`EXDEV`): only
 //!   ABI 2 lets a ruleset grant it (`REFER`); with ABI 1 or 2 truncation is not handled, with
 //!   ABI 4 or lower device `ioctl`s are not.
@@ -79,6 +85,11 @@ pub const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
 /// No signals to processes outside the domain (ABI 6).
 pub const SCOPE_SIGNAL: u64 = 1 << 1;
 
+/// Bind a TCP socket to a port (ABI 4).
+pub const BIND_TCP: u64 = 1 << 0;
+/// Connect a TCP socket to a port (ABI 4).
+pub const CONNECT_TCP: u64 = 1 << 1;
+
 /// The newest ABI whose rights this code knows; newer kernels are used at this level.
 pub const NEWEST_KNOWN_ABI: u32 = 7;
 
@@ -124,6 +135,15 @@ pub const fn handled_fs(abi: u32) -> u64 {
     m
 }
 
+/// The network rights `abi` can handle: TCP bind and connect from ABI 4.
+pub const fn handled_net(abi: u32) -> u64 {
+    if abi >= 4 {
+        BIND_TCP | CONNECT_TCP
+    } else {
+        0
+    }
+}
+
 /// The scopes `abi` can restrict: from ABI 6, abstract unix sockets and signals.
 pub const fn scoped(abi: u32) -> u64 {
     if abi >= 6 {
@@ -151,9 +171,13 @@ pub struct Ruleset {
     pub abi: u32,
     /// Filesystem rights handled: anything in here and not granted by a rule is refused.
     pub handled_fs: u64,
+    /// Network rights handled: TCP binds and connects to ports without a rule are refused.
+    pub handled_net: u64,
     /// Scopes restricted.
     pub scoped: u64,
     pub rules: Vec<Rule>,
+    /// TCP ports and the network rights granted on each, sorted by port, one entry a port.
+    pub ports: Vec<(u16, u64)>,
     /// Inside path of the policy's test-only bind that has no rule (`debug_unlandlocked_bind`),
     /// so that the report can say so; the child never reads this.
     pub debug_unlandlocked: Option<String>,
@@ -166,8 +190,10 @@ impl Ruleset {
         Ruleset {
             abi,
             handled_fs: handled_fs(known),
+            handled_net: handled_net(known),
             scoped: scoped(known),
             rules: Vec::new(),
+            ports: Vec::new(),
             debug_unlandlocked: None,
         }
     }
@@ -199,6 +225,31 @@ impl Ruleset {
             optional: false,
         });
     }
+
+    /// Grants `access` (of [`BIND_TCP`], [`CONNECT_TCP`]) on TCP `port`, keeping what the ABI
+    /// handles; nothing is added on an ABI without network rights.
+    ///
+    /// ```
+    /// use palisade_linux::landlock::*;
+    /// let mut r = Ruleset::for_abi(4);
+    /// r.allow_port(8000, BIND_TCP | CONNECT_TCP);
+    /// r.allow_port(3128, CONNECT_TCP);
+    /// r.allow_port(8000, CONNECT_TCP);
+    /// assert_eq!(r.ports, [(3128, CONNECT_TCP), (8000, BIND_TCP | CONNECT_TCP)]);
+    /// let mut old = Ruleset::for_abi(3);
+    /// old.allow_port(3128, CONNECT_TCP);
+    /// assert!(old.ports.is_empty());
+    /// ```
+    pub fn allow_port(&mut self, port: u16, access: u64) {
+        let a = access & self.handled_net;
+        if a == 0 {
+            return;
+        }
+        match self.ports.binary_search_by_key(&port, |&(p, _)| p) {
+            Ok(i) => self.ports[i].1 |= a,
+            Err(i) => self.ports.insert(i, (port, a)),
+        }
+    }
 }
 
 /// What the plan does about Landlock.
@@ -226,8 +277,10 @@ impl LandlockPlan {
             LandlockPlan::Enforce(r) => LandlockState::Enforced {
                 abi: r.abi,
                 handled_fs: r.handled_fs,
+                handled_net: r.handled_net,
                 scoped: r.scoped,
                 rules: r.rules.len(),
+                ports: r.ports.clone(),
                 debug_unlandlocked: r.debug_unlandlocked.clone(),
             },
             LandlockPlan::Waived(why) => LandlockState::Waived {
@@ -243,8 +296,11 @@ pub enum LandlockState {
     Enforced {
         abi: u32,
         handled_fs: u64,
+        handled_net: u64,
         scoped: u64,
         rules: usize,
+        /// TCP ports with network rights, as in [`Ruleset::ports`].
+        ports: Vec<(u16, u64)>,
         /// A test-only path in the view without a rule.
         debug_unlandlocked: Option<String>,
     },
@@ -297,6 +353,18 @@ pub fn scope_names(mask: u64) -> Vec<&'static str> {
     v
 }
 
+/// The names of the network rights in `mask`.
+pub fn net_names(mask: u64) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if mask & BIND_TCP != 0 {
+        v.push("bind-tcp");
+    }
+    if mask & CONNECT_TCP != 0 {
+        v.push("connect-tcp");
+    }
+    v
+}
+
 /// Why the kernel cannot enforce Landlock, and what to do, for the `errno` of the ABI query.
 pub fn unavailable_hint(errno: i32) -> &'static str {
     match errno {
@@ -326,11 +394,12 @@ mod tests {
                 (ALL_FS, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL),
             ]
         );
+        assert_eq!([3, 4, 7].map(handled_net), [0, BIND_TCP | CONNECT_TCP, 3]);
         // A newer kernel is used at the newest ABI known here, and reported as what it is.
         let r = Ruleset::for_abi(9);
         assert_eq!(
-            (r.abi, r.handled_fs, r.scoped),
-            (9, ALL_FS, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+            (r.abi, r.handled_fs, r.handled_net, r.scoped),
+            (9, ALL_FS, 3, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
         );
     }
 
@@ -391,6 +460,7 @@ mod tests {
             "no device nodes made in writable places"
         );
         assert_eq!(scope_names(scoped(7)), ["abstract-unix-socket", "signal"]);
+        assert_eq!(net_names(handled_net(4)), ["bind-tcp", "connect-tcp"]);
         assert!(unavailable_hint(libc::EOPNOTSUPP).contains("lsm="));
     }
 }

@@ -621,6 +621,17 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             r.debug_unlandlocked = Some(bind.target.to_string());
         }
     }
+    // TCP: connect only to the egress proxy's listeners, bind and connect on the ports the policy
+    // names for a server of the payload's own. Everything else is refused, so a shared network
+    // namespace (a mistake of the first wall) still would not reach host services.
+    if let Some(r) = &mut b.landlock {
+        for p in policy.network.proxy_ports() {
+            r.allow_port(p, crate::landlock::CONNECT_TCP);
+        }
+        for &p in &policy.network.local_ports {
+            r.allow_port(p, crate::landlock::BIND_TCP | crate::landlock::CONNECT_TCP);
+        }
+    }
     let landlock = match (b.landlock, waived) {
         (Some(r), _) => LandlockPlan::Enforce(r),
         (None, why) => LandlockPlan::Waived(why.unwrap_or_default()),
@@ -755,6 +766,7 @@ pub fn describe(plan: &Plan, i: usize) -> String {
 mod tests {
     use super::*;
     use crate::landlock::{self, Rule};
+    use palisade_policy::net::NetRule;
     use palisade_policy::Bind;
 
     /// The real host's files, with a Landlock ABI of the test's choosing.
@@ -846,6 +858,10 @@ mod tests {
             h.bind("out", "/out", true),
         ];
         p.debug_unlandlocked_bind = Some(h.bind("exposed", "/exposed", true));
+        p.network
+            .allow
+            .push(NetRule::parse("--allow-net", "example.org:8443").unwrap());
+        p.network.local_ports = vec![8000];
         p
     }
 
@@ -858,7 +874,15 @@ mod tests {
         let expected = Ruleset {
             abi: 7,
             handled_fs: ALL_FS,
+            handled_net: BIND_TCP | CONNECT_TCP,
             scoped: SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
+            // The SOCKS and HTTP proxies, the payload's own server, the transparent listener.
+            ports: vec![
+                (1080, CONNECT_TCP),
+                (3128, CONNECT_TCP),
+                (8000, BIND_TCP | CONNECT_TCP),
+                (8443, CONNECT_TCP),
+            ],
             rules: vec![
                 rule("/", READ_DIR),
                 rule("/usr", EXECUTE | READ_FILE | READ_DIR),

@@ -534,10 +534,16 @@ pub fn spawn(
                 Some(Step::LandlockRuleset) => "create the Landlock ruleset".into(),
                 Some(Step::LandlockRule) => format!(
                     "add the Landlock rule for {}",
-                    plan.landlock
-                        .ruleset()
-                        .and_then(|r| r.rules.get(m.index as usize))
-                        .map_or(String::new(), |r| r.path.to_string_lossy().into_owned())
+                    plan.landlock.ruleset().map_or(String::new(), |r| {
+                        let i = m.index as usize;
+                        match r.rules.get(i) {
+                            Some(rule) => rule.path.to_string_lossy().into_owned(),
+                            None => r
+                                .ports
+                                .get(i - r.rules.len())
+                                .map_or(String::new(), |p| format!("TCP port {}", p.0)),
+                        }
+                    })
                 ),
                 Some(Step::EgressSocket) => format!(
                     "create the egress proxy's listener {}",

@@ -376,8 +376,16 @@ struct LandlockPathBeneathAttr {
     parent_fd: i32,
 }
 
+/// `struct landlock_net_port_attr` (16 bytes, not packed).
+#[repr(C)]
+struct LandlockNetPortAttr {
+    allowed_access: u64,
+    port: u64,
+}
+
 const LANDLOCK_CREATE_RULESET_VERSION: c_uint = 1;
 const LANDLOCK_RULE_PATH_BENEATH: c_int = 1;
+const LANDLOCK_RULE_NET_PORT: c_int = 2;
 
 /// The kernel's Landlock ABI version: `landlock_create_ruleset(NULL, 0, VERSION)`. `ENOSYS` when
 /// the kernel was built without Landlock, `EOPNOTSUPP` when it is built in but not enabled at boot.
@@ -425,6 +433,27 @@ pub fn landlock_add_path_rule(ruleset: c_int, parent: c_int, access: u64) -> Sys
             ruleset,
             LANDLOCK_RULE_PATH_BENEATH,
             &attr as *const LandlockPathBeneathAttr,
+            0 as c_uint,
+        )
+    };
+    check(r).map(drop)
+}
+
+/// `landlock_add_rule(ruleset, NET_PORT, {access, port}, 0)`: `access` (TCP bind, connect) on
+/// `port`, whatever the address (Landlock ABI 4).
+pub fn landlock_add_port_rule(ruleset: c_int, port: u16, access: u64) -> SysResult<()> {
+    let attr = LandlockNetPortAttr {
+        allowed_access: access,
+        port: u64::from(port),
+    };
+    // SAFETY: `attr` lives on this stack frame for the whole call and has the layout the kernel
+    // copies for NET_PORT rules; the kernel does not keep the pointer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            LANDLOCK_RULE_NET_PORT,
+            &attr as *const LandlockNetPortAttr,
             0 as c_uint,
         )
     };

@@ -32,6 +32,8 @@ pub const TRANSPARENT_NET: [u8; 2] = [127, 77];
 
 /// At most this many rules of each kind, and names pinned with `--resolve`.
 pub const MAX_RULES: usize = 256;
+/// At most this many `--allow-local-port` ports (each is a Landlock rule).
+pub const MAX_LOCAL_PORTS: usize = 64;
 
 /// A destination as a connection names it: a normalized host name or an IP address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -395,6 +397,11 @@ pub struct Network {
     pub deny: Vec<NetRule>,
     #[serde(default)]
     pub resolve: Vec<Pin>,
+    /// TCP ports the payload may listen on and connect to inside its own network namespace
+    /// (`--allow-local-port`): a test server and its client, both inside. Landlock refuses every
+    /// other TCP bind, and every other connect but the proxy's own ports (docs/layers/landlock.md).
+    #[serde(default)]
+    pub local_ports: Vec<u16>,
 }
 
 /// Why a connection was refused; `code()` is the stable name the report uses.
@@ -423,6 +430,21 @@ impl Network {
     /// Whether egress is on at all.
     pub fn enabled(&self) -> bool {
         !self.allow.is_empty()
+    }
+
+    /// The TCP ports the egress proxy listens on inside the sandbox (HTTP proxy, SOCKS, and one
+    /// transparent listener per allowed port), sorted; none without allow rules. The DNS stub is
+    /// UDP and not among them.
+    pub fn proxy_ports(&self) -> Vec<u16> {
+        if !self.enabled() {
+            return Vec::new();
+        }
+        let mut v = self.ports();
+        v.extend([HTTP_PROXY_PORT, SOCKS_PORT]);
+        v.retain(|&p| p != DNS_PORT);
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Every port some allow rule opens, sorted.
@@ -533,6 +555,27 @@ impl Network {
                 });
             }
         }
+        if self.local_ports.len() > MAX_LOCAL_PORTS {
+            return Err(PolicyError::Invalid {
+                field: "--allow-local-port",
+                value: self.local_ports.len().to_string(),
+                expected: "at most 64 ports",
+            });
+        }
+        let taken = self.proxy_ports();
+        for &p in &self.local_ports {
+            if p == 0 || taken.contains(&p) {
+                return Err(PolicyError::Invalid {
+                    field: "--allow-local-port",
+                    value: p.to_string(),
+                    expected: if p == 0 {
+                        "a TCP port from 1 to 65535"
+                    } else {
+                        "a port the egress proxy does not listen on inside (it takes 3128, 1080, 53 and each port an --allow-net rule opens)"
+                    },
+                });
+            }
+        }
         if self.allow.is_empty() && !(self.deny.is_empty() && self.resolve.is_empty()) {
             return Err(PolicyError::Invalid {
                 field: "--deny-net/--resolve",
@@ -610,6 +653,7 @@ mod tests {
             allow: allow.iter().map(|s| rule(s)).collect(),
             deny: deny.iter().map(|s| rule(s)).collect(),
             resolve: Vec::new(),
+            local_ports: Vec::new(),
         }
     }
 
@@ -824,6 +868,32 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--allow-net"));
+    }
+
+    #[test]
+    fn local_ports_stay_clear_of_the_proxys_listeners() {
+        // Without egress any port but 0 is free; with it, the proxy's TCP ports are taken, the
+        // DNS stub's UDP port 53 is not.
+        let mut n = Network {
+            local_ports: vec![8000, 3128, 53],
+            ..Network::default()
+        };
+        assert!(n.validate().is_ok());
+        n.allow.push(rule("example.org:8443"));
+        assert_eq!(n.proxy_ports(), [1080, 3128, 8443]);
+        for (ports, bad) in [
+            (vec![8000, 3128], "3128"),
+            (vec![8443], "8443"),
+            (vec![0], "0"),
+        ] {
+            n.local_ports = ports;
+            let e = n.validate().unwrap_err().to_string();
+            assert!(e.contains("--allow-local-port") && e.contains(bad), "{e}");
+        }
+        n.local_ports = vec![53, 8000];
+        assert!(n.validate().is_ok());
+        n.local_ports = (1..=65).collect();
+        assert!(n.validate().unwrap_err().to_string().contains("at most 64"));
     }
 
     #[test]

@@ -134,6 +134,12 @@ struct RunArgs {
     /// resolver (repeatable; for tests and special setups; the address is still checked).
     #[arg(long, value_name = "HOST=IP")]
     resolve: Vec<String>,
+    /// Let the payload listen on TCP PORT inside its own network namespace and connect to it
+    /// there (repeatable), for a test server and its client both inside; nothing outside can
+    /// reach it. Landlock refuses every other TCP bind, and every connect but to these ports and
+    /// the egress proxy's.
+    #[arg(long = "allow-local-port", value_name = "PORT")]
+    allow_local_port: Vec<u16>,
     /// Print every network decision on stderr as it happens, allowed ones too (denied ones are
     /// printed anyway unless --quiet).
     #[arg(long = "net-log")]
@@ -264,6 +270,9 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
     for r in &a.resolve {
         b = b.resolve(r);
+    }
+    for &p in &a.allow_local_port {
+        b = b.allow_local_port(p);
     }
     let mut sandbox = b.build()?;
     if a.net_log || !a.quiet {

@@ -1,6 +1,6 @@
 //! The report of one run: what happened, what it cost, which layers held.
 
-use palisade_linux::landlock::{fs_names, scope_names};
+use palisade_linux::landlock::{fs_names, scope_names, BIND_TCP, CONNECT_TCP};
 use palisade_linux::{Ids, LandlockState, LimitHit, Outcome, SetupError, Termination};
 use serde::Serialize;
 
@@ -560,14 +560,37 @@ fn landlock_layer(state: Option<&LandlockState>) -> Layer {
         Some(LandlockState::Enforced {
             abi,
             handled_fs,
+            handled_net,
             scoped,
             rules,
+            ports,
             debug_unlandlocked,
         }) => {
             let scopes = scope_names(*scoped);
+            let port_list = |right: u64| {
+                let v: Vec<String> = ports
+                    .iter()
+                    .filter(|p| p.1 & right != 0)
+                    .map(|p| p.0.to_string())
+                    .collect();
+                if v.is_empty() {
+                    "no port".to_owned()
+                } else {
+                    format!("ports {}", v.join(", "))
+                }
+            };
+            let tcp = if *handled_net == 0 {
+                "TCP not handled (ABI 4 needed)".to_owned()
+            } else {
+                format!(
+                    "TCP connect only to {}, bind only to {}",
+                    port_list(CONNECT_TCP),
+                    port_list(BIND_TCP)
+                )
+            };
             let mut d = format!(
                 "ABI {abi}: {rules} rules; reads, executes and writes only under the view's paths \
-                 (handled: {}); scoped: {}; network rights not handled (loopback stays usable)",
+                 (handled: {}); {tcp}; scoped: {}",
                 fs_names(*handled_fs).join(", "),
                 if scopes.is_empty() {
                     "none (ABI 6 needed)".to_owned()

@@ -199,6 +199,13 @@ impl Builder {
         self
     }
 
+    /// Lets the payload listen on TCP `port` inside its own network namespace and connect to it
+    /// there (a test server and its client); Landlock refuses every other TCP bind.
+    pub fn allow_local_port(mut self, port: u16) -> Self {
+        self.network.local_ports.push(port);
+        self
+    }
+
     /// Gives the payload a pty of its own.
     pub fn tty(mut self, tty: bool) -> Self {
         self.tty = tty;

@@ -418,8 +418,91 @@ fn the_hosts_loopback_is_unreachable() {
         "{}",
         r.stdout
     );
-    let r = probe(&[], &["connect", "10.255.255.1:80"]);
+    // The namespace alone: with Landlock letting port 80 through, the empty namespace has no
+    // route out.
+    let r = probe(
+        &["--allow-local-port", "80"],
+        &["connect", "10.255.255.1:80"],
+    );
     assert_eq!(r.probe("connect 10.255.255.1:80"), "denied ENETUNREACH");
+}
+
+fn landlock_abi() -> u64 {
+    run(&["--json", "-"], &["true"]).report()["landlock_abi"]
+        .as_u64()
+        .expect("landlock_abi in the report")
+}
+
+/// Landlock's TCP rights (ABI 4 and later), a second wall behind the empty network namespace: a
+/// connect to a port that is neither the proxy's nor an allowed local port, and any bind, are
+/// refused by Landlock before the network stack sees them; `--allow-local-port` opens exactly the
+/// ports it names, for a server and its client inside the sandbox. Without ABI 4 the report says
+/// TCP is not handled and the namespace answers alone.
+#[test]
+fn landlock_limits_tcp_to_the_proxy_and_the_allowed_local_ports() {
+    let abi = landlock_abi();
+    let r = probe(&["--json", "-"], &["connect", "127.0.0.1:9"]);
+    let layer = r.report()["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "landlock")
+        .cloned()
+        .expect("a landlock layer");
+    let detail = layer["detail"].as_str().unwrap().to_owned();
+    let listen =
+        |opts: &[&str], addr: &str| probe(opts, &["listen", addr]).probe(&format!("listen {addr}"));
+    if abi < 4 {
+        assert!(
+            detail.contains("TCP not handled (ABI 4 needed)"),
+            "{detail}"
+        );
+        assert_eq!(r.probe("connect 127.0.0.1:9"), "denied ECONNREFUSED");
+        assert_eq!(listen(&[], "127.0.0.1:8000"), "ok served");
+        return;
+    }
+    assert!(
+        detail.contains("TCP connect only to no port, bind only to no port"),
+        "{detail}"
+    );
+    assert_eq!(r.probe("connect 127.0.0.1:9"), "denied EACCES");
+    assert_eq!(listen(&[], "127.0.0.1:8000"), "denied EACCES");
+    assert_eq!(listen(&[], "[::1]:8000"), "denied EACCES");
+    // Control: the same server and client work once the port is allowed, and only that port.
+    let open = ["--allow-local-port", "8000"];
+    assert_eq!(listen(&open, "127.0.0.1:8000"), "ok served");
+    assert_eq!(listen(&open, "127.0.0.1:8001"), "denied EACCES");
+    // With an allow rule, the proxy's own ports are open to connect, and nothing else.
+    let r = probe(
+        &["--json", "-", "--allow-net", "example.org"],
+        &["connect", "127.0.0.1:9"],
+    );
+    assert_eq!(r.probe("connect 127.0.0.1:9"), "denied EACCES");
+    let j = r.report();
+    let detail = j["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "landlock")
+        .unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(detail.contains("1080, 3128"), "{detail}");
+}
+
+#[test]
+fn allow_local_port_is_checked() {
+    for (bad, why) in [
+        ("0", "from 1 to 65535"),
+        ("70000", "not in 0..=65535"),
+        ("x", "invalid digit"),
+    ] {
+        let r = run(&["--allow-local-port", bad], &["true"]);
+        assert_eq!(r.code, 125, "{bad}: {}", r.stderr);
+        assert!(r.stderr.contains("allow-local-port"), "{bad}: {}", r.stderr);
+        assert!(r.stderr.contains(why), "{bad}: {}", r.stderr);
+    }
 }
 
 #[test]

@@ -179,6 +179,20 @@ fn connect(addr: &str) -> Result<String, i32> {
         .map_err(ioerr)
 }
 
+/// Listens on `addr`, connects to it and passes one byte through: a server and its client,
+/// both inside.
+fn listen(addr: &str) -> Result<String, i32> {
+    use std::io::{Read, Write};
+    let a: std::net::SocketAddr = addr.parse().map_err(|_| libc::EINVAL)?;
+    let l = std::net::TcpListener::bind(a).map_err(ioerr)?;
+    let mut c = std::net::TcpStream::connect(a).map_err(ioerr)?;
+    let (mut s, _) = l.accept().map_err(ioerr)?;
+    c.write_all(b"x").map_err(ioerr)?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).map_err(ioerr)?;
+    Ok("served".into())
+}
+
 fn daemon(marker: &str) -> Result<String, i32> {
     // Double fork: the grandchild is reparented to the sandbox's init and lingers.
     let exe = std::env::current_exe().map_err(ioerr)?;
@@ -556,6 +570,7 @@ fn main() {
         "tiocsti" => line("tiocsti", tiocsti()),
         "isatty" => line("isatty", isatty()),
         "connect" => line(&format!("connect {}", a(1)), connect(a(1))),
+        "listen" => line(&format!("listen {}", a(1)), listen(a(1))),
         "daemon" => line("daemon", daemon(a(1))),
         "forks" => line(&format!("forks {}", a(1)), forks(a(1).parse().unwrap_or(0))),
         "fill" => line(
