@@ -335,6 +335,55 @@ fn refused_calls_are_reported_with_counts() {
     assert_eq!(j["denied_syscalls"], serde_json::json!([]), "{j}");
 }
 
+/// Every call on the filter's refused list, once: each fails with `EPERM` inside and the report
+/// records it under its name, once, from a pid inside.
+#[test]
+fn every_refused_call_fails_with_eperm_and_is_reported() {
+    // Control, as root (whom no capability check refuses): outside, the kernel's own argument
+    // checks answer, never EPERM, so an EPERM inside is the filter's.
+    if euid() == 0 {
+        let out = std::process::Command::new(probe_bin())
+            .arg("refused")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.lines().count() >= 40, "control: {out}");
+        assert!(!out.contains("EPERM"), "control: {out}");
+    }
+    let r = probe(&["--json", "-"], &["refused"]);
+    let lines: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("probe refused "))
+        .collect();
+    assert!(lines.len() >= 40, "{}", r.stdout);
+    let j = r.report();
+    let denied = j["denied_syscalls"].as_array().expect("denied_syscalls");
+    for l in &lines {
+        let (what, result) = l["probe refused ".len()..].split_once(": ").unwrap();
+        assert_eq!(result, "denied EPERM", "{l}");
+        let name = match what {
+            "ioctl-TIOCSTI" => "ioctl TIOCSTI",
+            w if w.starts_with("ioctl-TIOCLINUX") => "ioctl TIOCLINUX",
+            w => w,
+        };
+        let d = denied
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not reported: {denied:?}"));
+        assert_eq!(d["errno"], "EPERM", "{d}");
+        assert!((1..1000).contains(&d["first_pid"].as_u64().unwrap()), "{d}");
+    }
+    let count = |name: &str| {
+        denied
+            .iter()
+            .find(|d| d["name"] == name)
+            .map(|d| d["count"].as_u64().unwrap())
+    };
+    assert_eq!(count("mount"), Some(1));
+    assert_eq!(count("ioctl TIOCLINUX"), Some(2));
+}
+
 #[test]
 fn no_set_uid_file_reaches_the_host() {
     use std::os::unix::fs::PermissionsExt;
@@ -425,6 +474,29 @@ fn the_hosts_loopback_is_unreachable() {
         &["connect", "10.255.255.1:80"],
     );
     assert_eq!(r.probe("connect 10.255.255.1:80"), "denied ENETUNREACH");
+}
+
+/// An abstract unix socket listening on the host (a D-Bus or X11 socket has this form) is out of
+/// reach: abstract names belong to the network namespace, and Landlock ABI 6 also scopes them.
+#[test]
+fn an_abstract_unix_socket_on_the_host_is_unreachable() {
+    use std::os::linux::net::SocketAddrExt;
+    let name = unique("palisade-abstract");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+    let l = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    l.set_nonblocking(true).unwrap();
+    // Control: the host can connect.
+    let c = std::os::unix::net::UnixStream::connect_addr(&addr).expect("control connect");
+    drop(c);
+    l.accept().expect("the control connection");
+    let r = probe(&[], &["unix-abstract", &name]);
+    assert_eq!(
+        r.probe(&format!("unix-abstract {name}")),
+        "denied ECONNREFUSED",
+        "{}",
+        r.stdout
+    );
+    assert!(l.accept().is_err(), "a connection from inside arrived");
 }
 
 fn landlock_abi() -> u64 {

@@ -179,6 +179,16 @@ fn connect(addr: &str) -> Result<String, i32> {
         .map_err(ioerr)
 }
 
+/// Connects to the abstract unix socket `name` (no path: the kernel keeps abstract names per
+/// network namespace, and Landlock ABI 6 scopes them to the domain).
+fn unix_abstract(name: &str) -> Result<String, i32> {
+    use std::os::linux::net::SocketAddrExt;
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(name).map_err(ioerr)?;
+    std::os::unix::net::UnixStream::connect_addr(&a)
+        .map(|_| String::new())
+        .map_err(ioerr)
+}
+
 /// Listens on `addr`, connects to it and passes one byte through: a server and its client,
 /// both inside.
 fn listen(addr: &str) -> Result<String, i32> {
@@ -459,6 +469,82 @@ fn syscalls() {
     }
 }
 
+/// The seccomp filter's whole refused list (docs/layers/seccomp.md), written out here rather than
+/// taken from the filter, so that a call dropped from the filter shows up as `ok` or another errno.
+/// Every argument is -1 (a bad descriptor, pointer, pid and flag word at once), so that outside a
+/// sandbox each call fails harmlessly in the kernel's own checks; inside, the filter answers first.
+/// One line each: `refused NAME: denied EPERM`.
+// `libc`'s ioctl request type differs between targets (u64 with glibc, i32 with musl).
+#[allow(clippy::unnecessary_cast)]
+fn refused() {
+    type L = libc::c_long;
+    let mut calls: Vec<(&str, L)> = vec![
+        ("io_uring_setup", libc::SYS_io_uring_setup),
+        ("io_uring_enter", libc::SYS_io_uring_enter),
+        ("io_uring_register", libc::SYS_io_uring_register),
+        ("bpf", libc::SYS_bpf),
+        ("perf_event_open", libc::SYS_perf_event_open),
+        ("userfaultfd", libc::SYS_userfaultfd),
+        ("keyctl", libc::SYS_keyctl),
+        ("add_key", libc::SYS_add_key),
+        ("request_key", libc::SYS_request_key),
+        ("ptrace", libc::SYS_ptrace),
+        ("process_vm_readv", libc::SYS_process_vm_readv),
+        ("process_vm_writev", libc::SYS_process_vm_writev),
+        ("kexec_load", libc::SYS_kexec_load),
+        ("kexec_file_load", libc::SYS_kexec_file_load),
+        ("init_module", libc::SYS_init_module),
+        ("finit_module", libc::SYS_finit_module),
+        ("delete_module", libc::SYS_delete_module),
+        ("mount", libc::SYS_mount),
+        ("umount2", libc::SYS_umount2),
+        ("fsopen", libc::SYS_fsopen),
+        ("fsconfig", libc::SYS_fsconfig),
+        ("fsmount", libc::SYS_fsmount),
+        ("fspick", libc::SYS_fspick),
+        ("move_mount", libc::SYS_move_mount),
+        ("open_tree", libc::SYS_open_tree),
+        ("mount_setattr", libc::SYS_mount_setattr),
+        ("pivot_root", libc::SYS_pivot_root),
+        ("chroot", libc::SYS_chroot),
+        ("swapon", libc::SYS_swapon),
+        ("swapoff", libc::SYS_swapoff),
+        ("reboot", libc::SYS_reboot),
+        ("acct", libc::SYS_acct),
+        ("quotactl", libc::SYS_quotactl),
+        ("quotactl_fd", libc::SYS_quotactl_fd),
+        ("open_by_handle_at", libc::SYS_open_by_handle_at),
+        ("name_to_handle_at", libc::SYS_name_to_handle_at),
+        ("syslog", libc::SYS_syslog),
+        ("unshare", libc::SYS_unshare),
+        ("setns", libc::SYS_setns),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        ("iopl", libc::SYS_iopl),
+        ("ioperm", libc::SYS_ioperm),
+        ("uselib", libc::SYS_uselib),
+    ]);
+    for (name, nr) in calls {
+        // SAFETY: every argument is invalid (-1), so no call the kernel runs can succeed or touch
+        // this process's memory; the filter's answer comes before any of it.
+        let r = unsafe { libc::syscall(nr, -1 as L, -1 as L, -1 as L, -1 as L, -1 as L, -1 as L) };
+        line(&format!("refused {name}"), raw(r));
+    }
+    for (name, cmd) in [
+        ("ioctl-TIOCSTI", libc::TIOCSTI as u64),
+        ("ioctl-TIOCLINUX", libc::TIOCLINUX as u64),
+        (
+            "ioctl-TIOCLINUX-high-bits",
+            (1u64 << 32) | libc::TIOCLINUX as u64,
+        ),
+    ] {
+        // SAFETY: descriptor -1 is never open; the kernel fails the call with EBADF at the latest.
+        let r = unsafe { libc::syscall(libc::SYS_ioctl, -1 as L, cmd as L, -1 as L) };
+        line(&format!("refused {name}"), raw(r));
+    }
+}
+
 /// Tries to leave a set-uid file at `path`: by chmod of a file it wrote, and by creating one with
 /// the bits in its mode.
 fn setuid(path: &str) {
@@ -570,6 +656,7 @@ fn main() {
         "tiocsti" => line("tiocsti", tiocsti()),
         "isatty" => line("isatty", isatty()),
         "connect" => line(&format!("connect {}", a(1)), connect(a(1))),
+        "unix-abstract" => line(&format!("unix-abstract {}", a(1)), unix_abstract(a(1))),
         "listen" => line(&format!("listen {}", a(1)), listen(a(1))),
         "daemon" => line("daemon", daemon(a(1))),
         "forks" => line(&format!("forks {}", a(1)), forks(a(1).parse().unwrap_or(0))),
@@ -579,6 +666,7 @@ fn main() {
         ),
         "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
         "syscalls" => syscalls(),
+        "refused" => refused(),
         "burn" => line(
             "burn",
             burn(a(1).parse().unwrap_or(1.0), a(2).parse().unwrap_or(1)),
