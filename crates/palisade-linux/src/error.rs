@@ -57,6 +57,8 @@ pub enum SetupError {
         source: std::io::Error,
         hint: &'static str,
     },
+    #[error("protected path `{path}` in the scratch directory is a {kind}, which palisade cannot keep read-only (a mount over it would follow it); replace it with a regular file or directory, or pass --unprotect {path}")]
+    ProtectedUnsupported { path: String, kind: &'static str },
     #[error("sandbox setup failed at step \"{step}\": {source}")]
     Child {
         step: String,

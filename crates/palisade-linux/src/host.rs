@@ -179,3 +179,62 @@ impl Drop for ForwardedSignals {
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
     }
 }
+
+/// After a run: if the code created the protected path `rel` (one the plan watched, see
+/// `plan::Protection`) under the scratch directory `scratch`, moves it aside to
+/// `NAME.palisade-blocked` (or `-2`, `-3`, …: nothing is ever replaced) and returns the new
+/// relative name. It walks `rel` from the top one component at a time, each parent opened with no
+/// symlink resolution at all: a symbolic link or a file standing where a directory of `rel` should
+/// be is itself what gets moved, so a link the code left cannot redirect the look or the move
+/// (e.g. `.git -> elsewhere` with hooks under it). The sandbox is gone by then: nothing races it.
+pub fn disarm(scratch: &std::path::Path, rel: &str) -> io::Result<Option<String>> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let comps: Vec<&str> = rel.split('/').collect();
+    for i in 0..comps.len() {
+        let parent = comps[..i].join("/");
+        let name = comps[i];
+        let dir = scratch.join(&parent);
+        let cdir = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+        let fd = crate::sys::open_path_noresolve(&cdir, crate::sys::RESOLVE_NO_SYMLINKS)
+            .map_err(io::Error::from_raw_os_error)?;
+        // SAFETY: `fd` was just returned by openat2 and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cname = CString::new(name).map_err(io::Error::other)?;
+        let kind =
+            crate::sys::entry_kind(fd.as_raw_fd(), &cname).map_err(io::Error::from_raw_os_error)?;
+        let last = i + 1 == comps.len();
+        match kind {
+            None => return Ok(None),
+            Some(libc::S_IFDIR) if !last => continue,
+            Some(_) => {
+                let to = move_aside(fd.as_raw_fd(), name)?;
+                return Ok(Some(if parent.is_empty() {
+                    to
+                } else {
+                    format!("{parent}/{to}")
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn move_aside(dirfd: RawFd, name: &str) -> io::Result<String> {
+    use std::ffi::CString;
+    let cname = CString::new(name).map_err(io::Error::other)?;
+    for n in 1..1000 {
+        let to = if n == 1 {
+            format!("{name}.palisade-blocked")
+        } else {
+            format!("{name}.palisade-blocked-{n}")
+        };
+        let cto = CString::new(to.as_str()).map_err(io::Error::other)?;
+        match crate::sys::rename_noreplace(dirfd, &cname, &cto) {
+            Ok(()) => return Ok(to),
+            Err(libc::EEXIST) => continue,
+            Err(e) => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+    Err(io::Error::other("no free .palisade-blocked name"))
+}

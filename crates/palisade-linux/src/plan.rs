@@ -172,6 +172,25 @@ pub struct Plan {
     /// Sockets init creates in the sandbox's network namespace and hands to the supervisor (the
     /// egress proxy's listeners), in this order; empty without network rules.
     pub sockets: Vec<SockSpec>,
+    /// The protected paths under a host scratch directory.
+    pub protection: Protection,
+}
+
+/// What became of the policy's protected paths under a host scratch directory (relative paths).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protection {
+    /// The scratch directory's canonical host path; `None` with an ephemeral scratch.
+    pub scratch: Option<PathBuf>,
+    /// Existing files and directories mounted read-only over themselves.
+    pub read_only: Vec<String>,
+    /// Directories on the way to a protected path, bound onto themselves so that they are mount
+    /// points: a mount point cannot be renamed or removed (`EBUSY`), so the code cannot move a
+    /// protected path aside and put its own in its place.
+    pub pinned: Vec<String>,
+    /// Protected paths that do not exist (or have a missing directory on the way): a mount needs
+    /// something to cover, so these can be created inside; the supervisor looks after the run
+    /// and moves whatever appeared there aside (see `host::disarm`).
+    pub watched: Vec<String>,
 }
 
 /// One socket of the egress proxy, made inside the sandbox's network namespace.
@@ -566,6 +585,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         mode: 0o755,
     });
     let mut scratch_source = None;
+    let mut protection = Protection::default();
     match &policy.scratch {
         Scratch::Ephemeral => b.ops.push(Op::Tmpfs {
             path: rel(SCRATCH_DIR),
@@ -587,6 +607,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
                 path: rel(SCRATCH_DIR),
                 attrs: rw,
             });
+            protection = protect(&mut b, &canon, &policy.protected, ids, ro, rw)?;
         }
     }
     b.rule(SCRATCH_DIR, FULL, true);
@@ -658,7 +679,82 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         ],
         landlock,
         sockets: sockets(policy),
+        protection,
     })
+}
+
+/// Plans the protected paths under the host scratch `canon` (docs/policy.md, "Protected
+/// paths"): each component is looked at with `lstat`, never followed. Directories on the way are
+/// pinned; an existing file or directory is mounted read-only over itself (a regular file on the
+/// way, such as a worktree's `.git` file, is covered the same way, as it stands where the
+/// protected path would be); a path with a missing component is watched. A symlink or a special file
+/// is refused: a mount over it would follow it, and renaming it after the run could not tell the
+/// user's from the code's.
+fn protect(
+    b: &mut Builder<'_>,
+    canon: &Path,
+    paths: &[String],
+    ids: Ids,
+    ro: u64,
+    rw: u64,
+) -> Result<Protection, SetupError> {
+    let mut p = Protection {
+        scratch: Some(canon.to_owned()),
+        ..Protection::default()
+    };
+    let mut binds: Vec<(String, bool)> = Vec::new();
+    for path in paths {
+        let comps: Vec<&str> = path.split('/').collect();
+        for i in 0..comps.len() {
+            let prefix = comps[..=i].join("/");
+            let last = i + 1 == comps.len();
+            let Some(meta) = b.host.lstat(&canon.join(&prefix)) else {
+                p.watched.push(path.clone());
+                break;
+            };
+            let ft = meta.file_type();
+            if ft.is_dir() && !last {
+                if !binds.iter().any(|(x, _)| *x == prefix) {
+                    binds.push((prefix, true));
+                }
+                continue;
+            }
+            if ft.is_dir() || ft.is_file() {
+                // A path already pinned as a directory on the way is made read-only instead.
+                binds.retain(|(x, _)| *x != prefix);
+                binds.push((prefix, false));
+                break;
+            }
+            let kind = if ft.is_symlink() {
+                "symbolic link"
+            } else {
+                "special file"
+            };
+            return Err(SetupError::ProtectedUnsupported { path: prefix, kind });
+        }
+    }
+    // Parents first, so that a read-only mount is never covered by a later pin of its parent.
+    binds.sort_by_key(|(x, _)| x.matches('/').count());
+    for (path, pin) in binds {
+        let host = canon.join(&path);
+        let meta = b.host.lstat(&host).ok_or_else(|| SetupError::HostPath {
+            field: "protect",
+            path: host.clone(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        })?;
+        let s = b.user_source(&host, &meta, ids.privileged, ids.privileged);
+        b.ops.push(Op::Bind {
+            source: s,
+            path: rel(&format!("{SCRATCH_DIR}/{path}")),
+            attrs: if pin { rw } else { ro },
+        });
+        if pin {
+            p.pinned.push(path);
+        } else {
+            p.read_only.push(path);
+        }
+    }
+    Ok(p)
 }
 
 /// `RLIMIT_CPU` for the payload: the CPU-time limit rounded up to whole seconds, plus one. It is

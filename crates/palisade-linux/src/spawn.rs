@@ -134,6 +134,7 @@ pub struct Running {
     ids: Ids,
     limits: palisade_policy::Limits,
     landlock: LandlockState,
+    protection: crate::plan::Protection,
     /// The payload's seccomp listener: refused calls arrive here to be answered and recorded.
     notify: Option<OwnedFd>,
     denied: Vec<DeniedCall>,
@@ -409,6 +410,7 @@ pub fn spawn(
         ids,
         limits: policy.limits,
         landlock: plan.landlock.state(),
+        protection: plan.protection.clone(),
         notify: None,
         denied: Vec::new(),
         done: false,
@@ -639,6 +641,11 @@ impl Running {
     }
 
     /// Whether Landlock is enforced for this run (with which ABI and rights), or why not.
+    /// What the plan did with the policy's protected paths.
+    pub fn protection(&self) -> &crate::plan::Protection {
+        &self.protection
+    }
+
     pub fn landlock(&self) -> &LandlockState {
         &self.landlock
     }

@@ -591,6 +591,37 @@ pub fn symlink(target: &std::ffi::CStr, path: &std::ffi::CStr) -> SysResult<()> 
     check_int(unsafe { libc::symlink(target.as_ptr(), path.as_ptr()) }).map(drop)
 }
 
+/// The file type (`S_IFDIR`, `S_IFLNK`, …) of `name` in the directory `dirfd`, or `None` if there
+/// is no such entry (`fstatat` with `AT_SYMLINK_NOFOLLOW`: a symlink is an entry, never followed).
+pub fn entry_kind(dirfd: c_int, name: &std::ffi::CStr) -> SysResult<Option<libc::mode_t>> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated and `st` a valid out-pointer.
+    match check_int(unsafe {
+        libc::fstatat(dirfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+    }) {
+        Ok(_) => Ok(Some(st.st_mode & libc::S_IFMT)),
+        Err(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `renameat2(dirfd, from, dirfd, to, RENAME_NOREPLACE)`: never replaces an existing `to`.
+pub fn rename_noreplace(dirfd: c_int, from: &std::ffi::CStr, to: &std::ffi::CStr) -> SysResult<()> {
+    // SAFETY: both names are NUL-terminated; renameat2 does not follow a symlink in either.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            dirfd,
+            from.as_ptr(),
+            dirfd,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    })
+    .map(drop)
+}
+
 /// `fstat(fd)` → `(st_dev, st_ino)`.
 pub fn dev_ino(fd: c_int) -> SysResult<(u64, u64)> {
     // SAFETY: an all-zero `stat` is a valid value to be overwritten.

@@ -11,9 +11,12 @@
 
 mod env;
 mod error;
+pub mod file;
 mod limits;
 pub mod net;
 mod path;
+pub mod profile;
+pub mod protect;
 
 pub use env::{EnvName, EnvVar};
 pub use error::PolicyError;
@@ -83,6 +86,10 @@ pub struct Policy {
     /// Egress: none unless allow rules are given; then only through palisade's proxy.
     #[serde(default)]
     pub network: net::Network,
+    /// Paths under a host scratch directory kept read-only inside, whether or not they exist
+    /// (see [`protect`]); relative to the scratch directory. Unused with an ephemeral scratch.
+    #[serde(default = "protect::defaults")]
+    pub protected: Vec<String>,
     /// TESTS ONLY, never set it otherwise: one more host path in the mount view that gets **no
     /// Landlock rule**, so that a test can show Landlock refusing what a wrong mount view would
     /// expose. Refused by validation in release builds; not reachable from the CLI, never read
@@ -104,6 +111,14 @@ pub enum Degradable {
 }
 
 impl Degradable {
+    /// The CLI and policy-file name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Degradable::Cgroup => "cgroup",
+            Degradable::Landlock => "landlock",
+        }
+    }
+
     /// Parses the CLI name.
     ///
     /// ```
@@ -211,6 +226,7 @@ impl Policy {
             debug_unlandlocked_bind: None,
             allow_ptrace: false,
             network: net::Network::default(),
+            protected: protect::defaults(),
         };
         p.validate()?;
         Ok(p)
@@ -277,6 +293,16 @@ impl Policy {
         }
         self.limits.validate()?;
         self.network.validate()?;
+        for (i, p) in self.protected.iter().enumerate() {
+            let v = protect::ProtectedPath::new(p)?;
+            if v.as_str() != p || self.protected[..i].contains(p) {
+                return Err(PolicyError::invalid(
+                    "protect",
+                    p,
+                    "each path once, without a trailing `/`",
+                ));
+            }
+        }
         for b in self.all_binds() {
             let field = if b.writable { "--rw" } else { "--ro" };
             if !b.source.is_absolute() {

@@ -387,6 +387,12 @@ impl Pin {
     }
 }
 
+impl fmt::Display for Pin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.host, self.addr)
+    }
+}
+
 /// The sandbox's network: nothing unless `allow` has rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

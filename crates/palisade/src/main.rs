@@ -44,10 +44,48 @@ enum Cmd {
         #[arg(long)]
         user: String,
     },
+    /// Check, show and describe policy files and profiles (docs/policy.md).
+    Policy {
+        #[command(subcommand)]
+        cmd: PolicyCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCmd {
+    /// Validate a policy file: each error with its line, the field, the bad value and what is
+    /// accepted. Exit status 0 when the file is valid, 125 when it is not.
+    Check {
+        /// The policy file (TOML).
+        file: PathBuf,
+    },
+    /// Print the effective policy, as a policy file, after the defaults, the profiles, the file
+    /// and the options, exactly as `palisade run` with the same options would use it.
+    Show(Box<RunArgs>),
+    /// Print the JSON Schema of policy files (for editors).
+    Schema,
+    /// List the built-in profiles and what each opens.
+    Profiles,
 }
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
+    /// Read the policy from a TOML file (docs/policy.md); options given here override it.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Apply a built-in profile (repeatable, in order, after the file's own profiles):
+    /// default, python, pypi, node, npm, shell, build. `palisade policy profiles` lists them.
+    #[arg(long = "profile", value_name = "NAME")]
+    profile: Vec<String>,
+    /// Keep PATH (relative to a host --scratch directory) read-only inside, on top of the
+    /// protected defaults (.git/hooks, .git/config, shell rc files, editor and agent settings).
+    /// Repeatable.
+    #[arg(long = "protect", value_name = "PATH")]
+    protect: Vec<String>,
+    /// Make a protected path writable again (repeatable). It reopens a way for code to act after
+    /// the run: use it for a workload that must write that very path.
+    #[arg(long = "unprotect", value_name = "PATH")]
+    unprotect: Vec<String>,
     /// Host directory mounted read-write at /workspace (the working directory and $HOME).
     /// Default: a fresh tmpfs that vanishes with the run.
     #[arg(long, value_name = "DIR")]
@@ -148,7 +186,7 @@ struct RunArgs {
     #[arg(long, short)]
     quiet: bool,
     /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -174,6 +212,13 @@ fn main() {
             }
         },
         Cmd::Doctor { json } => doctor(json),
+        Cmd::Policy { cmd } => match policy_cmd(cmd) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisade: error: {e:#}");
+                EXIT_SANDBOX_ERROR
+            }
+        },
         Cmd::CgroupDelegate { user } => match delegate(&user) {
             Ok(()) => 0,
             Err(e) => {
@@ -185,19 +230,37 @@ fn main() {
     std::process::exit(code);
 }
 
-fn run(a: RunArgs) -> anyhow::Result<i32> {
-    let tty = if a.tty {
-        true
-    } else if a.no_tty {
-        false
-    } else {
-        std::io::stdin().is_terminal()
+/// The sandbox builder for `a`: defaults, then the policy file's profiles, the `--profile`
+/// options, the file's own fields, and the other options last.
+fn builder(a: &RunArgs, tty: bool) -> anyhow::Result<palisade::Builder> {
+    let mut b = Sandbox::builder().command(a.command.clone()).tty(tty);
+    let file = match &a.policy {
+        Some(p) => Some(read_policy_file(p)?),
+        None => None,
     };
-    let mut b = Sandbox::builder()
-        .command(a.command.clone())
-        .allow_ptrace(a.allow_ptrace)
-        .tty(tty)
-        .keep_scratch(a.keep);
+    if let Some(f) = &file {
+        for p in &f.profiles {
+            b = b.profile(p);
+        }
+    }
+    for p in &a.profile {
+        b = b.profile(p);
+    }
+    if let Some(f) = &file {
+        b = b.overlay(f);
+    }
+    if a.allow_ptrace {
+        b = b.allow_ptrace(true);
+    }
+    if a.keep {
+        b = b.keep_scratch(true);
+    }
+    for p in &a.protect {
+        b = b.protect(p);
+    }
+    for p in &a.unprotect {
+        b = b.unprotect(p);
+    }
     if let Some(s) = &a.scratch {
         b = b.scratch_dir(s);
     }
@@ -274,6 +337,27 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     for &p in &a.allow_local_port {
         b = b.allow_local_port(p);
     }
+    Ok(b)
+}
+
+fn read_policy_file(p: &std::path::Path) -> anyhow::Result<palisade::policy::file::PolicyFile> {
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("--policy {}: cannot read the file", p.display()))?;
+    Ok(palisade::policy::file::PolicyFile::parse(
+        &p.display().to_string(),
+        &text,
+    )?)
+}
+
+fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let tty = if a.tty {
+        true
+    } else if a.no_tty {
+        false
+    } else {
+        std::io::stdin().is_terminal()
+    };
+    let b = builder(&a, tty)?;
     let mut sandbox = b.build()?;
     if a.net_log || !a.quiet {
         let all = a.net_log;
@@ -311,6 +395,77 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     drop(signals);
     emit(&a, &report)?;
     Ok(report.exit_code_for_cli())
+}
+
+fn policy_cmd(cmd: PolicyCmd) -> anyhow::Result<i32> {
+    use palisade::policy::file::PolicyFile;
+    match cmd {
+        PolicyCmd::Check { file } => {
+            let f = read_policy_file(&file)?;
+            let name = file.display();
+            // The whole policy as a run would build it (duplicate targets, the proxy's ports),
+            // then the host paths it names, which a run would refuse.
+            let sandbox = Sandbox::builder()
+                .command(["true"])
+                .policy_file(&f)
+                .build()
+                .with_context(|| format!("{name}"))?;
+            let p = sandbox.policy();
+            if let palisade::policy::Scratch::Host { path } = &p.scratch {
+                if !path.is_dir() {
+                    anyhow::bail!(
+                        "{name}: filesystem.scratch `{}`: not a directory on this host",
+                        path.display()
+                    );
+                }
+            }
+            for b in &p.binds {
+                if std::fs::symlink_metadata(&b.source).is_err() {
+                    let field = if b.writable {
+                        "filesystem.rw"
+                    } else {
+                        "filesystem.ro"
+                    };
+                    anyhow::bail!(
+                        "{name}: {field} `{}`: no such path on this host",
+                        b.source.display()
+                    );
+                }
+            }
+            println!("{name}: ok");
+            Ok(0)
+        }
+        PolicyCmd::Show(a) => {
+            let sandbox = builder(&a, a.tty)?
+                .command(if a.command.is_empty() {
+                    vec!["true".to_owned()]
+                } else {
+                    a.command.clone()
+                })
+                .build()?;
+            if !a.command.is_empty() {
+                println!("# command: {}", a.command.join(" "));
+            }
+            print!("{}", PolicyFile::render(sandbox.policy(), a.keep));
+            Ok(0)
+        }
+        PolicyCmd::Schema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&palisade::policy::file::json_schema())?
+            );
+            Ok(0)
+        }
+        PolicyCmd::Profiles => {
+            for (name, summary, text) in palisade::policy::profile::PROFILES {
+                println!("{name:<8} {summary}");
+                for l in text.lines().filter(|l| !l.is_empty()) {
+                    println!("         | {l}");
+                }
+            }
+            Ok(0)
+        }
+    }
 }
 
 fn doctor(json: bool) -> i32 {
@@ -388,6 +543,18 @@ fn lookup_user(user: &str) -> anyhow::Result<(u32, u32)> {
 fn emit(a: &RunArgs, report: &Report) -> anyhow::Result<()> {
     if !a.quiet || report.status == palisade::Status::SandboxError {
         eprintln!("{}", report.summary());
+    } else {
+        // Even when quiet: something the code left to run later was found and moved aside.
+        for b in &report.protected.blocked {
+            eprintln!(
+                "palisade: protected path {} was created inside: {}",
+                b.path,
+                b.moved_to
+                    .as_deref()
+                    .map(|t| format!("moved to {t}"))
+                    .unwrap_or_else(|| format!("NOT moved: {}", b.error.as_deref().unwrap_or("?")))
+            );
+        }
     }
     match a.json.as_deref() {
         None => {}

@@ -103,6 +103,9 @@ pub struct Report {
     pub layers: Vec<Layer>,
     /// Egress: `none`, or `allow-list` with every decision of the proxy and DNS stub.
     pub network: Network,
+    /// Protected paths under a host scratch directory: what was kept read-only, and anything the
+    /// code created at a protected path, moved aside after the run.
+    pub protected: Protected,
     /// The supervisor lost the cgroup's CPU accounting during the run (see `cpu-time-limit`).
     #[serde(skip)]
     pub(crate) cpu_watch_lost: bool,
@@ -236,7 +239,22 @@ impl Report {
             cpu_watch_lost: false,
             denied_syscalls: Vec::new(),
             network: Network::default(),
+            protected: Protected::default(),
         }
+    }
+
+    /// Records the protected paths, and what was moved aside after the run.
+    pub(crate) fn set_protected(
+        &mut self,
+        p: &palisade_linux::plan::Protection,
+        blocked: Vec<Blocked>,
+    ) {
+        self.protected = Protected {
+            read_only: p.read_only.clone(),
+            pinned: p.pinned.clone(),
+            watched: p.watched.clone(),
+            blocked,
+        };
     }
 
     /// Records the egress proxy's decisions (with allow rules), and says so in the network layer.
@@ -421,6 +439,19 @@ impl Report {
                 self.network.allowed, self.network.denied
             ));
         }
+        for b in &self.protected.blocked {
+            match &b.moved_to {
+                Some(to) => s.push_str(&format!(
+                    " · PROTECTED {} was created inside: moved to {to}",
+                    b.path
+                )),
+                None => s.push_str(&format!(
+                    " · PROTECTED {} was created inside and could NOT be moved aside: {}",
+                    b.path,
+                    b.error.as_deref().unwrap_or("?")
+                )),
+            }
+        }
         if !self.denied_syscalls.is_empty() {
             let calls: Vec<String> = self
                 .denied_syscalls
@@ -431,6 +462,28 @@ impl Report {
         }
         s
     }
+}
+
+/// The protected-paths part of the report (paths relative to the scratch directory).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Protected {
+    /// Mounted read-only over themselves.
+    pub read_only: Vec<String>,
+    /// Directories on the way, made mount points so that they cannot be moved or removed.
+    pub pinned: Vec<String>,
+    /// Did not exist at the start; looked at after the run.
+    pub watched: Vec<String>,
+    /// Watched paths the code created, and where they were moved.
+    pub blocked: Vec<Blocked>,
+}
+
+/// A protected path the code created during the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Blocked {
+    pub path: String,
+    /// Relative to the scratch directory; `None` if the move failed (then `error` says why).
+    pub moved_to: Option<String>,
+    pub error: Option<String>,
 }
 
 /// The network part of the report.

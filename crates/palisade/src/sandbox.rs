@@ -3,6 +3,7 @@
 use crate::report::Report;
 use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
 use palisade_linux::{CpuWatch, Running, SetupError, Sinks, Stdin};
+use palisade_policy::file::PolicyFile;
 use palisade_policy::Degradable;
 use palisade_policy::{Bind, EnvVar, Policy, PolicyError, Scratch};
 use std::cell::RefCell;
@@ -57,6 +58,9 @@ pub struct Builder {
     cgroup_root: Option<PathBuf>,
     allow_ptrace: bool,
     network: palisade_policy::net::Network,
+    hostname: Option<String>,
+    /// `None`: the default protected paths.
+    protected: Option<Vec<String>>,
     error: Option<PolicyError>,
 }
 
@@ -107,11 +111,133 @@ impl Builder {
         self
     }
 
-    /// Sets a variable inside.
+    /// Sets a variable inside; a later value for the same name replaces the earlier one (so
+    /// that command-line options override a policy file's).
     pub fn env(mut self, name: &str, value: &str) -> Self {
         match EnvVar::new(name, value) {
-            Ok(v) => self.env.push(v),
+            Ok(v) => {
+                self.env.retain(|o| o.name != v.name);
+                self.env.push(v)
+            }
             Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// The sandbox's host name (default `sandbox`).
+    pub fn hostname(mut self, name: &str) -> Self {
+        self.hostname = Some(name.to_owned());
+        self
+    }
+
+    /// Keeps `path` (relative to a host scratch directory) read-only inside, on top of the
+    /// default protected paths (see [`palisade_policy::protect`]).
+    pub fn protect(mut self, path: &str) -> Self {
+        match palisade_policy::protect::ProtectedPath::new(path) {
+            Ok(p) => {
+                let list = self
+                    .protected
+                    .get_or_insert_with(palisade_policy::protect::defaults);
+                if !list.iter().any(|x| x == p.as_str()) {
+                    list.push(p.as_str().to_owned());
+                }
+            }
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// Makes a protected path writable again, e.g. `.git/config` for a workload that configures
+    /// its own repository. Loud on purpose: it reopens a way to act after the run.
+    pub fn unprotect(mut self, path: &str) -> Self {
+        match palisade_policy::protect::ProtectedPath::new(path) {
+            Ok(p) => self
+                .protected
+                .get_or_insert_with(palisade_policy::protect::defaults)
+                .retain(|x| x != p.as_str()),
+            Err(e) => self.error = self.error.or(Some(e.in_field("unprotect"))),
+        }
+        self
+    }
+
+    /// Applies a built-in profile (see [`palisade_policy::profile`]).
+    ///
+    /// ```
+    /// let b = palisade::Sandbox::builder().command(["true"]).profile("build");
+    /// assert_eq!(b.current_limits().pids, 4096);
+    /// ```
+    pub fn profile(self, name: &str) -> Self {
+        let Some(text) = palisade_policy::profile::get(name) else {
+            let mut b = self;
+            b.error = b.error.or(Some(PolicyError::Invalid {
+                field: "--profile",
+                value: name.to_owned(),
+                expected: "one of the built-in profiles (palisade policy profiles lists them)",
+            }));
+            return b;
+        };
+        match PolicyFile::parse(&format!("profile {name}"), text) {
+            Ok(f) => self.overlay(&f),
+            // The profiles are parsed in a unit test; one that fails here is a build defect.
+            Err(e) => panic!("built-in profile {name} is invalid: {e}"),
+        }
+    }
+
+    /// Applies a policy file: its profiles, then its own fields. Lists add to what is set,
+    /// values replace it.
+    pub fn policy_file(self, f: &PolicyFile) -> Self {
+        let mut b = self;
+        for p in &f.profiles {
+            b = b.profile(p);
+        }
+        b.overlay(f)
+    }
+
+    /// Applies a policy file's own fields, not its profiles (the CLI applies `--profile` options
+    /// between the two).
+    pub fn overlay(mut self, f: &PolicyFile) -> Self {
+        if let Some(h) = &f.hostname {
+            self.hostname = Some(h.clone());
+        }
+        if let Some(s) = &f.scratch {
+            self.scratch = Some(s.clone());
+        }
+        if let Some(k) = f.keep_scratch {
+            self.keep = k;
+        }
+        self.binds.extend(f.binds.iter().cloned());
+        for p in &f.protect {
+            self = self.protect(p);
+        }
+        for p in &f.unprotect {
+            self = self.unprotect(p);
+        }
+        for v in &f.env_set {
+            self = self.env(v.name.as_str(), &v.value);
+        }
+        for n in &f.env_pass {
+            match std::env::var(n.as_str()) {
+                Ok(v) => self = self.env(n.as_str(), &v),
+                Err(_) => self.error = self.error.or(Some(PolicyError::Invalid {
+                    field: "env.pass",
+                    value: n.to_string(),
+                    expected:
+                        "a variable set in palisade's environment (or give its value in env.set)",
+                })),
+            }
+        }
+        self.network.allow.extend(f.allow_net.iter().cloned());
+        self.network.deny.extend(f.deny_net.iter().cloned());
+        self.network.resolve.extend(f.resolve.iter().cloned());
+        self.network
+            .local_ports
+            .extend(f.local_ports.iter().copied());
+        f.limits.apply(&mut self.limits);
+        for &d in &f.allow_degraded {
+            self = self.allow_degraded(d);
+        }
+        if let Some(p) = f.allow_ptrace {
+            self.allow_ptrace = p;
         }
         self
     }
@@ -234,6 +360,12 @@ impl Builder {
         policy.allow_degraded = self.degraded;
         policy.allow_ptrace = self.allow_ptrace;
         policy.network = self.network;
+        if let Some(h) = self.hostname {
+            policy.hostname = h;
+        }
+        if let Some(p) = self.protected {
+            policy.protected = p;
+        }
         policy.validate()?;
         Ok(Sandbox {
             net_notify: None,
@@ -420,6 +552,7 @@ impl Sandbox {
         started(&running);
         let ids = running.ids();
         let landlock = running.landlock().clone();
+        let protection = running.protection().clone();
         // The CPU-time limit, over every process of the sandbox, from the cgroup's accounting.
         let used = || cgroup.borrow().as_ref().and_then(|c| c.cpu_used());
         // The quota actually written, not the one asked for: a host without a cpu controller for
@@ -452,6 +585,27 @@ impl Sandbox {
         if let Some(e) = egress {
             report.set_network(e.finish(), policy.network.allow.len());
         }
+        // The sandbox is gone (init's end kills every process in it): whatever appeared at a
+        // protected path that did not exist at the start is moved aside, never left to run later.
+        let mut blocked = Vec::new();
+        if let Some(dir) = &protection.scratch {
+            for w in &protection.watched {
+                match palisade_linux::host::disarm(dir, w) {
+                    Ok(None) => {}
+                    Ok(Some(to)) => blocked.push(crate::report::Blocked {
+                        path: w.clone(),
+                        moved_to: Some(to),
+                        error: None,
+                    }),
+                    Err(e) => blocked.push(crate::report::Blocked {
+                        path: w.clone(),
+                        moved_to: None,
+                        error: Some(e.to_string()),
+                    }),
+                }
+            }
+        }
+        report.set_protected(&protection, blocked);
         report
     }
 
