@@ -961,6 +961,88 @@ mod tests {
         p
     }
 
+    /// Protected paths under a host scratch: existing ones read-only, directories on the way
+    /// pinned (parents first), missing ones watched, a symlink refused.
+    #[test]
+    fn protected_paths_are_covered_pinned_or_watched() {
+        let dir =
+            std::env::temp_dir().join(format!("palisade-plan-protect-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join(".git/hooks")).unwrap();
+        std::fs::write(dir.join(".git/config"), b"").unwrap();
+        std::fs::write(dir.join(".claude"), b"").unwrap();
+        let mut p = Policy::new(["true"]).unwrap();
+        p.scratch = Scratch::Host { path: dir.clone() };
+        p.protected = [
+            ".git/hooks",
+            ".git/config",
+            ".envrc",
+            ".config/fish",
+            ".claude",
+        ]
+        .map(String::from)
+        .to_vec();
+        let host = RealWithAbi(Ok(7));
+        let plan = build(&p, ids(), &host).unwrap();
+        let canon = std::fs::canonicalize(&dir).unwrap();
+        assert_eq!(
+            plan.protection,
+            Protection {
+                scratch: Some(canon.clone()),
+                read_only: [".claude", ".git/hooks", ".git/config"]
+                    .map(String::from)
+                    .to_vec(),
+                pinned: vec![".git".to_owned()],
+                watched: [".envrc", ".config/fish"].map(String::from).to_vec(),
+            }
+        );
+        // The binds after the scratch's own, each of the host path itself, pins writable.
+        let binds: Vec<(String, String, bool)> = plan
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::Bind {
+                    source,
+                    path,
+                    attrs,
+                } => Some((
+                    plan.sources[*source].path.to_str().unwrap().to_owned(),
+                    path.to_str().unwrap().to_owned(),
+                    attrs & crate::sys::MOUNT_ATTR_RDONLY != 0,
+                )),
+                _ => None,
+            })
+            .skip_while(|(_, path, _)| path != "workspace")
+            .collect();
+        let c = canon.display();
+        assert_eq!(
+            binds,
+            vec![
+                (format!("{c}"), "workspace".to_owned(), false),
+                (format!("{c}/.git"), "workspace/.git".to_owned(), false),
+                (format!("{c}/.claude"), "workspace/.claude".to_owned(), true),
+                (
+                    format!("{c}/.git/hooks"),
+                    "workspace/.git/hooks".to_owned(),
+                    true
+                ),
+                (
+                    format!("{c}/.git/config"),
+                    "workspace/.git/config".to_owned(),
+                    true
+                ),
+            ]
+        );
+        // A symlink cannot be covered: a mount over it would follow it.
+        std::os::unix::fs::symlink("/etc/passwd", dir.join(".envrc")).unwrap();
+        let e = build(&p, ids(), &host).unwrap_err().to_string();
+        assert!(
+            e.contains(".envrc") && e.contains("symbolic link") && e.contains("--unprotect .envrc"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn landlock_rules_follow_the_view() {
         use landlock::*;

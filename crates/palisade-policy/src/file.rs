@@ -662,3 +662,232 @@ pub fn json_schema() -> serde_json::Value {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> FileError {
+        PolicyFile::parse("p.toml", text).expect_err(text)
+    }
+
+    /// Broken files and the exact message each gets: the place, the field, the value, and what
+    /// is accepted.
+    #[test]
+    fn broken_files_get_the_line_the_field_and_what_is_accepted() {
+        let cases: &[(&str, usize, usize, &str)] = &[
+            ("[limits]\nmemory = \"lots\"\n", 2, 10, "invalid limits.memory `lots`: expected a positive size such as 4096, 64k, 1MiB or 2GB, at most 1 TiB"),
+            ("[limits]\nmemory = true\n", 2, 10, "limits.memory: expected a size such as \"512MiB\" or a number of bytes, found boolean `true`"),
+            ("[limits]\nmemory = \"512k\"\n", 0, 0, "limits: invalid memory `524288`: expected a size between 1 MiB and 1 TiB"),
+            ("[limits]\ntimeout = \"10\"\n", 2, 11, "invalid limits.timeout `10`: expected a positive number with a unit: ms, s, m or h (e.g. 30s, 1.5m), at most 7 days"),
+            ("[limits]\ntimeout = 10\n", 2, 11, "limits.timeout: expected a duration with a unit, e.g. \"30s\" or \"10m\", found integer `10`"),
+            ("[limits]\npids = 0\n", 2, 8, "invalid limits.pids `0`: expected a positive whole number within the field's range"),
+            ("[limits]\ncpus = \"half\"\n", 2, 8, "invalid limits.cpus `half`: expected a number of CPUs between 0.01 and 4096, e.g. 0.5 or 2"),
+            ("[limits]\nmemroy = \"1G\"\n", 2, 1, "unknown field `memroy`, expected one of `timeout`, `cpu_time`, `memory`, `pids`, `open_files`, `file_size`, `output`, `tmp_size`, `scratch_size`, `cpus`"),
+            ("[envv]\n", 1, 2, "unknown field `envv`, expected one of `profiles`, `hostname`, `filesystem`, `env`, `network`, `limits`, `layers`"),
+            ("profiles = [\"pyton\"]\n", 1, 12, "profiles: unknown profile `pyton`; the built-in ones are: default, python, pypi, node, npm, shell, build"),
+            ("profiles = \"python\"\n", 1, 12, "profiles: expected an array of strings, e.g. [\"a\", \"b\"], found string `\"python\"`"),
+            ("[network]\nallow = [\"*\"]\n", 2, 9, "invalid network.allow `*`: expected a host without `*`, or `*.DOMAIN` for subdomains; a bare `*` would allow everything, so it is refused"),
+            ("[network]\nlocal_ports = [0]\n", 2, 15, "network.local_ports: expected an array of TCP ports from 1 to 65535, e.g. [8000], found array `[0]`"),
+            ("[filesystem]\nro = [\"rel\"]\n", 2, 6, "invalid filesystem.ro `rel`: expected an absolute host path, optionally followed by `:` and an absolute path inside"),
+            ("[filesystem]\nscratch = \"proj\"\n", 2, 11, "invalid filesystem.scratch `proj`: expected an absolute path of a host directory"),
+            ("[filesystem]\nprotect = [\"../x\"]\n", 2, 11, "invalid filesystem.protect `../x`: expected a path relative to the scratch directory, e.g. `.git/hooks` (no leading `/`, no `.` or `..`)"),
+            ("[env]\nset = { \"1X\" = \"a\" }\n", 2, 9, "invalid env.set `1X`: expected a name of letters, digits and `_` that does not start with a digit"),
+            ("[env]\nset = { A = 1 }\n", 2, 13, "env.set.A: expected a string, found integer `1`"),
+            ("[env]\nset = { A = \"1\" }\npass = [\"A\"]\n", 3, 8, "env.pass: `A` is also in env.set; name each variable once"),
+            ("[layers]\nallow_degraded = [\"seccomp\"]\n", 2, 18, "invalid layers.allow_degraded `seccomp`: expected one of: cgroup, landlock"),
+            ("[layers]\nallow_ptrace = \"yes\"\n", 2, 16, "layers.allow_ptrace: expected true or false, found string `\"yes\"`"),
+        ];
+        for (text, line, column, message) in cases {
+            let e = err(text);
+            assert_eq!(
+                (e.line, e.column, e.message.as_str()),
+                (*line, *column, *message),
+                "{text}"
+            );
+        }
+        // The rendering: file, line and column, the message, then the line itself.
+        assert_eq!(
+            err("[limits]\nmemory = \"lots\"\n").to_string(),
+            "p.toml:2:10: invalid limits.memory `lots`: expected a positive size such as 4096, 64k, 1MiB or 2GB, at most 1 TiB\n    2 | memory = \"lots\""
+        );
+    }
+
+    #[test]
+    fn a_full_file_reads_into_validated_values() {
+        let f = PolicyFile::parse(
+            "p.toml",
+            r#"
+profiles = ["python", "pypi"]
+hostname = "box"
+[filesystem]
+scratch = "/srv/proj"
+ro = ["/opt/data", "/srv/x:/data"]
+rw = ["/tmp/out:/out"]
+protect = ["Makefile"]
+unprotect = [".git/config"]
+[env]
+set = { MODE = "fast" }
+[network]
+allow = ["example.org:8443"]
+deny = ["bad.example.org"]
+resolve = ["example.org=203.0.113.7"]
+local_ports = [8000]
+[limits]
+timeout = "90s"
+cpu_time = "1m"
+memory = 536870912
+pids = 64
+open_files = 256
+file_size = "10MiB"
+output = "1MiB"
+tmp_size = "64MiB"
+scratch_size = "128MiB"
+cpus = 0.5
+[layers]
+allow_degraded = ["cgroup", "cgroup"]
+allow_ptrace = true
+"#,
+        )
+        .unwrap();
+        assert_eq!(f.profiles, ["python", "pypi"]);
+        assert_eq!(f.hostname.as_deref(), Some("box"));
+        assert_eq!(f.scratch, Some(PathBuf::from("/srv/proj")));
+        assert_eq!(f.binds.len(), 3);
+        assert_eq!(f.binds[1].target.as_str(), "/data");
+        assert!(f.binds[2].writable);
+        assert_eq!(f.protect, ["Makefile"]);
+        assert_eq!(f.unprotect, [".git/config"]);
+        assert_eq!(f.env_set, [EnvVar::new("MODE", "fast").unwrap()]);
+        assert_eq!(f.allow_net[0].to_string(), "example.org:8443");
+        assert_eq!(f.resolve[0].to_string(), "example.org=203.0.113.7");
+        assert_eq!(f.local_ports, [8000]);
+        assert_eq!(
+            f.limits,
+            LimitsOverlay {
+                timeout_ms: Some(90_000),
+                cpu_time_ms: Some(60_000),
+                memory_bytes: Some(512 << 20),
+                pids: Some(64),
+                open_files: Some(256),
+                file_size_bytes: Some(10 << 20),
+                output_bytes: Some(1 << 20),
+                tmp_bytes: Some(64 << 20),
+                scratch_bytes: Some(128 << 20),
+                cpu_milli: Some(500),
+            }
+        );
+        assert_eq!(f.allow_degraded, [Degradable::Cgroup]);
+        assert_eq!(f.allow_ptrace, Some(true));
+        assert_eq!(
+            PolicyFile::parse("e.toml", "").unwrap(),
+            PolicyFile::default()
+        );
+    }
+
+    /// `policy show` prints a file that reads back to the same policy.
+    #[test]
+    fn the_rendered_policy_reads_back_to_itself() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.hostname = "box".into();
+        p.scratch = Scratch::Host {
+            path: "/srv/proj".into(),
+        };
+        p.binds.push(Bind::parse("/opt/data", false).unwrap());
+        p.binds.push(Bind::parse("/tmp/out:/out", true).unwrap());
+        p.env.push(EnvVar::new("A", "x \"y\"").unwrap());
+        p.network
+            .allow
+            .push(NetRule::parse("t", "*.example.org:8443").unwrap());
+        p.network
+            .deny
+            .push(NetRule::parse("t", "bad.example.org").unwrap());
+        p.network
+            .resolve
+            .push(Pin::parse("a.example.org=2001:db8::7").unwrap());
+        p.network.local_ports.push(8000);
+        p.limits.memory_bytes = 3 << 29;
+        p.limits.timeout_ms = 1500;
+        p.limits.cpu_milli = Some(250);
+        p.protected.retain(|x| x != ".git/config");
+        p.protected.push("Makefile".into());
+        p.allow_degraded.push(Degradable::Landlock);
+        p.allow_ptrace = true;
+        p.validate().unwrap();
+        let text = PolicyFile::render(&p, false);
+        let f = PolicyFile::parse("shown.toml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let mut q = Policy::new(["true"]).unwrap();
+        q.hostname = f.hostname.clone().unwrap();
+        q.scratch = Scratch::Host {
+            path: f.scratch.clone().unwrap(),
+        };
+        q.binds = f.binds.clone();
+        q.env = f.env_set.clone();
+        q.network.allow = f.allow_net.clone();
+        q.network.deny = f.deny_net.clone();
+        q.network.resolve = f.resolve.clone();
+        q.network.local_ports = f.local_ports.clone();
+        f.limits.apply(&mut q.limits);
+        q.protected.retain(|x| !f.unprotect.contains(x));
+        q.protected.extend(f.protect.iter().cloned());
+        q.allow_degraded = f.allow_degraded.clone();
+        q.allow_ptrace = f.allow_ptrace.unwrap();
+        // `show` writes the CPU time out (it defaults to the timeout).
+        p.limits.cpu_time_ms = Some(1500);
+        assert_eq!(q, p, "{text}");
+    }
+
+    /// The JSON Schema and the parser describe the same fields: each property the schema lists
+    /// is accepted with its example value, and each field the parser accepts (its "expected one
+    /// of" list for an unknown field) is in the schema.
+    #[test]
+    fn the_schema_lists_exactly_the_fields_the_parser_accepts() {
+        let schema = json_schema();
+        let props = schema["properties"].as_object().unwrap();
+        let accepted = |table: &str| -> Vec<String> {
+            let text = if table.is_empty() {
+                "zzz = 1\n".to_owned()
+            } else {
+                format!("[{table}]\nzzz = 1\n")
+            };
+            let m = err(&text).message;
+            let list = m.split("expected ").nth(1).unwrap_or_else(|| panic!("{m}"));
+            let list = list.trim_start_matches("one of ").replace(" or ", ", ");
+            list.split(", ")
+                .map(|s| s.trim_matches('`').to_owned())
+                .collect()
+        };
+        let mut top: Vec<String> = props.keys().cloned().collect();
+        let mut parser_top = accepted("");
+        top.sort();
+        parser_top.sort();
+        assert_eq!(top, parser_top);
+        for (name, p) in props {
+            let Some(sub) = p.get("properties").and_then(|s| s.as_object()) else {
+                continue;
+            };
+            let mut keys: Vec<String> = sub.keys().cloned().collect();
+            let mut parsed = accepted(name);
+            keys.sort();
+            parsed.sort();
+            assert_eq!(keys, parsed, "[{name}]");
+        }
+        let committed = include_str!("../../../docs/policy.schema.json");
+        let generated = serde_json::to_string_pretty(&schema).unwrap() + "\n";
+        assert_eq!(
+            committed, generated,
+            "docs/policy.schema.json is stale: run `palisade policy schema > docs/policy.schema.json`"
+        );
+    }
+
+    #[test]
+    fn sizes_and_durations_render_in_their_shortest_exact_form() {
+        assert_eq!(fmt_size(2 << 30), "2GiB");
+        assert_eq!(fmt_size(1536 << 10), "1536KiB");
+        assert_eq!(fmt_size(1000), "1000B");
+        assert_eq!(fmt_ms(600_000), "10m");
+        assert_eq!(fmt_ms(7_200_000), "2h");
+        assert_eq!(fmt_ms(90_000), "90s");
+        assert_eq!(fmt_ms(1500), "1500ms");
+    }
+}
