@@ -98,7 +98,7 @@ pub fn run_checks(cgroup_root: &Path) -> Vec<Check> {
         (Fail, Some("in a container, allow unshare/clone of user namespaces in its seccomp profile (e.g. docker --security-opt seccomp=unconfined, or a profile that permits them) or run palisade on the host"))
     } else if apparmor.as_deref() == Some("1") && euid != 0 {
         detail.push_str("; AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1): one can be made, but without capabilities inside, so setup fails unless palisade is allowed by an AppArmor profile");
-        (Warn, Some("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for palisade with `userns,` (see docs/host-setup, issue #5)"))
+        (Warn, Some("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or install the AppArmor profile packaging/apparmor/palisade (docs/host-setup.md)"))
     } else {
         (Ok, None)
     };
