@@ -219,7 +219,7 @@ fn without_a_cgroup_runs_are_refused_unless_waived_and_rlimit_cpu_still_holds() 
     // kernel's exact runtime; wait4's tick-sampled times come out up to ~10 % lower, 1892 ms seen).
     assert_eq!(r.status, Status::CpuTimeout, "{r:?}");
     let cpu = r.cpu_user_ms + r.cpu_system_ms;
-    assert!((1800.0..2600.0).contains(&cpu), "{cpu} ms of CPU");
+    assert!((1600.0..2600.0).contains(&cpu), "{cpu} ms of CPU");
     let layer = |n: &str| r.layers.iter().find(|l| l.name == n).unwrap().clone();
     assert!(!layer("cpu-time-limit").enforced, "{:?}", r.layers);
     assert!(!layer("cgroup-limits").enforced, "{:?}", r.layers);
