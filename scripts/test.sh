@@ -17,6 +17,11 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+# The test internet (network namespaces with HTTP, TLS and DNS test servers) for the egress tests;
+# both runs use it, and it comes down at the end whatever happens.
+scripts/testnet.sh up
+trap 'scripts/testnet.sh down' EXIT
+
 echo "== tests as root"
 cargo test --workspace --quiet 2>&1 | tee /tmp/palisade-root-tests.log
 
@@ -25,7 +30,7 @@ echo "== tests as $TEST_USER (unprivileged)"
 target/debug/palisade cgroup-delegate --user "$TEST_USER"
 # Build once as root, then run the same test binaries as the test user from a directory it can read.
 stage=$(mktemp -d /tmp/palisade-stage.XXXXXX)
-trap 'rm -rf "$stage"' EXIT
+trap 'rm -rf "$stage"; scripts/testnet.sh down' EXIT
 chmod 755 "$stage"
 cargo test --workspace --no-run --message-format=json 2>/dev/null \
     | python3 -c '

@@ -476,6 +476,10 @@ impl Pending<'_> {
                 "host-header-mismatch",
                 format!("HTTP request to {want} without a Host header"),
             )),
+            Sniffed::HttpAmbiguous(why) => Err((
+                "host-header-mismatch",
+                format!("HTTP request to {want} with an ambiguous host: {why}"),
+            )),
             _ => Ok(()),
         }
     }
@@ -674,7 +678,16 @@ fn http_proxy(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
     };
     p.ev.host = p.host.to_string();
     p.ev.protocol = Some("http");
-    if let (Host::Name(want), Some(hh)) = (p.host.clone(), wire::header(&buf[..end], "host")) {
+    let hosts = wire::headers(&buf[..end], "host");
+    if hosts.len() > 1 {
+        let (code, detail) = p.deny((
+            "host-header-mismatch",
+            format!("more than one Host header ({})", hosts.join(", ")),
+        ));
+        http_error(&mut c, "403 Forbidden", code, &detail);
+        return Ok(());
+    }
+    if let (Host::Name(want), Some(hh)) = (p.host.clone(), hosts.into_iter().next()) {
         if !matches!(Host::parse(&wire::strip_port(hh.clone())), Ok(Host::Name(g)) if g == want) {
             let (code, detail) = p.deny((
                 "host-header-mismatch",

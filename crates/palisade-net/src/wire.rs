@@ -6,8 +6,13 @@
 pub enum Sniffed {
     /// A TLS ClientHello, with its server name if it has one.
     Tls(Option<String>),
-    /// An HTTP request, with its `Host` header (port removed) if it has one.
+    /// An HTTP request, with its `Host` header (port removed) if it has one, or the host of an
+    /// absolute-form request target when there is no `Host`.
     Http(Option<String>),
+    /// An HTTP request whose host is ambiguous, with why: more than one `Host` header, or an
+    /// absolute-form target naming another host than `Host` (RFC 9112 §3.2: a server then uses
+    /// the target's, so checking `Host` alone would be fooled).
+    HttpAmbiguous(String),
     /// Something else, or nothing within the wait.
     Other,
 }
@@ -16,7 +21,7 @@ impl Sniffed {
     pub fn protocol(&self) -> &'static str {
         match self {
             Sniffed::Tls(_) => "tls",
-            Sniffed::Http(_) => "http",
+            Sniffed::Http(_) | Sniffed::HttpAmbiguous(_) => "http",
             Sniffed::Other => "other",
         }
     }
@@ -35,7 +40,10 @@ pub fn sniff(buf: &[u8]) -> Option<Sniffed> {
         if buf[method] != b' ' {
             return Some(Sniffed::Other);
         }
-        return head_end(buf).map(|end| Sniffed::Http(header(&buf[..end], "host").map(strip_port)));
+        return head_end(buf).map(|end| match http_host(&buf[..end]) {
+            Ok(h) => Sniffed::Http(h),
+            Err(why) => Sniffed::HttpAmbiguous(why),
+        });
     }
     if method == buf.len() && method < 16 {
         return None;
@@ -50,13 +58,67 @@ pub fn head_end(buf: &[u8]) -> Option<usize> {
 
 /// A header's value (first occurrence, case-insensitive name) in an HTTP head.
 pub fn header(head: &[u8], name: &str) -> Option<String> {
-    let text = std::str::from_utf8(head).ok()?;
-    text.split("\r\n").skip(1).find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.trim()
-            .eq_ignore_ascii_case(name)
-            .then(|| v.trim().to_owned())
-    })
+    headers(head, name).into_iter().next()
+}
+
+/// Every value of a header (case-insensitive name) in an HTTP head, in order.
+pub fn headers(head: &[u8], name: &str) -> Vec<String> {
+    let Ok(text) = std::str::from_utf8(head) else {
+        return Vec::new();
+    };
+    text.split("\r\n")
+        .skip(1)
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+        .collect()
+}
+
+/// The host an HTTP request head is for (port removed): its one `Host` header, checked against
+/// an absolute-form request target if there is one (the target's host alone when there is no
+/// `Host`). An error says why the host is ambiguous: servers differ on which of several `Host`
+/// headers they use, and use an absolute target's host over `Host` (RFC 9112 §3.2, §3.2.2).
+///
+/// ```
+/// use palisade_net::wire::http_host;
+/// let h = |s: &str| http_host(s.as_bytes());
+/// assert_eq!(h("GET / HTTP/1.1\r\nHost: a.example:80\r\n\r\n"), Ok(Some("a.example".into())));
+/// assert!(h("GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n").is_err());
+/// assert!(h("GET http://b.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n").is_err());
+/// assert_eq!(h("GET http://A.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n"), Ok(Some("a.example".into())));
+/// ```
+pub fn http_host(head: &[u8]) -> Result<Option<String>, String> {
+    let hosts = headers(head, "host");
+    if hosts.len() > 1 {
+        return Err(format!("more than one Host header ({})", hosts.join(", ")));
+    }
+    let host = hosts.into_iter().next().map(strip_port);
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let target = String::from_utf8_lossy(line)
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    let lower = target.to_ascii_lowercase();
+    let Some(rest) = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+    else {
+        return Ok(host);
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let authority = authority.rsplit('@').next().unwrap_or_default();
+    let target_host = strip_port(authority.to_owned());
+    match host {
+        None => Ok(Some(target_host)),
+        Some(h) if h.eq_ignore_ascii_case(&target_host) => Ok(Some(h)),
+        Some(h) => Err(format!(
+            "request target `{target}` names another host than Host `{h}`"
+        )),
+    }
 }
 
 /// A `Host` value without its port.
@@ -219,6 +281,35 @@ pub fn dns_answer(q: &Question, rcode: u8, a: Option<[u8; 4]>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ambiguous_http_host_is_told_apart() {
+        let s = |t: &str| sniff(t.as_bytes());
+        assert_eq!(
+            s("GET / HTTP/1.1\r\nHost: a.example\r\n\r\n"),
+            Some(Sniffed::Http(Some("a.example".into())))
+        );
+        assert!(matches!(
+            s("GET / HTTP/1.1\r\nHost: a.example\r\nhost: b.example\r\n\r\n"),
+            Some(Sniffed::HttpAmbiguous(w)) if w.contains("more than one Host")
+        ));
+        assert!(matches!(
+            s("GET http://b.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n"),
+            Some(Sniffed::HttpAmbiguous(w)) if w.contains("names another host")
+        ));
+        assert!(matches!(
+            s("GET HTTPS://user@b.example:8443/x HTTP/1.1\r\nHost: a.example\r\n\r\n"),
+            Some(Sniffed::HttpAmbiguous(_))
+        ));
+        assert_eq!(
+            s("GET http://a.example:80/x HTTP/1.1\r\nHost: A.example\r\n\r\n"),
+            Some(Sniffed::Http(Some("A.example".into())))
+        );
+        assert_eq!(
+            s("GET http://a.example/x HTTP/1.1\r\n\r\n"),
+            Some(Sniffed::Http(Some("a.example".into())))
+        );
+    }
 
     fn client_hello(sni: Option<&str>) -> Vec<u8> {
         let mut ext = Vec::new();

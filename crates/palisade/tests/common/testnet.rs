@@ -72,7 +72,11 @@ pub fn require() {
 /// A (`qtype` 1) or AAAA (28) addresses of the answer.
 pub fn dns_query(server: &str, name: &str, qtype: u16) -> std::io::Result<(u8, Vec<IpAddr>)> {
     let server: IpAddr = server.parse().unwrap();
-    let sock = UdpSocket::bind(if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+    let sock = UdpSocket::bind(if server.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })?;
     sock.set_read_timeout(Some(Duration::from_secs(3)))?;
     let id = (std::process::id() as u16) ^ (qtype << 3);
     let mut q = id.to_be_bytes().to_vec();
