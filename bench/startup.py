@@ -17,30 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PALISADE = os.path.join(ROOT, "target", "release", "palisade")
-
-
-def bwrap_cmd(scratch, payload):
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/workspace",
-            "--ro-bind", "/usr", "/usr"]
-    for d in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
-        p = "/" + d
-        if os.path.islink(p):
-            args += ["--symlink", os.readlink(p), p]
-        elif os.path.isdir(p):
-            args += ["--ro-bind", p, p]
-    for e in ("ld.so.cache", "ssl", "localtime", "nsswitch.conf", "alternatives"):
-        args += ["--ro-bind-try", "/etc/" + e, "/etc/" + e]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", scratch, "/workspace", "--chdir", "/workspace"]
-    return args + payload
-
-
-def quote(args):
-    return " ".join(a if a and all(c.isalnum() or c in "/-_.=:,+" for c in a) else "'" + a.replace("'", "'\\''") + "'"
-                    for a in args)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import PALISADE, ROOT, bwrap_cmd, quote  # noqa: E402
 
 
 def main():
