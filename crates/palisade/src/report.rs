@@ -602,7 +602,7 @@ fn layers(ids: Option<Ids>, landlock: Option<&LandlockState>) -> Vec<Layer> {
     v.push(Layer {
         name: "egress-proxy",
         enforced: false,
-        detail: "not built yet (issue #3)".into(),
+        detail: "not running: no --allow-net rule, so the sandbox has no network at all".into(),
     });
     v
 }

@@ -109,7 +109,7 @@ fn json_report_describes_the_run() {
     assert_eq!(
         enforced("egress-proxy"),
         Some(false),
-        "the report must not claim layers that are not built"
+        "without allow rules the proxy does not run, and the report must not claim it"
     );
     assert_eq!(r.stderr, "err\n");
 }
