@@ -351,16 +351,24 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
     use crate::sys::*;
     match op {
         Op::Mkdir { path, mode } => mkdir_p1(path, *mode),
-        Op::Touch { path } => {
-            let fd = openat(
-                libc::AT_FDCWD,
-                path,
-                libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW,
-                0o644,
-            )?;
-            close(fd);
-            Ok(())
-        }
+        // A file mount point. Under a bind of a host directory (`--ro /opt/tool/bin/x`, with `/opt`
+        // mirrored) it exists already and belongs to a host user the sandbox may not write as, so
+        // it is used as it is rather than opened; a symlink there would aim the bind elsewhere.
+        Op::Touch { path } => match entry_kind(libc::AT_FDCWD, path)? {
+            Some(libc::S_IFLNK) => Err(libc::ELOOP),
+            Some(libc::S_IFDIR) => Err(libc::EISDIR),
+            Some(_) => Ok(()),
+            None => {
+                let fd = openat(
+                    libc::AT_FDCWD,
+                    path,
+                    libc::O_CREAT | libc::O_EXCL | libc::O_RDONLY | libc::O_NOFOLLOW,
+                    0o644,
+                )?;
+                close(fd);
+                Ok(())
+            }
+        },
         Op::Symlink { target, path } => symlink(target, path),
         Op::Write { path, data } => {
             let fd = openat(

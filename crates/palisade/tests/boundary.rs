@@ -767,6 +767,19 @@ fn binds_are_read_only_or_writable_as_asked() {
     );
 }
 
+/// A file under a directory the view already mirrors (a tool under `/opt` or `/usr`) can be bound
+/// on its own: its mount point exists and belongs to host root, whom the sandbox cannot write as.
+/// The guest matrix found this with the probe under `/opt`.
+#[test]
+fn a_file_under_a_mirrored_system_directory_can_be_bound() {
+    let r = run(
+        &["--ro", "/usr/bin/env"],
+        &["/usr/bin/env", "/bin/sh", "-c", "echo BOUND"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("BOUND"), "{} {}", r.stdout, r.stderr);
+}
+
 #[test]
 fn a_bind_source_that_is_a_symlink_is_resolved_once_by_the_supervisor() {
     let d = TempDir::new("link");
