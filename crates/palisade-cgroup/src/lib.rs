@@ -66,7 +66,7 @@ pub enum CgroupError {
     NoHierarchy { root: PathBuf },
     #[error("no cgroup delegated to uid {uid}: {}; as root, run `palisade cgroup-delegate --user <name>` once (on systemd hosts, run palisade inside a session with a delegated user slice)", tried.display())]
     NotDelegated { uid: u32, tried: PathBuf },
-    #[error("palisade runs in cgroup {}, which is not delegated to uid {uid} (owned by the user and marked with the user.delegate or trusted.delegate attribute): on cgroup v2 a user's run cgroups must live under the user's own. On systemd hosts start palisade in a delegated scope: `systemd-run --user --scope -p Delegate=yes palisade run …`; elsewhere, as root, run `palisade cgroup-delegate --user <name>` once and start the user's palisade from a process moved into the delegated directory", own.display())]
+    #[error("palisade runs in cgroup {}, which is not delegated to uid {uid} (owned by the user and marked with the user.delegate or trusted.delegate attribute): on cgroup v2 a user's run cgroups must live under the user's own. On systemd hosts start palisade in a delegated scope: `systemd-run --user --scope -p Delegate=yes palisade run …`; elsewhere, as root, run `palisade cgroup-delegate --user <name>` once and start the user's palisade from a process moved into its leaf (as root: `echo PID > /sys/fs/cgroup/palisade/user-UID/palisade-procs/cgroup.procs`)", own.display())]
     NotDelegatedV2 { uid: u32, own: PathBuf },
     #[error("cgroup {} does not offer the {missing} controller(s) to its children; enable them in the parent's cgroup.subtree_control (on systemd: `Delegate=memory pids cpu` for the unit)", path.display())]
     MissingControllers { path: PathBuf, missing: String },

@@ -69,12 +69,34 @@ fn own_cgroup(unified: &Path) -> Result<PathBuf, CgroupError> {
 /// the user's, and the cgroup carries the delegation mark. Ownership alone is not enough: under
 /// `user@UID.service` every cgroup is the user's, including scopes the user's systemd manages and
 /// never delegated (a terminal's scope), whose processes palisade must not move.
+///
+/// `uid` is the host's uid; inside a user namespace (`unshare -r`) the owners `stat` shows are
+/// this namespace's, so they are mapped out through `/proc/self/uid_map` before comparing.
 fn delegated_to(dir: &Path, uid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
     ["", "cgroup.procs", "cgroup.subtree_control"]
         .iter()
-        .all(|f| std::fs::metadata(dir.join(f)).is_ok_and(|m| m.uid() == uid))
+        .all(|f| {
+            std::fs::metadata(dir.join(f)).is_ok_and(|m| outside_uid(&map, m.uid()) == Some(uid))
+        })
         && marked_delegated(dir)
+}
+
+/// The uid the parent namespace knows `local` by, from a `uid_map` ("inside outside count" lines);
+/// `None` for a uid the map leaves out (shown as the overflow uid).
+fn outside_uid(map: &str, local: u32) -> Option<u32> {
+    map.lines().find_map(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let (inside, outside, count) = (*f.first()?, *f.get(1)?, *f.get(2)?);
+        let local = u64::from(local);
+        (inside <= local && local < inside + count)
+            .then(|| u32::try_from(outside + (local - inside)).ok())
+            .flatten()
+    })
 }
 
 /// The extended attributes systemd (251 and later) sets to `1` on the cgroup of a unit with
@@ -184,6 +206,20 @@ impl V2 {
             rustix::fs::setxattr(&d, name, b"1", rustix::fs::XattrFlags::empty())
                 .map_err(|e| io_at("mark as delegated", &d)(e.into()))?;
         }
+        // The leaf the user's processes start in. Once the first run has enabled controllers on
+        // `d`, no process can be placed in `d` itself any more (EBUSY: the "no internal
+        // processes" rule), so the leaf is where every later login or service goes.
+        let leaf = d.join(PROCS_LEAF);
+        match std::fs::create_dir(&leaf) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io_at("create", &leaf)(e))
+            }
+            _ => {}
+        }
+        chown(&leaf, uid, gid)?;
+        for f in ["cgroup.procs", "cgroup.threads"] {
+            chown(&leaf.join(f), uid, gid)?;
+        }
         Ok(Some(vec![d]))
     }
 }
@@ -291,6 +327,21 @@ impl Drop for V2Run {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn owners_are_mapped_out_of_a_user_namespace() {
+        let initial = "         0          0 4294967295\n";
+        assert_eq!(outside_uid(initial, 1000), Some(1000));
+        // `unshare -r` as uid 1000: root inside is 1000 outside; nobody else is mapped.
+        let unshare = "         0       1000          1\n";
+        assert_eq!(outside_uid(unshare, 0), Some(1000));
+        assert_eq!(outside_uid(unshare, 65534), None);
+        let ranges = "0 1000 1\n1 100000 65536\n";
+        assert_eq!(outside_uid(ranges, 1), Some(100000));
+        assert_eq!(outside_uid(ranges, 65536), Some(165535));
+        assert_eq!(outside_uid(ranges, 65537), None);
+        assert_eq!(outside_uid("", 0), None);
+    }
+
     use super::*;
 
     #[test]

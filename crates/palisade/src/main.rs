@@ -520,8 +520,8 @@ fn delegate(user: &str) -> anyhow::Result<()> {
     if let [d] = dirs.as_slice() {
         if d.join("cgroup.subtree_control").exists() {
             println!(
-                "cgroup v2: start {user}'s palisade from a process placed inside it, e.g. as root: echo <pid of {user}'s shell> > {}/cgroup.procs",
-                d.display()
+                "cgroup v2: start {user}'s palisade from a process placed in its leaf, e.g. as root: echo <pid of {user}'s shell> > {}/cgroup.procs",
+                d.join(palisade_cgroup::PROCS_LEAF).display()
             );
         }
     }
