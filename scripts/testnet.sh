@@ -234,10 +234,13 @@ def dns_serve(sock):
 servers = [Server("http", 80), Server("http", 8080), Server("https", 443, ctx), Server("https", 8443, ctx)]
 for s in servers:
     threading.Thread(target=s.serve_forever, daemon=True).start()
-dns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-dns.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-dns.bind(("::", 53))
-threading.Thread(target=dns_serve, args=(dns,), daemon=True).start()
+# One socket per address, so that each answer leaves from the address it was asked at (a socket
+# bound to :: would answer from whichever address the route picks, which a resolver that
+# connects its socket, as palisade's --dns-server client does, rightly drops).
+for fam, addr in ((socket.AF_INET, "198.51.100.53"), (socket.AF_INET6, "2001:db8:5::53")):
+    dns = socket.socket(fam, socket.SOCK_DGRAM)
+    dns.bind((addr, 53))
+    threading.Thread(target=dns_serve, args=(dns,), daemon=True).start()
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
 with open(os.path.join(DIR, "servers.pid"), "w") as f:
     f.write(f"{os.getpid()}\n")

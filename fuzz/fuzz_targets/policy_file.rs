@@ -20,6 +20,7 @@ fuzz_target!(|data: &[u8]| {
     p.network.allow = f.allow_net.clone();
     p.network.deny = f.deny_net.clone();
     p.network.resolve = f.resolve.clone();
+    p.network.dns_server = f.dns_server;
     p.network.local_ports = f.local_ports.clone();
     f.limits.apply(&mut p.limits);
     if p.validate().is_ok() {

@@ -11,6 +11,7 @@
 //! `Host` must be the connection's name). Every decision becomes an [`Event`].
 #![forbid(unsafe_code)]
 
+pub mod dns;
 pub mod wire;
 
 use palisade_policy::net::{Host, Network, Refusal, TRANSPARENT_NET};
@@ -73,6 +74,8 @@ pub const MAX_EVENTS: usize = 10_000;
 const FIRST_BYTES: Duration = Duration::from_secs(10);
 /// How long it waits for an upstream connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a `--dns-server` lookup may take, both record types and one retry included.
+const DNS_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most bytes of a request head or ClientHello it reads before deciding.
 const MAX_HEAD: usize = 64 * 1024;
 /// Most names the stub hands addresses out for.
@@ -395,6 +398,9 @@ impl Pending<'_> {
                 let pinned = self.sh.net.pinned(n);
                 if !pinned.is_empty() {
                     pinned
+                } else if let Some(server) = self.sh.net.dns_server {
+                    dns::resolve(server, n, DNS_TIMEOUT)
+                        .map_err(|e| ("resolve-failed", format!("{n} (asked {server}): {e}")))?
                 } else {
                     (n.as_str(), port)
                         .to_socket_addrs()

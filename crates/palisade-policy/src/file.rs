@@ -37,6 +37,7 @@ pub struct PolicyFile {
     pub allow_net: Vec<NetRule>,
     pub deny_net: Vec<NetRule>,
     pub resolve: Vec<Pin>,
+    pub dns_server: Option<std::net::SocketAddr>,
     pub local_ports: Vec<u16>,
     pub limits: LimitsOverlay,
     pub allow_degraded: Vec<Degradable>,
@@ -151,6 +152,7 @@ struct RawNet {
     allow: Option<V>,
     deny: Option<V>,
     resolve: Option<V>,
+    dns_server: Option<V>,
     local_ports: Option<V>,
 }
 
@@ -390,6 +392,12 @@ impl PolicyFile {
                     f.resolve.push(p);
                 }
             }
+            if let Some(v) = &net.dns_server {
+                let s = src.string("network.dns_server", v)?;
+                let a = crate::net::parse_dns_server(s)
+                    .map_err(|e| src.policy(v, e.in_field("network.dns_server")))?;
+                f.dns_server = Some(a);
+            }
             if let Some(v) = &net.local_ports {
                 let bad = || {
                     src.wrong(
@@ -551,6 +559,9 @@ impl PolicyFile {
             ),
             p.network.local_ports
         ));
+        if let Some(a) = p.network.dns_server {
+            s.push_str(&format!("dns_server = {}\n", q(&a.to_string())));
+        }
         let l = &p.limits;
         s.push_str(&format!(
             "\n[limits]\ntimeout = {}\ncpu_time = {}\nmemory = {}\npids = {}\nopen_files = {}\nfile_size = {}\noutput = {}\ntmp_size = {}\nscratch_size = {}\n",
@@ -641,6 +652,7 @@ pub fn json_schema() -> serde_json::Value {
                 "allow": strings("egress rules: HOST, *.DOMAIN, IP, [IPv6] or CIDR, optionally :PORT (default 80 and 443)"),
                 "deny": strings("rules refused even where an allow rule matches"),
                 "resolve": strings("HOST=IP pins for the proxy's upstream lookups (tests, special setups)"),
+                "dns_server": {"type": "string", "description": "IP[:PORT] of the DNS server the proxy asks for allowed names' addresses instead of the system resolver (port 53 by default)"},
                 "local_ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": MAX_LOCAL_PORTS, "description": "TCP ports code inside may listen on and connect to"},
             })),
             "limits": table(json!({
@@ -732,6 +744,7 @@ set = { MODE = "fast" }
 allow = ["example.org:8443"]
 deny = ["bad.example.org"]
 resolve = ["example.org=203.0.113.7"]
+dns_server = "[2001:db8::53]:5353"
 local_ports = [8000]
 [limits]
 timeout = "90s"
@@ -761,6 +774,7 @@ allow_ptrace = true
         assert_eq!(f.env_set, [EnvVar::new("MODE", "fast").unwrap()]);
         assert_eq!(f.allow_net[0].to_string(), "example.org:8443");
         assert_eq!(f.resolve[0].to_string(), "example.org=203.0.113.7");
+        assert_eq!(f.dns_server, Some("[2001:db8::53]:5353".parse().unwrap()));
         assert_eq!(f.local_ports, [8000]);
         assert_eq!(
             f.limits,
@@ -806,6 +820,7 @@ allow_ptrace = true
             .resolve
             .push(Pin::parse("a.example.org=2001:db8::7").unwrap());
         p.network.local_ports.push(8000);
+        p.network.dns_server = Some("198.51.100.53:53".parse().unwrap());
         p.limits.memory_bytes = 3 << 29;
         p.limits.timeout_ms = 1500;
         p.limits.cpu_milli = Some(250);
@@ -826,6 +841,7 @@ allow_ptrace = true
         q.network.allow = f.allow_net.clone();
         q.network.deny = f.deny_net.clone();
         q.network.resolve = f.resolve.clone();
+        q.network.dns_server = f.dns_server;
         q.network.local_ports = f.local_ports.clone();
         f.limits.apply(&mut q.limits);
         q.protected.retain(|x| !f.unprotect.contains(x));

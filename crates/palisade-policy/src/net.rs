@@ -393,6 +393,32 @@ impl fmt::Display for Pin {
     }
 }
 
+/// The DNS server the supervisor asks for the addresses of allowed names (`--dns-server
+/// IP[:PORT]`, port 53 by default) instead of the system resolver: a test network's own server,
+/// or a resolver the host's `/etc/resolv.conf` does not name. The answers are checked like any
+/// other addresses; the server itself is reached by the supervisor, outside the sandbox.
+pub fn parse_dns_server(s: &str) -> Result<std::net::SocketAddr, PolicyError> {
+    let bad = || {
+        PolicyError::Invalid {
+        field: "--dns-server",
+        value: s.to_owned(),
+        expected: "an IP address with an optional port (default 53), e.g. 198.51.100.53, 198.51.100.53:5353, 2001:db8::53 or [2001:db8::53]:5353",
+    }
+    };
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return if a.port() == 0 { Err(bad()) } else { Ok(a) };
+    }
+    let ip = match s.strip_prefix('[') {
+        Some(rest) => rest.strip_suffix(']').ok_or_else(bad)?,
+        None => s,
+    };
+    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+    if ip.is_unspecified() {
+        return Err(bad());
+    }
+    Ok(std::net::SocketAddr::new(ip, 53))
+}
+
 /// The sandbox's network: nothing unless `allow` has rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -403,6 +429,10 @@ pub struct Network {
     pub deny: Vec<NetRule>,
     #[serde(default)]
     pub resolve: Vec<Pin>,
+    /// The DNS server for the supervisor's own lookups (see [`parse_dns_server`]); `None`: the
+    /// system resolver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_server: Option<std::net::SocketAddr>,
     /// TCP ports the payload may listen on and connect to inside its own network namespace
     /// (`--allow-local-port`): a test server and its client, both inside. Landlock refuses every
     /// other TCP bind, and every other connect but the proxy's own ports (docs/layers/landlock.md).
@@ -582,9 +612,11 @@ impl Network {
                 });
             }
         }
-        if self.allow.is_empty() && !(self.deny.is_empty() && self.resolve.is_empty()) {
+        if self.allow.is_empty()
+            && !(self.deny.is_empty() && self.resolve.is_empty() && self.dns_server.is_none())
+        {
             return Err(PolicyError::Invalid {
-                field: "--deny-net/--resolve",
+                field: "--deny-net/--resolve/--dns-server",
                 value: "(given)".into(),
                 expected:
                     "an --allow-net rule as well: without one the sandbox has no network at all",
@@ -648,6 +680,40 @@ fn v4_global(v: Ipv4Addr) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn dns_servers_are_an_address_with_an_optional_port() {
+        for (given, want) in [
+            ("198.51.100.53", "198.51.100.53:53"),
+            ("198.51.100.53:5353", "198.51.100.53:5353"),
+            ("2001:db8::53", "[2001:db8::53]:53"),
+            ("[2001:db8::53]", "[2001:db8::53]:53"),
+            ("[2001:db8::53]:5353", "[2001:db8::53]:5353"),
+            ("127.0.0.53", "127.0.0.53:53"),
+        ] {
+            assert_eq!(
+                parse_dns_server(given).unwrap().to_string(),
+                want,
+                "{given}"
+            );
+        }
+        for bad in [
+            "",
+            "dns.example",
+            "198.51.100.53:0",
+            "198.51.100.53:99999",
+            "0.0.0.0",
+            "::",
+            "1.2.3",
+            "[::1",
+        ] {
+            let e = parse_dns_server(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("--dns-server") && e.contains("default 53"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
     use super::*;
 
     fn rule(s: &str) -> NetRule {
@@ -659,6 +725,7 @@ mod tests {
             allow: allow.iter().map(|s| rule(s)).collect(),
             deny: deny.iter().map(|s| rule(s)).collect(),
             resolve: Vec::new(),
+            dns_server: None,
             local_ports: Vec::new(),
         }
     }

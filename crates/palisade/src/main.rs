@@ -172,6 +172,11 @@ struct RunArgs {
     /// resolver (repeatable; for tests and special setups; the address is still checked).
     #[arg(long, value_name = "HOST=IP")]
     resolve: Vec<String>,
+    /// Ask the DNS server at IP (port 53, or :PORT) for the addresses of allowed names instead of
+    /// the system resolver: a test network's own server, or a resolver /etc/resolv.conf does not
+    /// name. The answers are checked like any other address.
+    #[arg(long = "dns-server", value_name = "IP[:PORT]")]
+    dns_server: Option<String>,
     /// Let the payload listen on TCP PORT inside its own network namespace and connect to it
     /// there (repeatable), for a test server and its client both inside; nothing outside can
     /// reach it. Landlock refuses every other TCP bind, and every connect but to these ports and
@@ -330,6 +335,9 @@ fn builder(a: &RunArgs, tty: bool) -> anyhow::Result<palisade::Builder> {
     }
     for r in &a.deny_net {
         b = b.deny_net(r);
+    }
+    if let Some(d) = &a.dns_server {
+        b = b.dns_server(d);
     }
     for r in &a.resolve {
         b = b.resolve(r);

@@ -258,7 +258,16 @@ impl Report {
     }
 
     /// Records the egress proxy's decisions (with allow rules), and says so in the network layer.
-    pub(crate) fn set_network(&mut self, log: palisade_net::NetLog, rules: usize) {
+    pub(crate) fn set_network(
+        &mut self,
+        log: palisade_net::NetLog,
+        net: &palisade_policy::net::Network,
+    ) {
+        let rules = net.allow.len();
+        let resolver = match net.dns_server {
+            Some(a) => format!("DNS server {a} (--dns-server)"),
+            None => "the host's resolver".to_owned(),
+        };
         self.network = Network {
             mode: "allow-list",
             events: log.events,
@@ -272,7 +281,7 @@ impl Report {
             .find(|l| l.name == "network-namespace")
         {
             l.detail = format!(
-                "only loopback, no route out; egress through palisade's proxy for {rules} allow rule(s) (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}, DNS stub 127.0.0.1:53, transparent capture)",
+                "only loopback, no route out; egress through palisade's proxy for {rules} allow rule(s) (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}, DNS stub 127.0.0.1:53, transparent capture); allowed names resolved by {resolver}",
                 palisade_policy::net::HTTP_PROXY_PORT,
                 palisade_policy::net::SOCKS_PORT
             );

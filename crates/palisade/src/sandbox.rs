@@ -229,6 +229,9 @@ impl Builder {
         self.network.allow.extend(f.allow_net.iter().cloned());
         self.network.deny.extend(f.deny_net.iter().cloned());
         self.network.resolve.extend(f.resolve.iter().cloned());
+        if let Some(a) = f.dns_server {
+            self.network.dns_server = Some(a);
+        }
         self.network
             .local_ports
             .extend(f.local_ports.iter().copied());
@@ -320,6 +323,16 @@ impl Builder {
     pub fn resolve(mut self, pin: &str) -> Self {
         match palisade_policy::net::Pin::parse(pin) {
             Ok(p) => self.network.resolve.push(p),
+            Err(e) => self.error = self.error.or(Some(e)),
+        }
+        self
+    }
+
+    /// Resolves allowed names by asking the DNS server `server` (`IP[:PORT]`, port 53 by default)
+    /// instead of the system resolver; the answers are checked like any other addresses.
+    pub fn dns_server(mut self, server: &str) -> Self {
+        match palisade_policy::net::parse_dns_server(server) {
+            Ok(a) => self.network.dns_server = Some(a),
             Err(e) => self.error = self.error.or(Some(e)),
         }
         self
@@ -583,7 +596,7 @@ impl Sandbox {
             report.note_ptrace_allowed();
         }
         if let Some(e) = egress {
-            report.set_network(e.finish(), policy.network.allow.len());
+            report.set_network(e.finish(), &policy.network);
         }
         // The sandbox is gone (init's end kills every process in it): whatever appeared at a
         // protected path that did not exist at the start is moved aside, never left to run later.

@@ -1137,3 +1137,72 @@ print("direct:", tcp("2001:db8:5::10", 443))
         assert_eq!(e["peer"], "2001:db8:5::1", "from the host's end: {e}");
     }
 }
+
+/// `--dns-server`: the supervisor asks the test internet's DNS server itself (no `--resolve` pins),
+/// from the host side, and checks what it answers like any address: an allowed name is reached,
+/// one that resolves to a private address is refused, and a name the server does not know is
+/// refused with the server's NXDOMAIN in the log. A malformed server is refused before anything
+/// runs.
+#[test]
+fn the_dns_server_option_sends_the_supervisors_own_lookups_to_that_server() {
+    require();
+    let m = unique("dnsserver");
+    let missing = format!("{m}.nowhere.test");
+    let mut opts = args(&["--dns-server", DNS, "--allow-net", WEB]);
+    for n in ["allowed.test", "private.test", &missing] {
+        opts.extend(args(&["--allow-net", n]));
+    }
+    let script = format!(
+        r#"
+for host in ["allowed.test", "private.test", "{missing}"]:
+    s, code, why = connect(host, 80)
+    body = get_over(s, host, f"/{{M}}/dns/{{host}}") if code == "200" else "-"
+    print(f"connect {{host}}:", code, why, body)
+"#
+    );
+    let r = py(&opts, &m, &script);
+    assert!(
+        said(&r, "connect allowed.test").starts_with("200 - srv=http host=allowed.test"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert_eq!(said(&r, "connect private.test"), "403 special-address -");
+    denied(&r, "http-connect", "private.test", "special-address");
+    assert_eq!(
+        said(&r, &format!("connect {missing}")),
+        "502 resolve-failed -"
+    );
+    let d = denied(&r, "http-connect", &missing, "resolve-failed");
+    let detail = d["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("NXDOMAIN") && detail.contains(DNS),
+        "{detail}"
+    );
+    // The server heard the supervisor, from the host side of the test internet, for each name.
+    let asked: Vec<Value> = log()
+        .into_iter()
+        .filter(|e| e["srv"] == "dns" && e["event"] == "query" && e["name"] == missing.as_str())
+        .collect();
+    assert!(
+        !asked.is_empty(),
+        "the test DNS server was not asked for {missing}"
+    );
+    assert!(asked.iter().all(|e| e["peer"] == HOST_SIDE), "{asked:?}");
+    let reqs = requests(&m);
+    assert!(
+        reqs.len() == 1 && reqs[0].ends_with("/dns/allowed.test"),
+        "only the allowed request may arrive: {reqs:?}"
+    );
+
+    let r = run(
+        &["--dns-server", "dns.example", "--allow-net", "allowed.test"],
+        &["true"],
+    );
+    assert_eq!(r.code, 125, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--dns-server") && r.stderr.contains("198.51.100.53:5353"),
+        "{}",
+        r.stderr
+    );
+}

@@ -77,6 +77,8 @@ pub fn dns_query(server: &str, name: &str, qtype: u16) -> std::io::Result<(u8, V
     } else {
         "[::]:0"
     })?;
+    // Connected, as a stub resolver's is: an answer from any other address is dropped.
+    sock.connect((server, 53))?;
     sock.set_read_timeout(Some(Duration::from_secs(3)))?;
     let id = (std::process::id() as u16) ^ (qtype << 3);
     let mut q = id.to_be_bytes().to_vec();
@@ -88,7 +90,7 @@ pub fn dns_query(server: &str, name: &str, qtype: u16) -> std::io::Result<(u8, V
     q.push(0);
     q.extend_from_slice(&qtype.to_be_bytes());
     q.extend_from_slice(&[0, 1]);
-    sock.send_to(&q, SocketAddr::new(server, 53))?;
+    sock.send(&q)?;
     let mut buf = [0u8; 1500];
     let n = loop {
         let (n, _) = sock.recv_from(&mut buf)?;
