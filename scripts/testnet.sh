@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test internet for crates/palisade/tests/egress_netns.rs: a network namespace `palisade-tn`
-# behind a veth pair, with documentation addresses only (198.51.100.0/24, 203.0.113.0/24,
-# 2001:db8:5::/64), HTTP and TLS servers (one test CA, names like allowed.test and example.org) and
+# behind a veth pair, with documentation and benchmarking addresses only (198.51.100.0/24,
+# 198.18.0.0/24, 2001:db8:5::/64; not 203.0.113.0/24, where the package registries of the
+# machines this project is built on live, nor 192.0.2.0/24, their own LAN), HTTP and TLS servers (one test CA, names like allowed.test and example.org) and
 # a DNS server. It stays up so that the unprivileged test run, which cannot create namespaces,
 # uses it too. Usage, as root: scripts/testnet.sh up | down | status
 #
-#   host  ptn-host  198.51.100.1/24  2001:db8:5::1/64   route 203.0.113.0/24 via 198.51.100.2
-#   netns ptn-ns    198.51.100.2  .10 (web)  .20 (second web host)  .53 (dns)  203.0.113.10 (far)
+#   host  ptn-host  198.51.100.1/24  2001:db8:5::1/64   route 198.18.0.0/24 via 198.51.100.2
+#   netns ptn-ns    198.51.100.2  .10 (web)  .20 (second web host)  .53 (dns)  198.18.0.10 (far)
 #                   2001:db8:5::2  ::10 (web)  ::20  ::53 (dns)
 #   web: HTTP on 80 and 8080, TLS on 443 and 8443, every address; dns: UDP 53
 #
@@ -109,7 +110,7 @@ ZONE = {
     "example.org": {1: ["198.51.100.10"]},
     "www.example.org": {1: ["198.51.100.10"]},
     "evilexample.org": {1: ["198.51.100.20"]},
-    "other.test": {1: ["203.0.113.10"]},
+    "other.test": {1: ["198.18.0.10"]},
     "second.test": {1: ["198.51.100.20"], 28: ["2001:db8:5::20"]},
     "v6.test": {28: ["2001:db8:5::10"]},
     "private.test": {1: ["10.0.0.10"]},
@@ -264,13 +265,13 @@ up() {
     ip addr add 198.51.100.1/24 dev "$HOST_IF"
     ip -6 addr add 2001:db8:5::1/64 dev "$HOST_IF" nodad
     ip link set "$HOST_IF" up
-    ip route add 203.0.113.0/24 via 198.51.100.2 dev "$HOST_IF"
+    ip route add 198.18.0.0/24 via 198.51.100.2 dev "$HOST_IF"
 
     in_ns ip link set lo up
     for a in 198.51.100.2 198.51.100.10 198.51.100.20 198.51.100.53; do
         in_ns ip addr add "$a/24" dev "$NS_IF"
     done
-    in_ns ip addr add 203.0.113.10/24 dev "$NS_IF"
+    in_ns ip addr add 198.18.0.10/24 dev "$NS_IF"
     for a in 2 10 20 53; do
         in_ns ip -6 addr add "2001:db8:5::$a/64" dev "$NS_IF" nodad
     done
@@ -282,7 +283,7 @@ up() {
             && curl -sf --max-time 2 -o /dev/null --cacert "$DIR/ca.pem" \
                 --resolve "allowed.test:443:198.51.100.10" https://allowed.test/ready \
             && curl -sf --max-time 2 -o /dev/null -g 'http://[2001:db8:5::10]/ready' \
-            && curl -sf --max-time 2 -o /dev/null http://203.0.113.10:8080/ready; then
+            && curl -sf --max-time 2 -o /dev/null http://198.18.0.10:8080/ready; then
             date -u +%FT%TZ >"$DIR/ready"
             chmod 644 "$DIR/ready" "$DIR/servers.pid"
             status

@@ -260,7 +260,7 @@ fn a_default_run_reaches_no_test_host_by_name_or_by_address() {
         &[],
         &m,
         r#"
-for addr, port in [("198.51.100.10", 80), ("198.51.100.10", 443), ("203.0.113.10", 80),
+for addr, port in [("198.51.100.10", 80), ("198.51.100.10", 443), ("198.18.0.10", 80),
                    ("2001:db8:5::10", 80), ("198.51.100.53", 53), ("127.0.0.1", 3128)]:
     print(f"tcp {addr} {port}:", tcp(addr, port))
 try:
@@ -278,7 +278,7 @@ print("proxy vars:", sorted(k for k in os.environ if k.lower().endswith("_proxy"
     for key in [
         "tcp 198.51.100.10 80",
         "tcp 198.51.100.10 443",
-        "tcp 203.0.113.10 80",
+        "tcp 198.18.0.10 80",
         "tcp 2001:db8:5::10 80",
         "tcp 198.51.100.53 53",
         "tcp 127.0.0.1 3128",
@@ -566,7 +566,7 @@ fn ip_literals_in_every_notation_are_refused_and_never_arrive() {
         &m,
         r#"
 for host in ["198.51.100.20", "3325256724", "0xC6336414", "0xc6.0x33.0x64.0x14",
-             "0306.0063.0144.024", "198.51.25620", "198.3367956", "203.0.113.10",
+             "0306.0063.0144.024", "198.51.25620", "198.3367956", "198.18.0.10",
              "[2001:db8:5::20]", "[2001:db8:5::10]", "[::ffff:198.51.100.20]",
              "[::ffff:198.51.100.10]", "[::ffff:c633:640a]", "198.51.100.10"]:
     s, code, why = connect(host, 80)
@@ -581,7 +581,7 @@ print("curl v6:", status(out.replace("\n", "\r\n")), header(out.replace("\n", "\
 for key, host, atyp in [("socks v4", "198.51.100.20", 1), ("socks v6", "2001:db8:5::20", 4),
                         ("socks decimal name", "3325256724", 3), ("socks v6 name", "2001:db8:5::20", 3)]:
     print(f"{key}:", socks(host, 80, atyp)[1])
-for addr in ["198.51.100.20", "2001:db8:5::20", "203.0.113.10"]:
+for addr in ["198.51.100.20", "2001:db8:5::20", "198.18.0.10"]:
     print(f"direct {addr}:", tcp(addr, 80))
 "#,
     );
@@ -593,7 +593,7 @@ for addr in ["198.51.100.20", "2001:db8:5::20", "203.0.113.10"]:
         ("0306.0063.0144.024", "198.51.100.20"),
         ("198.51.25620", "198.51.100.20"),
         ("198.3367956", "198.51.100.20"),
-        ("203.0.113.10", "203.0.113.10"),
+        ("198.18.0.10", "198.18.0.10"),
         ("[2001:db8:5::20]", "[2001:db8:5::20]"),
         // The allowed host's own IPv6 address: the IP rule names only its IPv4 one.
         ("[2001:db8:5::10]", "[2001:db8:5::10]"),
@@ -980,7 +980,7 @@ A, B = socket.AF_INET, socket.AF_INET6
 attempt("udp dns", A, socket.SOCK_DGRAM, 0, ("198.51.100.53", 53), q)
 attempt("udp dns6", B, socket.SOCK_DGRAM, 0, ("2001:db8:5::53", 53), q)
 attempt("udp web", A, socket.SOCK_DGRAM, 0, ("198.51.100.10", 443), q)
-attempt("udp far", A, socket.SOCK_DGRAM, 0, ("203.0.113.10", 53), q)
+attempt("udp far", A, socket.SOCK_DGRAM, 0, ("198.18.0.10", 53), q)
 attempt("raw icmp", A, socket.SOCK_RAW, socket.IPPROTO_ICMP, ("198.51.100.10", 0), echo)
 attempt("raw udp", A, socket.SOCK_RAW, socket.IPPROTO_UDP, ("198.51.100.53", 0), q)
 attempt("raw icmp6", B, socket.SOCK_RAW, socket.IPPROTO_ICMPV6, ("2001:db8:5::10", 0), echo)

@@ -29,7 +29,7 @@ pub const WEB6: &str = "2001:db8:5::10";
 pub const SECOND: &str = "198.51.100.20";
 pub const SECOND6: &str = "2001:db8:5::20";
 /// A web server on the other documentation network, routed through the namespace (other.test).
-pub const FAR: &str = "203.0.113.10";
+pub const FAR: &str = "198.18.0.10";
 /// The test DNS server.
 pub const DNS: &str = "198.51.100.53";
 pub const DNS6: &str = "2001:db8:5::53";
