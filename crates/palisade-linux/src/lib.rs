@@ -28,6 +28,6 @@ pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use plan::{Ids, SockRole, SockSpec};
 pub use spawn::{
-    spawn, BeforeStart, CpuWatch, DeniedCall, LimitHit, Outcome, Running, Sinks, Stdin,
-    Termination, NAMESPACES, ROOT_MAPPED_ID,
+    namespaces_error, spawn, BeforeStart, CpuWatch, DeniedCall, LimitHit, Outcome, Running, Sinks,
+    Stdin, Termination, NAMESPACES, ROOT_MAPPED_ID,
 };

@@ -584,7 +584,9 @@ pub fn spawn(
     }
 }
 
-fn namespaces_error(e: i32) -> SetupError {
+/// The error for a sandbox whose namespaces cannot be created (`e`: the errno of the clone), with
+/// what to do about it.
+pub fn namespaces_error(e: i32) -> SetupError {
     let hint = match e {
         libc::EPERM | libc::EACCES => {
             "unprivileged user namespaces are refused on this host (on Ubuntu 24.04: AppArmor's kernel.apparmor_restrict_unprivileged_userns; in a container: its seccomp profile); run `palisade doctor`"

@@ -486,9 +486,15 @@ impl Sandbox {
                 Err(e) => {
                     let msg =
                         format!("{e}; or pass --allow-degraded cgroup to run with rlimits only");
-                    let e = SetupError::Supervisor {
-                        op: "set up the cgroup (memory and process ceilings)",
-                        source: std::io::Error::other(msg),
+                    // Without user namespaces nothing can run whatever the cgroup: that is the
+                    // error to give first (found by the VM matrix's no-userns guest, where an
+                    // undelegated user was told only about the cgroup). `doctor` lists both.
+                    let e = match palisade_linux::host::try_user_namespace() {
+                        Err(errno) => palisade_linux::namespaces_error(errno),
+                        Ok(()) => SetupError::Supervisor {
+                            op: "set up the cgroup (memory and process ceilings)",
+                            source: std::io::Error::other(msg),
+                        },
                     };
                     if let Some(d) = &kept {
                         let _ = std::fs::remove_dir(d);
