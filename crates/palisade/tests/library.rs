@@ -217,9 +217,12 @@ fn without_a_cgroup_runs_are_refused_unless_waived_and_rlimit_cpu_still_holds() 
     let r = &out.report;
     // RLIMIT_CPU is whole seconds plus one: the probe is killed with SIGKILL at 2 s of CPU (the
     // kernel's exact runtime; wait4's tick-sampled times come out up to ~10 % lower, 1892 ms seen).
+    // The kernel checks the limit at its tick, which comes late on an emulated or overloaded host
+    // (3296 ms seen in an emulated guest of the VM matrix while the host compiled), so the upper
+    // bound only says the limit held: without it the probe burns 30 s.
     assert_eq!(r.status, Status::CpuTimeout, "{r:?}");
     let cpu = r.cpu_user_ms + r.cpu_system_ms;
-    assert!((1600.0..2600.0).contains(&cpu), "{cpu} ms of CPU");
+    assert!((1600.0..8000.0).contains(&cpu), "{cpu} ms of CPU");
     let layer = |n: &str| r.layers.iter().find(|l| l.name == n).unwrap().clone();
     assert!(!layer("cpu-time-limit").enforced, "{:?}", r.layers);
     assert!(!layer("cgroup-limits").enforced, "{:?}", r.layers);
