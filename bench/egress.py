@@ -5,6 +5,13 @@ then inside a sandbox through the HTTP proxy (HTTP_PROXY) and through transparen
 stub's address), with the upstream name pinned to the server (`--resolve`) and allowed by an IP rule.
 curl's own timings are used (speed, time to first byte), so the sandbox's start-up is not counted.
 Runs alternate between the three paths; medians of all runs. No timing is asserted.
+
+Then the same over a link (as root): the server in a network namespace of its own behind a veth pair
+shaped with tbf to each rate of --links. On loopback only the CPUs bound a transfer, and the relay's
+second pass through TCP competes with curl and the server for them; over a link, as upstreams are
+reached in use, the question is whether the proxy keeps up with the link. Beside palisade's paths:
+a plain socat relay with no sandbox (the floor for any proxy: one more TCP connection) and srt's
+proxy, the one peer that filters egress by host.
 """
 
 import argparse
@@ -12,16 +19,25 @@ import datetime
 import json
 import os
 import platform
+import resource
+import shlex
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PALISADE = os.path.join(ROOT, "target", "release", "palisade")
 CHUNK = b"\0" * (1 << 20)
+# Anthropic's sandbox-runtime, the one peer that filters egress by host (bench/setup-peers.sh).
+SRT = os.path.join(os.environ.get("PALISADE_BENCH_PEERS", "/opt/palisade-bench-peers"), "npm", "node_modules",
+                   ".bin", "srt")
+SRT_SKIP = None if os.access(SRT, os.X_OK) else f"not installed ({SRT}; bench/setup-peers.sh installs it)"
 
 
 class Bytes(BaseHTTPRequestHandler):
@@ -42,35 +58,121 @@ class Bytes(BaseHTTPRequestHandler):
 
 
 def curl(prefix, url, extra=()):
+    """One transfer; curl's own speed and time to first byte, and the CPU time of everything the
+    command ran (curl, and for sandboxed paths palisade's supervisor with its relay threads, and
+    init), from the rusage of reaped children."""
     fmt = "%{speed_download} %{time_starttransfer} %{time_connect} %{size_download}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(prefix + ["curl", "-sS", "-o", "/dev/null", "-w", fmt, *extra, url],
                          capture_output=True, text=True, check=True).stdout.split()
-    return {"bytes_per_s": float(out[0]), "ttfb_ms": float(out[1]) * 1000, "size": int(out[3])}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"bytes_per_s": float(out[0]), "ttfb_ms": float(out[1]) * 1000, "size": int(out[3]), "cpu_s": cpu}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--size", type=int, default=1 << 30)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
-    a = ap.parse_args()
-    if a.quick:
-        a.size, a.runs = 8 << 20, 2
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Bytes)
-    port = srv.server_address[1]
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    name = "bench.test"
+def serve(addr, port):
+    """The byte server alone (for the link rows, started inside the link's network namespace)."""
+    ThreadingHTTPServer((addr, port), Bytes).serve_forever()
+
+
+def wait_port(addr, port, proc):
+    """Until something accepts on addr:port; exits if proc ends first or after 5 s."""
+    for _ in range(100):
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    raise SystemExit(f"bench/egress.py: {proc.args[0]} did not start listening on {addr}:{port}")
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+class Link:
+    """A test host behind a veth pair, its sending side shaped by tbf: a network namespace with
+    198.19.0.2 (the benchmarking range, RFC 2544), the host side 198.19.0.1. Made and removed here."""
+
+    NS, HOST_IF, NS_IF = "palisade-bench-eg", "pbe-h", "pbe-n"
+    ADDR = "198.19.0.2"
+
+    def __enter__(self):
+        self.srv = None
+        self.remove()  # what an interrupted earlier run left
+        try:
+            return self.make()
+        except BaseException:
+            self.remove()
+            raise
+
+    def make(self):
+        sh("ip", "netns", "add", self.NS)
+        sh("ip", "link", "add", self.HOST_IF, "type", "veth", "peer", "name", self.NS_IF)
+        sh("ip", "link", "set", self.NS_IF, "netns", self.NS)
+        sh("ip", "addr", "add", "198.19.0.1/24", "dev", self.HOST_IF)
+        sh("ip", "link", "set", self.HOST_IF, "up")
+        sh("ip", "-n", self.NS, "addr", "add", f"{self.ADDR}/24", "dev", self.NS_IF)
+        sh("ip", "-n", self.NS, "link", "set", self.NS_IF, "up")
+        sh("ip", "-n", self.NS, "link", "set", "lo", "up")
+        self.port = 18089
+        self.srv = subprocess.Popen(["ip", "netns", "exec", self.NS, sys.executable, os.path.abspath(__file__),
+                                     "--serve", f"{self.ADDR}:{self.port}"])
+        wait_port(self.ADDR, self.port, self.srv)
+        return self
+
+    def rate(self, r):
+        # A burst of 4 MB holds the rate at any of these speeds (rate / HZ is 1.25 MB at 10 Gbit/s).
+        sh("tc", "-n", self.NS, "qdisc", "replace", "dev", self.NS_IF, "root", "tbf", "rate", r,
+           "burst", "4mb", "latency", "50ms")
+
+    def __exit__(self, *exc):
+        self.remove()
+
+    def remove(self):
+        if self.srv:
+            self.srv.kill()
+            self.srv.wait()
+        # Deleting one end of the veth pair deletes both, even while something holds the namespace.
+        for cmd in (["ip", "link", "del", self.HOST_IF], ["ip", "netns", "del", self.NS]):
+            subprocess.run(cmd, stderr=subprocess.DEVNULL)
+
+
+def measure(addr, port, a, name="bench.test"):
+    """Direct, proxy and transparent transfers from addr:port, interleaved; medians."""
     sandbox = [PALISADE, "run", "-q", "--no-tty", "--timeout", "10m",
-               "--allow-net", f"{name}:{port}", "--allow-net", f"127.0.0.1:{port}",
-               "--resolve", f"{name}=127.0.0.1", "--"]
+               "--allow-net", f"{name}:{port}", "--allow-net", f"{addr}:{port}",
+               "--resolve", f"{name}={addr}", "--"]
     paths = {
-        "direct": ([], f"http://127.0.0.1:{port}/bytes/{{n}}", ()),
+        "direct": ([], f"http://{addr}:{port}/bytes/{{n}}", ()),
         "proxy": (sandbox, f"http://{name}:{port}/bytes/{{n}}", ()),
         "transparent": (sandbox, f"http://{name}:{port}/bytes/{{n}}", ("--noproxy", "*")),
     }
-    cmds = {k: " ".join(p + ["curl", "-o", "/dev/null", *e, u.format(n=a.size)]) for k, (p, u, e) in paths.items()}
-    res = {k: {"bytes_per_s": [], "ttfb_ms": []} for k in paths}
+    relay = None
+    if shutil.which("socat"):
+        # The floor for any proxy: a plain relay, no sandbox, no checks, copying through a 1 MiB
+        # buffer, with curl on the host. What separates it from direct is the second TCP connection.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            rport = probe.getsockname()[1]
+        relay = subprocess.Popen(["socat", "-b", str(1 << 20), f"TCP-LISTEN:{rport},bind=127.0.0.1,reuseaddr,fork",
+                                  f"TCP:{addr}:{port}"])
+        wait_port("127.0.0.1", rport, relay)
+        paths["socat relay (reference)"] = ([], f"http://127.0.0.1:{rport}/bytes/{{n}}", ())
+    if SRT_SKIP is None:
+        # srt's own proxy (Node, on the host) with the address as its one allowed domain; its
+        # NO_PROXY names loopback, so curl is told to ignore it and go through the proxy, as it
+        # would for a remote allowed host.
+        settings = os.path.join(a.state, f"srt-{addr}.json")
+        with open(settings, "w") as f:
+            json.dump({"network": {"allowedDomains": [addr], "deniedDomains": []},
+                       "filesystem": {"denyRead": [], "allowWrite": [a.state], "denyWrite": []}}, f)
+        paths["srt (peer)"] = ([SRT, "-s", settings, "--"], f"http://{addr}:{port}/bytes/{{n}}",
+                               ("--noproxy", ""))
+    cmds = {k: shlex.join(p + ["curl", "-o", "/dev/null", *e, u.format(n=a.size)]) for k, (p, u, e) in paths.items()}
+    res = {k: {"bytes_per_s": [], "ttfb_ms": [], "cpu_s_per_gib": []} for k in paths}
     for r in range(a.runs):
         for k, (prefix, url, extra) in paths.items():
             big = curl(prefix, url.format(n=a.size), extra)
@@ -78,6 +180,16 @@ def main():
             small = curl(prefix, url.format(n=1), extra)
             res[k]["bytes_per_s"].append(big["bytes_per_s"])
             res[k]["ttfb_ms"].append(small["ttfb_ms"])
+            # The small request's CPU is mostly start-up; taken off so that what is left is per byte.
+            res[k]["cpu_s_per_gib"].append(max(big["cpu_s"] - small["cpu_s"], 0) * (1 << 30) / a.size)
+    if relay:
+        # socat (forking per connection) is reaped only now: its CPU, spread over its transfers.
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        relay.terminate()
+        relay.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        per_gib = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * (1 << 30) / (a.size * a.runs)
+        res["socat relay (reference)"]["cpu_s_per_gib"] = [c + per_gib for c in res["socat relay (reference)"]["cpu_s_per_gib"]]
     d = res["direct"]
     summary = {}
     for k, v in res.items():
@@ -86,18 +198,73 @@ def main():
             "ttfb_ms": statistics.median(v["ttfb_ms"]),
             "throughput_vs_direct": statistics.median(v["bytes_per_s"]) / statistics.median(d["bytes_per_s"]),
             "ttfb_added_ms": statistics.median(v["ttfb_ms"]) - statistics.median(d["ttfb_ms"]),
+            "cpu_s_per_gib": statistics.median(v["cpu_s_per_gib"]),
             "command": cmds[k],
         }
-    doc = {"date": datetime.date.today().isoformat(), "kernel": platform.release(),
-           "size_bytes": a.size, "runs": a.runs, "quick": a.quick, "results": summary, "raw": res}
-    lines = [f"# Egress: proxy versus direct ({doc['date']}, kernel {doc['kernel']})", "",
-             f"{a.size} bytes from a local HTTP server, {a.runs} runs per path, medians; time to first "
-             "byte from a 1-byte request. curl's own timings (sandbox start-up not included).", "",
-             "| path | MiB/s | vs direct | time to first byte (ms) | added (ms) |", "|---|---|---|---|---|"]
-    for k, s in summary.items():
-        lines.append(f"| {k} | {s['throughput_mib_s']:.0f} | {s['throughput_vs_direct']:.2f} | "
-                     f"{s['ttfb_ms']:.2f} | {s['ttfb_added_ms']:+.2f} |")
-    lines += ["", "Commands:", ""] + [f"- {k}: `{c}`" for k, c in cmds.items()]
+    return summary, res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--size", type=int, default=1 << 30)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--links", default="1gbit,4gbit",
+                    help="comma-separated tc rates for the rows over a shaped veth link (needs root), "
+                         "or 'none' (default: 1gbit,4gbit)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
+    ap.add_argument("--serve", metavar="ADDR:PORT", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        addr, port = a.serve.rsplit(":", 1)
+        return serve(addr, int(port))
+    if a.quick:
+        a.size, a.runs = 8 << 20, 2
+        if a.links == ap.get_default("links"):
+            a.links = "1gbit"
+    links = [] if a.links == "none" else [r for r in a.links.split(",") if r]
+    if links and os.geteuid() != 0:
+        raise SystemExit("bench/egress.py: the link rows (--links) need root for a network namespace and tc; "
+                         "run as root, or pass --links none for the loopback rows alone")
+    a.state = tempfile.mkdtemp(prefix="palisade-bench-egress-")
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Bytes)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        summary, raw = measure("127.0.0.1", srv.server_address[1], a)
+        link_rows = {}
+        if links:
+            with Link() as link:
+                for r in links:
+                    link.rate(r)
+                    s, rw = measure(link.ADDR, link.port, a)
+                    link_rows[r] = {"results": s, "raw": rw}
+    finally:
+        shutil.rmtree(a.state, ignore_errors=True)
+    doc = {"date": datetime.date.today().isoformat(), "kernel": platform.release(), "cpus": os.cpu_count(),
+           "size_bytes": a.size, "runs": a.runs, "quick": a.quick, "results": summary, "raw": raw,
+           "links": link_rows, "srt": SRT_SKIP or "measured"}
+    lines = [f"# Egress: proxy versus direct ({doc['date']}, kernel {doc['kernel']}, {doc['cpus']} CPUs)", "",
+             f"{a.size} bytes from an HTTP server, {a.runs} runs per path interleaved, medians; time to first "
+             "byte from a 1-byte request. curl's own timings (sandbox start-up not included). CPU: user and "
+             "system seconds per GiB of everything the path ran (curl; for the sandboxed paths also "
+             "palisade's supervisor, its relay threads and init), the server's not counted.", "",
+             "Loopback: the server on the host's 127.0.0.1, so nothing but the CPUs bounds the transfer. "
+             "Link rows: the server in a network namespace behind a veth pair whose sending side tbf "
+             "shapes to the rate named, as a real upstream is bounded by its link. socat relay (reference): a "
+             "plain relay with no sandbox and no checks (socat, 1 MiB buffer, curl on the host), the floor for "
+             "any proxy; srt (peer): sandbox-runtime's own proxy with the address as its allowed domain.", "",
+             "| where | path | MiB/s | vs direct | time to first byte (ms) | added (ms) | CPU s/GiB |",
+             "|---|---|---|---|---|---|---|"]
+    for where, rows in [("loopback", summary)] + [(f"link {r}", v["results"]) for r, v in link_rows.items()]:
+        for k, s in rows.items():
+            lines.append(f"| {where} | {k} | {s['throughput_mib_s']:.0f} | {s['throughput_vs_direct']:.2f} | "
+                         f"{s['ttfb_ms']:.2f} | {s['ttfb_added_ms']:+.2f} | {s['cpu_s_per_gib']:.2f} |")
+    if SRT_SKIP:
+        lines += ["", f"Skipped: srt (peer), {SRT_SKIP}."]
+    if not shutil.which("socat"):
+        lines += ["", "Skipped: socat relay (reference), socat is not installed (apt-get install socat)."]
+    lines += ["", "Commands (loopback; the link rows are the same against 198.19.0.2):", ""]
+    lines += [f"- {k}: `{s['command']}`" for k, s in summary.items()]
     text = "\n".join(lines) + "\n"
     print(text)
     if not a.quick:

@@ -861,11 +861,13 @@ def render_md(res, nproc):
     if e.get("results"):
         L += [f"Not measured by this harness: [`bench/egress.sh`](../../bench/egress.sh) measures it "
               f"(results in [egress.md](egress.md)). Its latest committed run, {e['date']}, {e['runs']} runs "
-              f"per path, {e['size_mib']} MiB from a loopback server:", "",
-              "| path | MiB/s | vs direct | time to first byte ms | added ms |", "|---|---|---|---|---|"]
-        for n, r in e["results"].items():
-            L.append(f"| {n} | {r['throughput_mib_s']:.0f} | {r['throughput_vs_direct']:.2f} | {r['ttfb_ms']:.2f} | "
-                     f"{r['ttfb_added_ms']:.2f} |")
+              f"per path, {e['size_mib']} MiB from a server on the host's loopback, then behind a veth link "
+              "shaped to each rate:", "",
+              "| where | path | MiB/s | vs direct | time to first byte ms | added ms |", "|---|---|---|---|---|---|"]
+        for where, rows in [("loopback", e["results"])] + [(f"link {k}", v) for k, v in e.get("links", {}).items()]:
+            for n, r in rows.items():
+                L.append(f"| {where} | {n} | {r['throughput_mib_s']:.0f} | {r['throughput_vs_direct']:.2f} | "
+                         f"{r['ttfb_ms']:.2f} | {r['ttfb_added_ms']:.2f} |")
         L += ["", "None of the peers filters egress by host name: bwrap, firejail, podman (--network=none), "
               "gVisor and codex (network off) have no network at all; srt proxies to allowed domains, "
               "which this policy (no domains) leaves empty."]
@@ -878,13 +880,17 @@ def render_md(res, nproc):
 def egress_summary():
     """The latest committed result of bench/egress.sh, so that the peers page shows it beside the rest."""
     path = os.path.join(ROOT, "docs", "benchmarks", "egress.json")
+
+    def pick(rows):
+        return {n: {k: r[k] for k in ("throughput_mib_s", "throughput_vs_direct", "ttfb_ms", "ttfb_added_ms")}
+                for n, r in rows.items()}
     try:
         with open(path) as f:
             e = json.load(f)
         return {"source": "docs/benchmarks/egress.json (bench/egress.sh), a separate run", "date": e["date"],
                 "runs": e["runs"], "size_mib": e["size_bytes"] >> 20,
-                "results": {n: {k: r[k] for k in ("throughput_mib_s", "throughput_vs_direct", "ttfb_ms",
-                                                  "ttfb_added_ms")} for n, r in e["results"].items()}}
+                "results": pick(e["results"]),
+                "links": {rate: pick(v["results"]) for rate, v in e.get("links", {}).items()}}
     except (OSError, ValueError, KeyError) as err:
         return {"source": "bench/egress.sh", "note": f"no committed egress result could be read ({err})"}
 
