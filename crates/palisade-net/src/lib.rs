@@ -441,6 +441,24 @@ impl Pending<'_> {
         Err(("connect-failed", last.unwrap_or_default()))
     }
 
+    /// [`Pending::connect`] for the HTTP paths: on a refusal, answers the client with `502` (the
+    /// upstream could not be resolved or reached) or `403` (a rule or a check refused it).
+    fn connect_or_answer(mut self, c: &mut TcpStream) -> Option<(Self, TcpStream)> {
+        match self.connect() {
+            Ok(u) => Some((self, u)),
+            Err(d) => {
+                let status = if d.0 == "connect-failed" || d.0 == "resolve-failed" {
+                    "502 Bad Gateway"
+                } else {
+                    "403 Forbidden"
+                };
+                let (code, detail) = self.deny(d);
+                http_error(c, status, code, &detail);
+                None
+            }
+        }
+    }
+
     /// Reads the client's first bytes (appending to `buf`) and checks them against the name.
     fn check_first_bytes(&mut self, c: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), Denial> {
         let _ = c.set_read_timeout(Some(FIRST_BYTES));
@@ -640,18 +658,8 @@ fn http_proxy(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
             },
         };
         p.ev.host = p.host.to_string();
-        let up = match p.connect() {
-            Ok(u) => u,
-            Err(d) => {
-                let status = if d.0 == "connect-failed" || d.0 == "resolve-failed" {
-                    "502 Bad Gateway"
-                } else {
-                    "403 Forbidden"
-                };
-                let (code, detail) = p.deny(d);
-                http_error(&mut c, status, code, &detail);
-                return Ok(());
-            }
+        let Some((mut p, up)) = p.connect_or_answer(&mut c) else {
+            return Ok(());
         };
         c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
         let mut first = buf[end..].to_vec();
@@ -703,18 +711,8 @@ fn http_proxy(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
             return Ok(());
         }
     }
-    let up = match p.connect() {
-        Ok(u) => u,
-        Err(d) => {
-            let status = if d.0 == "connect-failed" || d.0 == "resolve-failed" {
-                "502 Bad Gateway"
-            } else {
-                "403 Forbidden"
-            };
-            let (code, detail) = p.deny(d);
-            http_error(&mut c, status, code, &detail);
-            return Ok(());
-        }
+    let Some((p, up)) = p.connect_or_answer(&mut c) else {
+        return Ok(());
     };
     // Origin-form to the server, one request per connection, no proxy headers passed on.
     let mut out = format!("{method} {path} {}\r\n", parts.next().unwrap_or("HTTP/1.1"));
