@@ -59,9 +59,14 @@ down() {
         for pid in $(ip netns pids "$NS" 2>/dev/null); do kill "$pid" 2>/dev/null || true; done
         ip netns del "$NS"
     fi
-    # Deleting the namespace destroys its end of the pair, and with it ours; a half-made setup
-    # may have left ours alone.
-    if ip link show "$HOST_IF" >/dev/null 2>&1; then ip link del "$HOST_IF"; fi
+    # Deleting the namespace destroys its end of the pair, and with it ours, but not at once: ours
+    # may still show and then be gone before `ip link del` reaches it. A half-made setup may have
+    # left ours alone.
+    for _ in $(seq 50); do
+        ip link show "$HOST_IF" >/dev/null 2>&1 || break
+        ip link del "$HOST_IF" 2>/dev/null || sleep 0.1
+    done
+    if ip link show "$HOST_IF" >/dev/null 2>&1; then die "could not remove $HOST_IF"; fi
     rm -rf "$DIR"
 }
 
