@@ -89,6 +89,15 @@ impl Host {
                 .ok_or("a host name or an IP address (a name's last label cannot be a number)");
         }
         let ascii = idna::domain_to_ascii(name).map_err(|_| "a valid (IDNA) host name")?;
+        // Normalization can make a number of a label (`₀` and `０` are `0`; `①②⑦.⓪.⓪.①` is
+        // `127.0.0.1`). What ends in a number after it is an address, as URL parsers read it too,
+        // never a name that a rule for names would match.
+        let last = ascii.rsplit('.').next().unwrap_or(&ascii);
+        if looks_numeric(last) {
+            return inet_aton(&ascii)
+                .map(|a| Host::Ip(IpAddr::V4(a)))
+                .ok_or("a host name or an IP address (a name's last label cannot be a number)");
+        }
         if ascii.is_empty()
             || ascii.len() > 253
             || !ascii.split('.').all(|l| {
@@ -774,6 +783,22 @@ mod tests {
         }
         assert!(Host::parse("1.2.3.256").is_err());
         assert!(Host::parse("example.123").is_err());
+        // What normalization turns into a number is an address too, never a name: full-width
+        // and circled digits, subscripts, a full-width dot.
+        for (s, ip) in [
+            ("₀", "0.0.0.0"),
+            ("１２７．０．０．１", "127.0.0.1"),
+            ("①②⑦.⓪.⓪.①", "127.0.0.1"),
+            ("198.51.100.１０", "198.51.100.10"),
+            ("０ｘＣ６３３６４０Ａ", "198.51.100.10"),
+        ] {
+            assert_eq!(Host::parse(s), Ok(Host::Ip(ip.parse().unwrap())), "{s}");
+            let r = rule(s);
+            assert_eq!(r.to_string(), ip, "{s}");
+            assert_eq!(rule(&r.to_string()), r, "{s}");
+        }
+        assert!(Host::parse("example.１２３").is_err());
+        assert!(Host::parse("１.２.３.２５６").is_err());
         assert_eq!(
             name("[2001:db8::1]"),
             Host::Ip("2001:db8::1".parse().unwrap())
