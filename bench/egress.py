@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import shutil
@@ -223,6 +224,10 @@ def main():
         if a.links == ap.get_default("links"):
             a.links = "1gbit"
     links = [] if a.links == "none" else [r for r in a.links.split(",") if r]
+    for r in links:
+        if not re.fullmatch(r"[1-9][0-9]*(kbit|mbit|gbit)", r):
+            raise SystemExit(f"bench/egress.py: --links: `{r}` is not a rate; give tc rates such as 100mbit, "
+                             "1gbit, 4gbit (a number, then kbit, mbit or gbit), comma-separated, or none")
     if links and os.geteuid() != 0:
         raise SystemExit("bench/egress.py: the link rows (--links) need root for a network namespace and tc; "
                          "run as root, or pass --links none for the loopback rows alone")
