@@ -23,6 +23,7 @@ scripts/testnet.sh up
 trap 'scripts/testnet.sh down' EXIT
 
 echo "== tests as root"
+cargo build --workspace --quiet  # the binaries the tests spawn: palisade and palisade-probe
 cargo test --workspace --quiet 2>&1 | tee /tmp/palisade-root-tests.log
 
 echo "== tests as $TEST_USER (unprivileged)"

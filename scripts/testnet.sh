@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test internet for crates/palisade/tests/egress_netns.rs: a network namespace `palisade-tn`
+# The test internet for crates/palisade-cli/tests/egress_netns.rs: a network namespace `palisade-tn`
 # behind a veth pair, with documentation and benchmarking addresses only (198.51.100.0/24,
 # 198.18.0.0/24, 2001:db8:5::/64; not 203.0.113.0/24, where the package registries of the
 # machines this project is built on live, nor 192.0.2.0/24, their own LAN), HTTP and TLS servers (one test CA, names like allowed.test and example.org) and

@@ -104,7 +104,7 @@ kernel() {
 # The initramfs: the host's programs, our binaries (debug info stripped) and the guest script.
 echo "== building the test binaries"
 cargo build --quiet --bins
-cargo test --quiet --no-run --message-format=json -p palisade -p palisade-cgroup 2>/dev/null \
+cargo test --quiet --no-run --message-format=json -p palisade -p palisade-cli -p palisade-cgroup 2>/dev/null \
     | python3 -c '
 import json, sys
 for line in sys.stdin:

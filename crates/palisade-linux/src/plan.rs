@@ -145,6 +145,7 @@ pub struct Exec {
 // SAFETY: the raw pointers point into the CStrings owned by the same struct, whose heap buffers
 // never move; the struct is only read after construction.
 unsafe impl Send for Exec {}
+// SAFETY: as for Send: shared references only read the pointers, never write through them.
 unsafe impl Sync for Exec {}
 
 /// Everything the child needs.

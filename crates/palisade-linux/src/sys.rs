@@ -690,23 +690,6 @@ pub fn setresgid(id: u32) -> SysResult<()> {
     check(unsafe { libc::syscall(libc::SYS_setresgid, id, id, id) }).map(drop)
 }
 
-/// `fork()` as a raw `clone(SIGCHLD)`: no atfork handlers, no glibc locks. Returns the child's
-/// pid in the parent, 0 in the child, or -1.
-pub fn raw_fork() -> c_int {
-    // SAFETY: clone with only SIGCHLD and no new stack behaves as fork; the caller keeps the child
-    // async-signal-safe until exec.
-    unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            libc::SIGCHLD as c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        ) as c_int
-    }
-}
-
 /// `execve(path, argv, envp)`; returns only on failure.
 ///
 /// # Safety

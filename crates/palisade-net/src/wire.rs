@@ -56,11 +56,6 @@ pub fn head_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
 }
 
-/// A header's value (first occurrence, case-insensitive name) in an HTTP head.
-pub fn header(head: &[u8], name: &str) -> Option<String> {
-    headers(head, name).into_iter().next()
-}
-
 /// Every value of a header (case-insensitive name) in an HTTP head, in order.
 pub fn headers(head: &[u8], name: &str) -> Vec<String> {
     let Ok(text) = std::str::from_utf8(head) else {

@@ -273,11 +273,6 @@ impl NetRule {
     fn denies_port(&self, port: u16) -> bool {
         self.port.is_none() || self.port == Some(port)
     }
-
-    /// Whether this is an IP or CIDR rule.
-    pub fn is_ip(&self) -> bool {
-        matches!(self.pattern, Pattern::Net { .. })
-    }
 }
 
 /// Splits `HOST[:PORT]`, `[V6][:PORT]`, `[V6/LEN][:PORT]`; a bare IPv6 takes no port.

@@ -228,7 +228,22 @@ fn without_a_cgroup_runs_are_refused_unless_waived_and_rlimit_cpu_still_holds() 
     assert!(!layer("cgroup-limits").enforced, "{:?}", r.layers);
 }
 
-/// The probe binary, as the tests see it on the host.
+/// The probe binary, as the tests see it on the host: `PALISADE_PROBE`, or the one `cargo build`
+/// left in the target directory (`cargo build -p palisade-probe`).
 fn probe() -> String {
-    std::env::var("PALISADE_PROBE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_palisade-probe").into())
+    if let Ok(p) = std::env::var("PALISADE_PROBE") {
+        return p;
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let p = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("the test runs from target/<profile>/deps")
+        .join("palisade-probe");
+    assert!(
+        p.exists(),
+        "the probe binary {} is missing: build it with `cargo build -p palisade-probe`",
+        p.display()
+    );
+    p.to_string_lossy().into_owned()
 }

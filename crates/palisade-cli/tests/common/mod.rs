@@ -12,14 +12,24 @@ pub fn palisade_bin() -> PathBuf {
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_palisade").into())
 }
 
-/// The probe binary, which the tests bind into the sandbox at `/probe`.
+/// The probe binary, which the tests bind into the sandbox at `/probe`: `PALISADE_PROBE`, or the
+/// one `cargo build` left beside the test executables (`target/debug/palisade-probe`; it is a
+/// package of its own, so that its `unsafe` stays out of the library and the CLI).
 pub fn probe_bin() -> PathBuf {
     let p: PathBuf = std::env::var_os("PALISADE_PROBE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_palisade-probe").into());
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("the test's own path");
+            // target/debug/deps/<test> -> target/debug/palisade-probe
+            exe.parent()
+                .and_then(|d| d.parent())
+                .expect("the test runs from target/<profile>/deps")
+                .join("palisade-probe")
+        });
     assert!(
         p.exists(),
-        "the probe binary {} is missing: the boundary tests cannot run without it",
+        "the probe binary {} is missing: the boundary tests cannot run without it \
+         (build it with `cargo build -p palisade-probe`, or set PALISADE_PROBE)",
         p.display()
     );
     p

@@ -273,3 +273,63 @@ fn with_user_namespaces_off_doctor_explains_and_run_refuses() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// The help texts, whole, against the committed snapshots in `tests/snapshots/` (a doc comment
+/// once slid onto the wrong subcommand and nobody saw it). After an intended change, refresh them
+/// with `PALISADE_UPDATE_SNAPSHOTS=1 cargo test -p palisade-cli --test cli help`.
+#[test]
+fn help_texts_match_their_snapshots() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
+    for (file, args) in [
+        ("help.txt", &["--help"][..]),
+        ("help-run.txt", &["run", "--help"][..]),
+        ("help-doctor.txt", &["doctor", "--help"][..]),
+        (
+            "help-cgroup-delegate.txt",
+            &["cgroup-delegate", "--help"][..],
+        ),
+        ("help-policy.txt", &["policy", "--help"][..]),
+    ] {
+        let o = std::process::Command::new(palisade_bin())
+            .args(args)
+            .env("COLUMNS", "100")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "palisade {args:?}");
+        let got = String::from_utf8(o.stdout).expect("help is UTF-8");
+        let path = dir.join(file);
+        if std::env::var_os("PALISADE_UPDATE_SNAPSHOTS").is_some() {
+            std::fs::write(&path, &got).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (create it with PALISADE_UPDATE_SNAPSHOTS=1)",
+                path.display()
+            )
+        });
+        assert_eq!(
+            got,
+            want,
+            "palisade {args:?} differs from {}",
+            path.display()
+        );
+    }
+    // Every subcommand has its own description, not an empty one.
+    let top = std::fs::read_to_string(dir.join("help.txt")).unwrap();
+    for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy "] {
+        let line = top
+            .lines()
+            .find(|l| l.trim_start().starts_with(cmd))
+            .unwrap_or_else(|| panic!("no `{cmd}` line in:\n{top}"));
+        assert!(
+            line.trim().len() > cmd.len() + 10,
+            "`{cmd}` has no description: {line}"
+        );
+    }
+    let doctor = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("doctor "))
+        .unwrap();
+    assert!(doctor.contains("Check what this host"), "{doctor}");
+}

@@ -29,8 +29,6 @@ enum Cmd {
     /// it for a limit (timeout, CPU time, memory, output); 125 if palisade itself failed (bad option, setup failure);
     /// 126 if the command cannot be executed; 127 if it was not found inside the sandbox.
     Run(Box<RunArgs>),
-    /// Delegate a palisade cgroup subtree to a user, once, as root (like systemd's Delegate=yes),
-    /// so that the user's sandboxes get memory and process ceilings.
     /// Check what this host gives each layer (user namespaces, Landlock, seccomp, cgroups,
     /// containers), end with a real trial run, and say how to fix what is missing. Exit status 0
     /// when `palisade run` works here, 1 when it does not.
@@ -39,6 +37,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Delegate a palisade cgroup subtree to a user, once, as root (like systemd's Delegate=yes),
+    /// so that the user's sandboxes get memory and process ceilings.
     CgroupDelegate {
         /// The user (name or uid) to delegate to.
         #[arg(long)]
