@@ -17,6 +17,7 @@ pub mod net;
 mod path;
 pub mod profile;
 pub mod protect;
+pub mod untrusted;
 
 pub use env::{EnvName, EnvVar};
 pub use error::PolicyError;

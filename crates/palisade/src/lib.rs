@@ -13,14 +13,16 @@
 //! assert_eq!(out.stdout, b"fast\n/workspace\n");
 //! ```
 
+mod builder;
 pub mod doctor;
 mod report;
 mod sandbox;
 
+pub use builder::Builder;
 pub use palisade_linux::SetupError;
 pub use palisade_net::{Event as NetEvent, NetLog};
 pub use palisade_policy as policy;
 pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
-pub use sandbox::{Builder, NetNotify, Output, Sandbox};
+pub use sandbox::{NetNotify, Output, Sandbox};
