@@ -3,13 +3,13 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use palisade::policy::untrusted::Untrusted;
 use palisade::policy::{
     parse_count, parse_cpus, parse_duration, parse_size, Bind, Degradable, EnvVar, MAX_OPEN_FILES,
     MAX_PIDS,
 };
+use palisade::term::{ForwardedSignals, RawTerminal};
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
-use palisade_linux::host::{copy_winsize, ForwardedSignals, RawTerminal};
-use palisade_linux::Sinks;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -102,9 +102,16 @@ struct RunArgs {
     /// Set a variable inside: NAME=VALUE, or NAME to pass palisade's own value. Repeatable.
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
     env: Vec<String>,
-    /// Write the JSON report to PATH, or to stdout with `-` (after the command's output).
+    /// Write the JSON report to PATH (replaced as a whole at the end; refused inside the scratch
+    /// directory or a --rw bind), or to stdout with `-`, after the command's own output. `-` is
+    /// for people: the command can print a report-shaped line itself, so programs read PATH or
+    /// --report-fd, never stdout, and never judge a run by the exit status alone.
     #[arg(long, value_name = "PATH|-", num_args = 0..=1, default_missing_value = "-")]
     json: Option<String>,
+    /// Write the JSON report to descriptor N, which the caller opened (e.g. `3>report.json`) and
+    /// the sandbox never sees: a channel the command cannot forge.
+    #[arg(long = "report-fd", value_name = "N")]
+    report_fd: Option<i32>,
     /// Give the command a pseudo-terminal of its own (default: when stdin is a terminal).
     #[arg(long, overrides_with = "no_tty")]
     tty: bool,
@@ -367,41 +374,64 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let b = builder(&a, tty)?;
     let mut sandbox = b.build()?;
+    // Where the report goes, settled before anything runs: a path the code could replace while
+    // it runs is refused now, not followed later.
+    let report_to = ReportTarget::open(&a, sandbox.policy())?;
     if a.net_log || !a.quiet {
         let all = a.net_log;
         sandbox = sandbox.on_net_event(std::sync::Arc::new(move |e: &palisade::NetEvent| {
             if all || e.decision != "allowed" {
                 eprintln!(
                     "palisade: net: {} {} {}:{} ({}: {})",
-                    e.decision, e.via, e.host, e.port, e.reason, e.detail
+                    e.decision,
+                    e.via,
+                    Untrusted::new(&e.host),
+                    e.port,
+                    e.reason,
+                    Untrusted::new(&e.detail)
                 );
             }
         }));
     }
     // Forward the usual termination signals to the sandbox (its init passes them to the payload).
+    // Blocked here before the run's thread starts, so that every thread of palisade inherits the
+    // mask and the signals reach the sandbox instead of ending palisade.
     let mut wanted = vec![libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
     if tty {
         wanted.push(libc::SIGWINCH);
     }
     let signals = ForwardedSignals::new(&wanted).context("cannot take signals for forwarding")?;
     let raw = if tty { RawTerminal::enter(0) } else { None };
-    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
-    let input = if tty { Some(0) } else { None };
-    let sinks = Sinks {
-        stdout: &mut out,
-        stderr: &mut err,
-        input,
-        signals: Some(&signals),
-    };
-    let report = sandbox.run(sinks, |r| {
-        if let Some(pty) = r.pty() {
-            copy_winsize(0, pty);
-        }
+    let mut run = sandbox.start(palisade::Io {
+        stdin: Some(palisade::Stdin::Inherit),
+        stream_buffer: Some(1 << 20),
+        terminal: tty.then_some(0),
+        signals: Some(
+            signals
+                .source()
+                .context("cannot take signals for forwarding")?,
+        ),
     });
+    // This thread only writes the output; the run's own thread enforces the deadline and the
+    // ceilings, so a slow terminal or a full pipe here holds back the payload, never its limits.
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
+    loop {
+        match run.recv_output(None) {
+            palisade::Chunk::Data(palisade::Stream::Stdout, d) => {
+                let _ = out.write_all(&d).and_then(|_| out.flush());
+            }
+            palisade::Chunk::Data(palisade::Stream::Stderr, d) => {
+                let _ = err.write_all(&d).and_then(|_| err.flush());
+            }
+            palisade::Chunk::Timeout => {}
+            palisade::Chunk::End => break,
+        }
+    }
+    let report = run.wait();
     drop(raw);
     drop(out);
     drop(signals);
-    emit(&a, &report)?;
+    emit(&a, &report, report_to)?;
     Ok(report.exit_code_for_cli())
 }
 
@@ -548,7 +578,91 @@ fn lookup_user(user: &str) -> anyhow::Result<(u32, u32)> {
     anyhow::bail!("--user `{user}`: no such user in /etc/passwd (give a user name or uid)")
 }
 
-fn emit(a: &RunArgs, report: &Report) -> anyhow::Result<()> {
+/// Where `--json` / `--report-fd` send the report.
+enum ReportTarget {
+    None,
+    /// After the command's own output on stdout (`--json -`): for people; a program must not
+    /// trust it, since the command can print a report-shaped line first.
+    Stdout,
+    /// A file written at the end: created next to its final name in a directory opened now, then
+    /// renamed over that name, so nothing at the name is followed or truncated.
+    File {
+        dir: std::fs::File,
+        name: std::ffi::OsString,
+        shown: String,
+    },
+    /// A descriptor the caller opened (`--report-fd N`); the sandbox never holds it.
+    Fd(std::fs::File),
+}
+
+impl ReportTarget {
+    fn open(a: &RunArgs, policy: &palisade::policy::Policy) -> anyhow::Result<ReportTarget> {
+        if let Some(fd) = a.report_fd {
+            anyhow::ensure!(
+                a.json.is_none(),
+                "--report-fd {fd}: give either --json or --report-fd, not both"
+            );
+            anyhow::ensure!(
+                fd > 2,
+                "--report-fd {fd}: 0, 1 and 2 are the command's own; open another descriptor (e.g. 3>report.json)"
+            );
+            let f = palisade::term::dup_fd(fd).with_context(|| {
+                format!("--report-fd {fd}: not an open descriptor (open it first, e.g. `{fd}>report.json`)")
+            })?;
+            return Ok(ReportTarget::Fd(f));
+        }
+        let Some(p) = a.json.as_deref() else {
+            return Ok(ReportTarget::None);
+        };
+        if p == "-" {
+            return Ok(ReportTarget::Stdout);
+        }
+        let path = std::path::Path::new(p);
+        let name = path
+            .file_name()
+            .with_context(|| format!("--json {p}: name a file, not a directory"))?
+            .to_owned();
+        let parent = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let canon = parent.canonicalize().with_context(|| {
+            format!(
+                "--json {p}: its directory {} does not exist",
+                parent.display()
+            )
+        })?;
+        // The sandbox may write its scratch directory and --rw binds: a report there could be
+        // swapped for a link by the code, or the directory replaced, while it runs.
+        let mut writable: Vec<PathBuf> = policy
+            .binds
+            .iter()
+            .filter(|b| b.writable)
+            .map(|b| b.source.clone())
+            .collect();
+        if let palisade::policy::Scratch::Host { path } = &policy.scratch {
+            writable.push(path.clone());
+        }
+        for w in writable {
+            let w = w.canonicalize().unwrap_or(w);
+            if canon.starts_with(&w) {
+                anyhow::bail!(
+                    "--json {p}: inside {}, which the sandbox can write; put the report outside the scratch directory and --rw binds",
+                    w.display()
+                );
+            }
+        }
+        let dir = palisade::term::open_dir(&canon)
+            .with_context(|| format!("--json {p}: cannot open {}", canon.display()))?;
+        Ok(ReportTarget::File {
+            dir,
+            name,
+            shown: p.to_owned(),
+        })
+    }
+}
+
+fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
     if !a.quiet || report.status == palisade::Status::SandboxError {
         eprintln!("{}", report.summary());
     } else {
@@ -564,17 +678,22 @@ fn emit(a: &RunArgs, report: &Report) -> anyhow::Result<()> {
             );
         }
     }
-    match a.json.as_deref() {
-        None => {}
-        Some("-") => {
+    match to {
+        ReportTarget::None => {}
+        ReportTarget::Stdout => {
             let mut o = std::io::stdout().lock();
             serde_json::to_writer_pretty(&mut o, report)?;
             writeln!(o)?;
         }
-        Some(p) => {
-            let s = serde_json::to_string_pretty(report)?;
-            std::fs::write(p, s + "\n")
-                .with_context(|| format!("--json {p}: cannot write the report"))?;
+        ReportTarget::Fd(mut f) => {
+            serde_json::to_writer_pretty(&mut f, report)?;
+            writeln!(f)?;
+        }
+        ReportTarget::File { dir, name, shown } => {
+            let mut text = serde_json::to_vec_pretty(report)?;
+            text.push(b'\n');
+            palisade::term::replace_file_at(&dir, &name, &text)
+                .with_context(|| format!("--json {shown}: cannot write the report"))?;
         }
     }
     Ok(())

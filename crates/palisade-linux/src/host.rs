@@ -154,6 +154,23 @@ impl ForwardedSignals {
         }
     }
 
+    /// The signals as something another thread can read (the thread that runs the sandbox's
+    /// loop): the signals stay blocked in this thread, and process-directed ones are delivered to
+    /// whichever signalfd reads them. Threads started after [`ForwardedSignals::new`] inherit the
+    /// mask, so none of them takes the signals with their usual effect.
+    pub fn source(&self) -> io::Result<SignalSource> {
+        Ok(SignalSource {
+            fd: self.fd.try_clone()?,
+        })
+    }
+}
+
+/// A signalfd to read forwarded signals from; see [`ForwardedSignals::source`].
+pub struct SignalSource {
+    fd: OwnedFd,
+}
+
+impl SignalSource {
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -237,4 +254,90 @@ fn move_aside(dirfd: RawFd, name: &str) -> io::Result<String> {
         }
     }
     Err(io::Error::other("no free .palisade-blocked name"))
+}
+
+/// A new eventfd (close-on-exec, non-blocking), for "something happened" between threads that an
+/// event loop can poll.
+pub fn event_fd() -> io::Result<OwnedFd> {
+    let fd = crate::sys::eventfd().map_err(io::Error::from_raw_os_error)?;
+    // SAFETY: eventfd just returned this descriptor; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes an eventfd readable.
+pub fn signal_event(fd: &OwnedFd) {
+    crate::sys::eventfd_signal(fd.as_raw_fd());
+}
+
+/// A duplicate (close-on-exec) of the caller's descriptor `fd`, e.g. one a shell opened for the
+/// report (`3>report.json`).
+pub fn dup_fd(fd: RawFd) -> io::Result<File> {
+    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` and returns a new descriptor or -1.
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `n` is a new descriptor nobody else owns.
+    Ok(unsafe { File::from_raw_fd(n) })
+}
+
+/// Opens a directory (following links now, once) to create files in it later by name only.
+pub fn open_dir(path: &std::path::Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Writes `data` as the file `name` in `dir`: into a new file created beside it (`O_EXCL`, no
+/// link followed), then renamed over `name`. Whatever stood at `name` (a symbolic link included) is
+/// replaced, never followed or truncated.
+pub fn replace_file_at(dir: &File, name: &std::ffi::OsStr, data: &[u8]) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let target = CString::new(name.as_bytes()).map_err(io::Error::other)?;
+    for _ in 0..100 {
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = CString::new(format!(".palisade-{}-{n}.tmp", std::process::id()))
+            .map_err(io::Error::other)?;
+        let fd = match crate::sys::openat(
+            dir.as_raw_fd(),
+            &tmp,
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o666,
+        ) {
+            Ok(fd) => fd,
+            Err(libc::EEXIST) => continue,
+            Err(e) => return Err(io::Error::from_raw_os_error(e)),
+        };
+        // SAFETY: `fd` was just created by openat and is owned by nobody else.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        let written = f.write_all(data);
+        drop(f);
+        let renamed = written.and_then(|()| {
+            // SAFETY: renameat with the same directory descriptor and two NUL-terminated names.
+            let r = unsafe {
+                libc::renameat(
+                    dir.as_raw_fd(),
+                    tmp.as_ptr(),
+                    dir.as_raw_fd(),
+                    target.as_ptr(),
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+        if renamed.is_err() {
+            // SAFETY: unlinkat of the name we created, relative to the same directory.
+            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+        }
+        return renamed;
+    }
+    Err(io::Error::other("no free temporary name for the report"))
 }

@@ -3,22 +3,23 @@
 //! behind [`spawn`].
 //!
 //! ```
-//! use palisade_linux::{spawn, Sinks, Stdin, Termination};
+//! use palisade_linux::{spawn, OutputQueue, Stdin, Termination, Watch};
 //! use palisade_policy::Policy;
 //!
 //! let policy = Policy::new(["sh", "-c", "echo hello from inside"]).unwrap();
 //! let running = spawn(&policy, Stdin::Null, None).unwrap();
-//! let (mut out, mut err) = (Vec::new(), Vec::new());
-//! let sinks = Sinks { stdout: &mut out, stderr: &mut err, input: None, signals: None };
-//! let outcome = running.wait(sinks, None).unwrap();
+//! let output = OutputQueue::new(usize::MAX).unwrap();
+//! let watch = Watch { output: &output, cpu: None, terminal: None, signals: None, refusal_share: 1.0 };
+//! let outcome = running.wait(watch).unwrap();
 //! assert_eq!(outcome.termination, Termination::Exited(0));
-//! assert_eq!(out, b"hello from inside\n");
+//! assert_eq!(output.take_all().0, b"hello from inside\n");
 //! ```
 
 pub mod child;
 mod error;
 pub mod host;
 pub mod landlock;
+pub mod output;
 pub mod plan;
 pub mod seccomp;
 mod spawn;
@@ -26,8 +27,9 @@ pub mod sys;
 
 pub use error::SetupError;
 pub use landlock::LandlockState;
+pub use output::{OutputQueue, Received, Stream};
 pub use plan::{Ids, SockRole, SockSpec};
 pub use spawn::{
-    namespaces_error, spawn, BeforeStart, CpuWatch, DeniedCall, LimitHit, Outcome, Running, Sinks,
-    Stdin, Termination, NAMESPACES, ROOT_MAPPED_ID,
+    namespaces_error, spawn, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer, LimitHit, Outcome,
+    Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID, ROOT_MAPPED_IDS,
 };

@@ -7,20 +7,33 @@
 use crate::child::{self, ChildFds, Msg, Step};
 use crate::error::SetupError;
 use crate::landlock::LandlockState;
+use crate::output::{OutputQueue, Stream};
 use crate::plan::{self, Ids};
 use crate::sys;
 use libc::c_int;
 use palisade_policy::{Policy, Scratch};
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Host uid and gid that a root-launched sandbox's ids map to: never host root, and not an id a
-/// normal system hands out (outside the ranges of `login.defs`, `/etc/subuid` and systemd's
-/// container ranges, below 2^31 so signed-int tools cope).
+/// First of the host uids (and gids) that root-launched sandboxes map to: never host root, and
+/// not ids a normal system hands out (outside the ranges of `login.defs`, `/etc/subuid` and
+/// systemd's container ranges, below 2^31 so signed-int tools cope). Each run claims one of the
+/// [`ROOT_MAPPED_IDS`] ids from here on for itself (see [`IdLease`]).
 pub const ROOT_MAPPED_ID: u32 = 2_147_000_000;
+
+/// How many host ids root-launched runs are spread over: runs at the same time get different
+/// ones, so they share no per-user kernel quota (pipe buffers, epoll watches, inotify, signals).
+pub const ROOT_MAPPED_IDS: u32 = 65_536;
+
+/// The lock file through which concurrent supervisors on one host claim ids: one byte per id,
+/// held with an open-file-description lock for the length of the run (the kernel drops it when the
+/// holder dies, so a crashed supervisor leaks nothing).
+const ID_LOCK_FILE: &str = "/run/palisade/ids.lock";
 
 /// Namespaces the sandbox's init is cloned into. The cgroup namespace comes later: init unshares
 /// it once it has been moved into the run's cgroup, so that this cgroup is the root it sees.
@@ -32,13 +45,21 @@ pub const NAMESPACES: u64 = sys::CLONE_NEWUSER
     | sys::CLONE_NEWUTS;
 
 /// What the payload's standard input is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Stdin {
-    /// The supervisor's own standard input.
+    /// `/dev/null`: the default, so that a library caller never hands its own standard input to
+    /// untrusted code by accident.
     #[default]
-    Inherit,
-    /// `/dev/null`.
     Null,
+    /// These bytes, then end of file. The supervisor writes them as the payload reads, never
+    /// blocking on a payload that does not.
+    Bytes(Vec<u8>),
+    /// A pipe whose write end the caller takes with [`Running::take_stdin`].
+    Pipe,
+    /// The supervisor's own standard input (a front end's, e.g. the CLI's). A terminal is never
+    /// handed over as it is: its input is relayed through a pipe, so the payload can neither write
+    /// to the caller's terminal nor change its modes (give it a pty of its own for that).
+    Inherit,
 }
 
 /// A ceiling that made the supervisor kill the sandbox.
@@ -57,6 +78,9 @@ pub struct CpuWatch<'a> {
     /// CPU time of every process of the sandbox so far (the run cgroup's accounting); `None` once
     /// it cannot be read.
     pub used: &'a dyn Fn() -> Option<Duration>,
+    /// CPU the supervisor's other threads spent for this sandbox so far (the egress proxy's),
+    /// charged to the same budget.
+    pub supervisor: Option<&'a dyn Fn() -> Duration>,
     /// The most CPUs the sandbox can keep busy at once (the host's, or its quota): the fastest the
     /// budget can drain, which sets when to look next.
     pub cpus: f64,
@@ -107,6 +131,13 @@ pub struct Outcome {
     pub cpu_watch_lost: bool,
     /// System calls the seccomp filter refused, in the order first seen.
     pub denied: Vec<DeniedCall>,
+    /// The caller killed the run ([`Killer::kill`]) before it ended by itself.
+    pub cancelled: bool,
+    /// CPU the waiting thread spent for this sandbox (relaying output and input, answering
+    /// refused calls); charged to the CPU-time limit with the sandbox's own.
+    pub supervisor_cpu: Duration,
+    /// Times answering refused calls was paused because it had used the sandbox's CPU share.
+    pub refusals_throttled: u64,
 }
 
 /// A host pid as the sandbox knows it: the last `NSpid` entry of `/proc/PID/status` (the pid in
@@ -125,22 +156,106 @@ fn inner_pid(host: u32) -> u32 {
 /// A started sandbox.
 pub struct Running {
     pid: i32,
-    pidfd: OwnedFd,
+    pidfd: Arc<OwnedFd>,
     msg: File,
     stdout: Option<File>,
     stderr: Option<File>,
     pty: Option<File>,
+    /// The write end of the payload's stdin pipe (`Stdin::Bytes`, `Stdin::Pipe`, a relayed
+    /// terminal).
+    stdin_w: Option<File>,
+    /// What is still to be written to `stdin_w` (`Stdin::Bytes`).
+    stdin_bytes: Vec<u8>,
+    /// The caller's terminal whose input is relayed into `stdin_w` (`Stdin::Inherit` on a tty).
+    relay_from: Option<RawFd>,
+    /// The loop writes `stdin_w` (bytes, a relayed terminal) and closes it when done; otherwise
+    /// it is the caller's (`Stdin::Pipe`).
+    loop_feeds_stdin: bool,
     started: Instant,
     ids: Ids,
+    /// The host id this run claimed (root launches), released when the run is over.
+    _lease: Option<IdLease>,
     limits: palisade_policy::Limits,
     landlock: LandlockState,
     protection: crate::plan::Protection,
     /// The payload's seccomp listener: refused calls arrive here to be answered and recorded.
     notify: Option<OwnedFd>,
     denied: Vec<DeniedCall>,
+    cancelled: Arc<AtomicBool>,
     done: bool,
     /// The egress proxy's listeners, made inside the sandbox's network namespace.
     egress: Vec<(plan::SockSpec, OwnedFd)>,
+    /// CPU the spawning thread spent setting the sandbox up.
+    setup_cpu: Duration,
+}
+
+/// Kills a running sandbox from any thread; see [`Running::killer`].
+#[derive(Clone)]
+pub struct Killer {
+    pidfd: Arc<OwnedFd>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Killer {
+    /// Kills every process of the sandbox at once (its init, and with it the pid namespace). The
+    /// run then ends as cancelled. Harmless once the run is over: the pidfd names only that init,
+    /// never a process that reused its pid.
+    pub fn kill(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        let _ = pidfd_signal(self.pidfd.as_raw_fd(), libc::SIGKILL);
+    }
+}
+
+fn pidfd_signal(pidfd: RawFd, sig: i32) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal on an open pidfd with no siginfo.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd, sig, 0usize, 0u32) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A host id claimed for one root-launched run: a byte of [`ID_LOCK_FILE`] locked for as long
+/// as this lives.
+pub struct IdLease {
+    _lock: OwnedFd,
+}
+
+/// Claims a host id for one root-launched run: the first free one from a random start in the
+/// range. `None` where the lock file cannot be made (a read-only `/run`): all runs then share
+/// [`ROOT_MAPPED_ID`], which still owns their namespaces instead of host root.
+fn claim_root_id() -> Option<(u32, IdLease)> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let path = std::path::Path::new(ID_LOCK_FILE);
+    let dir = path.parent()?;
+    let _ = std::fs::DirBuilder::new().mode(0o755).create(dir);
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    // Only a file root owns: no other user can have planted it to make runs share ids.
+    if f.metadata().ok()?.uid() != 0 {
+        return None;
+    }
+    let fd = OwnedFd::from(f);
+    let mut r = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into the buffer; a short or failed read leaves
+    // zeros, which only means starting at the first id.
+    unsafe { libc::getrandom(r.as_mut_ptr().cast(), 4, libc::GRND_NONBLOCK) };
+    let start = u32::from_ne_bytes(r) % ROOT_MAPPED_IDS;
+    for i in 0..ROOT_MAPPED_IDS {
+        let k = (start + i) % ROOT_MAPPED_IDS;
+        match sys::ofd_lock_byte(fd.as_raw_fd(), k as u64) {
+            Ok(()) => return Some((ROOT_MAPPED_ID + k, IdLease { _lock: fd })),
+            Err(libc::EAGAIN) | Err(libc::EACCES) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// A system call the seccomp filter refused, as the report lists it.
@@ -156,9 +271,22 @@ pub struct DeniedCall {
     pub errno: i32,
 }
 
-/// At most this many distinct refused calls are listed (each with its count); more are counted
-/// under the last entry, so a payload cannot grow the supervisor's memory through refusals.
-const MAX_DENIED_KINDS: usize = 64;
+/// Refused calls are named by the call and, for some, a detail the payload chooses (`socket
+/// (family 67)`): each call keeps at most this many details; further ones are counted under
+/// `CALL (other)`. So every refused call is named, and the list stays bounded by the number of
+/// calls whatever the payload tries.
+const MAX_DETAILS_PER_CALL: usize = 16;
+
+/// Answering refused calls is paused for the rest of a window once the supervisor has spent the
+/// sandbox's CPU share of it on them: the refusing processes wait in the call, the supervisor
+/// does not work for them past the sandbox's own share.
+const REFUSAL_WINDOW: Duration = Duration::from_millis(100);
+
+/// Most input bytes held for a payload that does not read (a pty or a stdin pipe).
+const INPUT_BUFFER: usize = 64 * 1024;
+
+/// Once init is gone, how long the supervisor keeps draining output it had not read yet.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 fn io_err(op: &'static str) -> impl Fn(io::Error) -> SetupError {
     move |source| SetupError::Supervisor { op, source }
@@ -207,7 +335,8 @@ fn devnull() -> Result<OwnedFd, SetupError> {
 
 /// The ids the payload gets, what they map to on the host, and (root only) the device and inode
 /// of the scratch directory they were read from, which the plan must then mount.
-fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> {
+#[allow(clippy::type_complexity)]
+fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLease>), SetupError> {
     // SAFETY: trivially safe id queries.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     // Root in a user namespace that lacks ROOT_MAPPED_ID (a rootless container, `unshare -r`)
@@ -239,6 +368,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> 
                 privileged: false,
             },
             None,
+            None,
         ));
     }
     // Root: the payload is the scratch directory's owner inside (root for an ephemeral scratch),
@@ -251,23 +381,31 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> 
             (meta.uid(), meta.gid(), Some((meta.dev(), meta.ino())))
         }
     };
+    let (host, lease) = match claim_root_id() {
+        Some((id, lease)) => (id, Some(lease)),
+        None => (ROOT_MAPPED_ID, None),
+    };
     Ok((
         Ids {
             uid,
             gid,
-            host_uid: ROOT_MAPPED_ID,
-            host_gid: ROOT_MAPPED_ID,
+            host_uid: host,
+            host_gid: host,
             privileged: true,
         },
         seen,
+        lease,
     ))
 }
 
-/// Whether ROOT_MAPPED_ID exists as a uid and a gid in this process's user namespace (always in
-/// the initial one, whose maps cover every id).
+/// Whether the ROOT_MAPPED_ID range exists as uids and gids in this process's user namespace
+/// (always in the initial one, whose maps cover every id).
 fn root_mapped_id_exists() -> bool {
-    let has =
-        |file: &str| std::fs::read_to_string(file).is_ok_and(|m| id_in_map(&m, ROOT_MAPPED_ID));
+    let last = ROOT_MAPPED_ID + (ROOT_MAPPED_IDS - 1);
+    let has = |file: &str| {
+        std::fs::read_to_string(file)
+            .is_ok_and(|m| id_in_map(&m, ROOT_MAPPED_ID) && id_in_map(&m, last))
+    };
     has("/proc/self/uid_map") && has("/proc/self/gid_map")
 }
 
@@ -300,7 +438,8 @@ pub fn spawn(
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
 ) -> Result<Running, SetupError> {
-    let (ids, scratch_seen) = choose_ids(policy)?;
+    let setup_cpu0 = sys::thread_cpu_time();
+    let (ids, scratch_seen, lease) = choose_ids(policy)?;
     let mut plan = plan::build(policy, ids, &plan::RealHost)?;
     // The ids came from the scratch directory's owner: the directory the plan mounts (and the child
     // checks again by device and inode) must be that same one, not one swapped in meanwhile.
@@ -320,6 +459,12 @@ pub fn spawn(
     let (go_w, go_r) = socketpair()?;
     let mut keep: Vec<c_int> = vec![msg_w.as_raw_fd(), go_r.as_raw_fd()];
     let mut child_side: Vec<OwnedFd> = Vec::new();
+    // The payload's stdin: /dev/null, the caller's own (never a terminal: relayed through a pipe
+    // instead), or a pipe the supervisor (bytes) or the caller (Stdin::Pipe) writes into.
+    let mut stdin_w: Option<OwnedFd> = None;
+    let mut relay_from: Option<RawFd> = None;
+    let mut stdin_bytes = Vec::new();
+    let feeds_bytes = matches!(stdin, Stdin::Bytes(_));
     let (stdio, out_r, err_r, pty_parent, pty_child) = if policy.tty {
         let null = devnull()?;
         let (a, b) = socketpair()?;
@@ -330,7 +475,18 @@ pub fn spawn(
     } else {
         let (or, ow) = pipe()?;
         let (er, ew) = pipe()?;
+        let mut piped = |child_side: &mut Vec<OwnedFd>| -> Result<c_int, SetupError> {
+            let (r, w) = pipe()?;
+            let raw = r.as_raw_fd();
+            child_side.push(r);
+            stdin_w = Some(w);
+            Ok(raw)
+        };
         let input = match stdin {
+            Stdin::Inherit if sys::is_terminal(0) => {
+                relay_from = Some(0);
+                piped(&mut child_side)?
+            }
             Stdin::Inherit => 0,
             Stdin::Null => {
                 let n = devnull()?;
@@ -338,6 +494,11 @@ pub fn spawn(
                 child_side.push(n);
                 raw
             }
+            Stdin::Bytes(b) => {
+                stdin_bytes = b;
+                piped(&mut child_side)?
+            }
+            Stdin::Pipe => piped(&mut child_side)?,
         };
         let s = [input, ow.as_raw_fd(), ew.as_raw_fd()];
         child_side.push(ow);
@@ -388,33 +549,70 @@ pub fn spawn(
         keep,
     };
 
+    // b. Root: the user namespace is created with this thread's effective ids switched to the
+    //    run's host id, so that the namespace's owner is that id, not host root. The kernel
+    //    charges a namespace's per-user counts (inotify instances, fanotify groups, queued signals,
+    //    processes) to its owner as well, up the chain: owned by root, a sandbox could use up host
+    //    root's own quotas for every root process on the host (audit F3). Only this thread
+    //    changes, for the length of the clone3; the child starts with those ids too.
+    let switched = if ids.privileged {
+        Some(
+            sys::EffectiveIds::switch(ids.host_uid, ids.host_gid).map_err(|e| {
+                SetupError::Supervisor {
+                    op: "switch to the run's host id to create its user namespace",
+                    source: io::Error::from_raw_os_error(e),
+                }
+            })?,
+        )
+    } else {
+        None
+    };
     let started = Instant::now();
     // SAFETY: the child branch calls child::init, which is async-signal-safe (see its module doc)
     // and never returns.
-    let (pid, pidfd) = match unsafe { sys::clone3(NAMESPACES) } {
+    let cloned = unsafe { sys::clone3(NAMESPACES) };
+    let (pid, pidfd) = match cloned {
         Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
         Ok(sys::Forked::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => return Err(namespaces_error(e)),
+        Err(e) => {
+            drop(switched);
+            return Err(namespaces_error(e));
+        }
     };
+    drop(switched);
     // SAFETY: clone3 returned a new pidfd that we own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop((msg_w, go_r, pty_child, child_side));
+    // Our ends of the pipes never block the supervisor's loop (see Running::wait).
+    for f in [&out_r, &err_r, &stdin_w].into_iter().flatten() {
+        sys::set_nonblocking(f.as_raw_fd()).map_err(|e| SetupError::Supervisor {
+            op: "make the output pipes non-blocking",
+            source: io::Error::from_raw_os_error(e),
+        })?;
+    }
     let mut running = Running {
         pid,
-        pidfd,
+        pidfd: Arc::new(pidfd),
         msg: File::from(msg_r),
         stdout: out_r.map(File::from),
         stderr: err_r.map(File::from),
         pty: None,
+        stdin_w: stdin_w.map(File::from),
+        loop_feeds_stdin: relay_from.is_some() || feeds_bytes,
+        stdin_bytes,
+        relay_from,
         started,
         ids,
+        _lease: lease,
         limits: policy.limits,
         landlock: plan.landlock.state(),
         protection: plan.protection.clone(),
         notify: None,
         denied: Vec::new(),
+        cancelled: Arc::new(AtomicBool::new(false)),
         done: false,
         egress: Vec::new(),
+        setup_cpu: Duration::ZERO,
     };
 
     // The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
@@ -473,6 +671,13 @@ pub fn spawn(
                 .collect();
             running.pty = (!owned.is_empty()).then(|| File::from(owned.swap_remove(0)));
         }
+        if let Some(p) = &running.pty {
+            // Ours alone (init closed its copy): writes of the caller's input never block.
+            sys::set_nonblocking(p.as_raw_fd()).map_err(|e| SetupError::Supervisor {
+                op: "make the pty non-blocking",
+                source: io::Error::from_raw_os_error(e),
+            })?;
+        }
     }
     let mut b = [0u8; 16];
     let n = sys::read_full(running.msg.as_raw_fd(), &mut b).unwrap_or(0);
@@ -516,6 +721,7 @@ pub fn spawn(
         }
     }
     drop(go_w);
+    running.setup_cpu = sys::thread_cpu_time().saturating_sub(setup_cpu0);
     match m.kind {
         child::MSG_STARTED => Ok(running),
         child::MSG_SETUP_ERROR => {
@@ -621,14 +827,29 @@ fn socketpair() -> Result<(OwnedFd, OwnedFd), SetupError> {
     Ok((above2(a)?, above2(b)?))
 }
 
-/// Where the payload's output goes.
-pub struct Sinks<'a> {
-    pub stdout: &'a mut dyn Write,
-    pub stderr: &'a mut dyn Write,
-    /// With a terminal: the caller's input, relayed into the pty (e.g. the supervisor's stdin).
-    pub input: Option<c_int>,
-    /// Signals to forward to the sandbox while waiting (SIGWINCH resizes the pty instead).
-    pub signals: Option<&'a crate::host::ForwardedSignals>,
+/// What [`Running::wait`] watches besides the sandbox itself.
+pub struct Watch<'a> {
+    /// Where the payload's output goes. The loop never blocks on it: it stops reading the
+    /// sandbox's pipes while the queue is full (see [`OutputQueue`]).
+    pub output: &'a OutputQueue,
+    /// With a CPU-time limit: how to read what the sandbox has used.
+    pub cpu: Option<CpuWatch<'a>>,
+    /// With a terminal: the caller's terminal, whose input is relayed into the pty and whose
+    /// size the pty takes on `SIGWINCH` (the CLI's fd 0).
+    pub terminal: Option<RawFd>,
+    /// Signals to forward to the sandbox while waiting (`SIGWINCH` resizes the pty instead).
+    pub signals: Option<&'a crate::host::SignalSource>,
+    /// The most CPUs' worth of time the supervisor may spend answering refused calls, per unit of
+    /// wall time (the sandbox's CPU quota, or 1).
+    pub refusal_share: f64,
+}
+
+/// The state of the caller's input on its way into the sandbox (a pty, or the stdin pipe).
+struct Input {
+    /// Where it comes from: the caller's terminal or descriptor (`None` once at its end).
+    from: Option<RawFd>,
+    /// Read but not yet taken by the sandbox; at most [`INPUT_BUFFER`].
+    pending: Vec<u8>,
 }
 
 impl Running {
@@ -637,17 +858,31 @@ impl Running {
         self.pid
     }
 
+    /// A pidfd for the sandbox's init: readable once init has exited (for an event loop).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.pidfd.as_fd()
+    }
+
+    /// Something that kills the sandbox from any thread.
+    pub fn killer(&self) -> Killer {
+        Killer {
+            pidfd: self.pidfd.clone(),
+            cancelled: self.cancelled.clone(),
+        }
+    }
+
     /// The ids the payload runs with, and their host mapping.
     pub fn ids(&self) -> Ids {
         self.ids
     }
 
-    /// Whether Landlock is enforced for this run (with which ABI and rights), or why not.
     /// What the plan did with the policy's protected paths.
     pub fn protection(&self) -> &crate::plan::Protection {
         &self.protection
     }
 
+    /// Whether Landlock is enforced for this run (with which ABI and rights), or why not.
     pub fn landlock(&self) -> &LandlockState {
         &self.landlock
     }
@@ -658,6 +893,16 @@ impl Running {
         std::mem::take(&mut self.egress)
     }
 
+    /// Takes the write end of the payload's stdin pipe ([`Stdin::Pipe`]); closing it is the
+    /// payload's end of file. The caller writes from its own thread (a payload that does not read
+    /// blocks that writer, never the supervisor's loop).
+    pub fn take_stdin(&mut self) -> Option<File> {
+        if self.loop_feeds_stdin {
+            return None;
+        }
+        self.stdin_w.take()
+    }
+
     /// The pty master (with a terminal), e.g. to resize it.
     pub fn pty(&self) -> Option<&File> {
         self.pty.as_ref()
@@ -665,20 +910,7 @@ impl Running {
 
     /// Sends `sig` to the sandbox's init, which forwards it to the payload.
     pub fn signal(&self, sig: i32) -> io::Result<()> {
-        // SAFETY: pidfd_send_signal on our own pidfd with no siginfo.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                sig,
-                0usize,
-                0u32,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        pidfd_signal(self.pidfd.as_raw_fd(), sig)
     }
 
     /// Kills the whole sandbox at once: init dies, and with it every process in its namespace.
@@ -686,89 +918,163 @@ impl Running {
         let _ = self.signal(libc::SIGKILL);
     }
 
-    /// Relays output until the payload has exited and every output stream is closed, then reaps
-    /// init and returns what happened.
+    /// Relays output and input until the sandbox's init has exited and its output is drained,
+    /// then reaps init and returns what happened.
     ///
-    /// With `cpu`, the CPU-time limit is watched too: the whole sandbox is killed once its
-    /// processes together have used it up.
-    pub fn wait(
-        mut self,
-        sinks: Sinks<'_>,
-        cpu: Option<CpuWatch<'_>>,
-    ) -> Result<Outcome, SetupError> {
+    /// Nothing in the loop blocks: every descriptor the supervisor writes to is non-blocking and
+    /// its own, output goes into a bounded queue, and the deadline and CPU checks come round
+    /// whatever the payload or the output's consumer does. With `cpu`, the whole sandbox is killed
+    /// once its processes together (and the supervisor's work for them) have used the CPU-time
+    /// limit.
+    pub fn wait(mut self, w: Watch<'_>) -> Result<Outcome, SetupError> {
+        // A payload that closes its stdin must not kill a library caller that does not ignore
+        // SIGPIPE: the signal is blocked in this thread while it writes there.
+        let _sigpipe = BlockedSigpipe::new();
+        let cpu0 = sys::thread_cpu_time();
         let mut term = Termination::Vanished;
         let (mut out_n, mut err_n) = (0u64, 0u64);
         let mut buf = vec![0u8; 64 * 1024];
         let mut msg_open = true;
-        let mut input = sinks.input;
+        let mut init_gone: Option<Instant> = None;
         let deadline = self.started + self.limits.timeout();
         let cap = self.limits.output_bytes;
         let mut limit_hit: Option<LimitHit> = None;
         let mut truncated = false;
         let cpu_limit = self.limits.cpu_time();
         let mut cpu_watch_lost = false;
-        let mut cpu_next = cpu
+        let mut cpu_next = w
+            .cpu
             .as_ref()
-            .map(|w| self.started + next_cpu_check(cpu_limit, Duration::ZERO, w.cpus));
+            .map(|c| self.started + next_cpu_check(cpu_limit, Duration::ZERO, c.cpus + 1.0));
+        let mut input = Input {
+            from: if self.pty.is_some() {
+                w.terminal
+            } else {
+                self.relay_from
+            },
+            pending: std::mem::take(&mut self.stdin_bytes),
+        };
+        let refusal_budget = REFUSAL_WINDOW.mul_f64(w.refusal_share.clamp(0.01, 64.0));
+        let mut window = (Instant::now(), sys::thread_cpu_time());
+        let mut refusals_paused_until: Option<Instant> = None;
+        let mut refusals_throttled = 0u64;
         loop {
-            let pollin = |fd: c_int| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            let now = Instant::now();
+            if let Some(t) = refusals_paused_until {
+                if now >= t {
+                    refusals_paused_until = None;
+                    window = (now, sys::thread_cpu_time());
+                }
+            }
+            let room = init_gone.is_some() || w.output.room() > 0;
             let out_fd = self
                 .stdout
                 .as_ref()
-                .map(|f| f.as_raw_fd())
-                .or(self.pty.as_ref().map(|f| f.as_raw_fd()));
+                .or(self.pty.as_ref())
+                .map(|f| f.as_raw_fd());
             let err_fd = self.stderr.as_ref().map(|f| f.as_raw_fd());
-            let msg_fd = msg_open.then(|| self.msg.as_raw_fd());
-            let mut pfds: Vec<libc::pollfd> = [out_fd, err_fd, msg_fd]
-                .into_iter()
-                .flatten()
-                .map(pollin)
-                .collect();
-            // Done once the payload's status is in and its output is drained; the caller's input
-            // and signals alone do not keep the loop going.
-            if pfds.is_empty() {
+            // Done once init is gone (every process of the sandbox died with it), its last
+            // message is in, and the output is drained.
+            if init_gone.is_some() && !msg_open && out_fd.is_none() && err_fd.is_none() {
                 break;
             }
-            if let (Some(i), Some(_)) = (input, self.pty.as_ref()) {
-                pfds.push(pollin(i));
+            if init_gone.is_some_and(|t| t.elapsed() > DRAIN_GRACE) {
+                // Output still open past the grace: nothing of the sandbox is left to close it.
+                break;
             }
-            if let Some(s) = sinks.signals {
-                pfds.push(pollin(s.fd()));
-            }
-            let notify_fd = self.notify.as_ref().map(|f| f.as_raw_fd());
-            if let Some(n) = notify_fd {
-                pfds.push(pollin(n));
-            }
-            // Until the deadline or the next look at the CPU time (rounded up to whole ms), or
-            // without end once the payload is done or already killed.
-            let watching = limit_hit.is_none() && term == Termination::Vanished;
-            let wait_ms: c_int = if !watching {
-                -1
+            let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(10);
+            let mut add = |fd: RawFd, events: i16| {
+                pfds.push(libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                });
+                pfds.len() - 1
+            };
+            let i_out = out_fd.filter(|_| room).map(|fd| add(fd, libc::POLLIN));
+            let i_err = err_fd.filter(|_| room).map(|fd| add(fd, libc::POLLIN));
+            let i_room = (!room).then(|| add(w.output.room_fd(), libc::POLLIN));
+            let i_msg = msg_open.then(|| add(self.msg.as_raw_fd(), libc::POLLIN));
+            let i_pid = init_gone
+                .is_none()
+                .then(|| add(self.pidfd.as_raw_fd(), libc::POLLIN));
+            let i_notify = match (&self.notify, refusals_paused_until) {
+                (Some(n), None) => Some(add(n.as_raw_fd(), libc::POLLIN)),
+                _ => None,
+            };
+            let input_to = if self.pty.is_some() {
+                self.pty.as_ref().map(|f| f.as_raw_fd())
             } else {
-                let until = cpu_next.map_or(deadline, |c| c.min(deadline));
-                let left = until.saturating_duration_since(Instant::now());
-                left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
+                self.stdin_w.as_ref().map(|f| f.as_raw_fd())
+            };
+            let feeding = init_gone.is_none() && input_to.is_some();
+            let i_in = match input.from {
+                Some(fd) if feeding && input.pending.len() < INPUT_BUFFER => {
+                    Some(add(fd, libc::POLLIN))
+                }
+                _ => None,
+            };
+            let i_to = match input_to {
+                Some(fd) if feeding && !input.pending.is_empty() => Some(add(fd, libc::POLLOUT)),
+                _ => None,
+            };
+            let i_sig = w.signals.map(|s| add(s.fd(), libc::POLLIN));
+            // Until the deadline, the next look at the CPU time or the end of a refusal pause
+            // (rounded up to whole ms); without end once the sandbox is over or already killed.
+            let watching = limit_hit.is_none() && init_gone.is_none();
+            let mut until = if watching {
+                Some(cpu_next.map_or(deadline, |c| c.min(deadline)))
+            } else {
+                None
+            };
+            if let Some(t) = refusals_paused_until {
+                until = Some(until.map_or(t, |u| u.min(t)));
+            }
+            if let Some(g) = init_gone {
+                let end = g + DRAIN_GRACE;
+                until = Some(until.map_or(end, |u| u.min(end)));
+            }
+            let wait_ms: c_int = match until {
+                None => -1,
+                Some(t) => {
+                    let left = t.saturating_duration_since(Instant::now());
+                    left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
+                }
             };
             // SAFETY: pfds is a valid array of pollfd of the given length.
             let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, wait_ms) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.kill();
+                    return Err(SetupError::Supervisor {
+                        op: "poll",
+                        source: e,
+                    });
+                }
+            }
             if watching {
                 let now = Instant::now();
                 if now >= deadline {
                     self.kill();
                     limit_hit = Some(LimitHit::Timeout);
-                } else if let (Some(at), Some(w)) = (cpu_next, cpu.as_ref()) {
+                } else if let (Some(at), Some(c)) = (cpu_next, w.cpu.as_ref()) {
                     if now >= at {
-                        match (w.used)() {
-                            Some(used) if used >= cpu_limit => {
+                        let ours = sys::thread_cpu_time().saturating_sub(cpu0) + self.setup_cpu;
+                        let theirs = c.supervisor.map_or(Duration::ZERO, |f| f());
+                        match (c.used)() {
+                            Some(used) if used + ours + theirs >= cpu_limit => {
                                 self.kill();
                                 limit_hit = Some(LimitHit::CpuTime);
                             }
                             Some(used) => {
-                                cpu_next = Some(now + next_cpu_check(cpu_limit, used, w.cpus))
+                                cpu_next = Some(
+                                    now + next_cpu_check(
+                                        cpu_limit,
+                                        used + ours + theirs,
+                                        c.cpus + 1.0,
+                                    ),
+                                )
                             }
                             None => {
                                 cpu_next = None;
@@ -778,104 +1084,156 @@ impl Running {
                     }
                 }
             }
-            if r == 0 {
+            if r <= 0 {
                 continue;
             }
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(SetupError::Supervisor {
-                    op: "poll",
-                    source: e,
-                });
+            let ready = |i: Option<usize>| i.map_or(0, |i| pfds[i].revents);
+            if ready(i_pid) != 0 {
+                init_gone = Some(Instant::now());
             }
-            for p in pfds.iter().filter(|p| p.revents != 0) {
-                if Some(p.fd) == notify_fd {
-                    if p.revents & libc::POLLIN != 0 {
-                        self.answer_refused_call();
-                    } else {
-                        // No process of the sandbox runs under the filter any more.
-                        self.notify = None;
+            if ready(i_room) != 0 {
+                sys::eventfd_clear(w.output.room_fd());
+            }
+            if ready(i_notify) & libc::POLLIN != 0 {
+                self.answer_refused_call();
+                let spent = sys::thread_cpu_time().saturating_sub(window.1);
+                if window.0.elapsed() >= REFUSAL_WINDOW {
+                    window = (Instant::now(), sys::thread_cpu_time());
+                } else if spent >= refusal_budget {
+                    refusals_paused_until = Some(window.0 + REFUSAL_WINDOW);
+                    refusals_throttled += 1;
+                }
+            } else if ready(i_notify) != 0 {
+                // No process of the sandbox runs under the filter any more.
+                self.notify = None;
+            }
+            if ready(i_out) != 0 {
+                let src = self
+                    .stdout
+                    .as_mut()
+                    .or(self.pty.as_mut())
+                    .expect("polled output exists");
+                match src.read(&mut buf) {
+                    Ok(0) => {
+                        self.stdout = None;
+                        self.pty = None;
                     }
-                } else if Some(p.fd) == out_fd {
-                    let src = self
-                        .stdout
-                        .as_mut()
-                        .or(self.pty.as_mut())
-                        .expect("polled output exists");
-                    match src.read(&mut buf) {
-                        Ok(0) | Err(_) => {
-                            // EOF (or EIO on a pty whose last slave closed).
-                            self.stdout = None;
-                            self.pty = None;
-                        }
-                        Ok(n) => {
-                            let take = relay(&mut *sinks.stdout, &buf[..n], cap - (out_n + err_n));
-                            out_n += take as u64;
-                            truncated |= take < n;
-                        }
+                    Ok(n) => {
+                        let take = take(n, cap, out_n + err_n);
+                        w.output.push(Stream::Stdout, &buf[..take]);
+                        out_n += take as u64;
+                        truncated |= take < n;
                     }
-                } else if Some(p.fd) == err_fd {
-                    let src = self.stderr.as_mut().expect("polled stderr exists");
-                    match src.read(&mut buf) {
-                        Ok(0) | Err(_) => self.stderr = None,
-                        Ok(n) => {
-                            let take = relay(&mut *sinks.stderr, &buf[..n], cap - (out_n + err_n));
-                            err_n += take as u64;
-                            truncated |= take < n;
-                        }
-                    }
-                } else if p.fd == self.msg.as_raw_fd() {
-                    let mut b = [0u8; 16];
-                    match sys::read_full(p.fd, &mut b) {
-                        Ok(16) => {
-                            let m = Msg::from_bytes(&b);
-                            if m.kind == child::MSG_EXITED {
-                                let st = m.value;
-                                term = if libc::WIFSIGNALED(st) {
-                                    Termination::Signaled(libc::WTERMSIG(st))
-                                } else {
-                                    Termination::Exited(libc::WEXITSTATUS(st))
-                                };
-                            }
-                        }
-                        _ => msg_open = false,
-                    }
-                } else if Some(p.fd) == sinks.signals.map(|s| s.fd()) {
-                    while let Some(sig) = sinks.signals.and_then(|s| s.next()) {
-                        match (sig, self.pty.as_ref(), input) {
-                            (libc::SIGWINCH, Some(pty), Some(i)) => {
-                                crate::host::copy_winsize(i, pty)
-                            }
-                            (libc::SIGWINCH, _, _) => {}
-                            _ => {
-                                let _ = self.signal(sig);
-                            }
-                        }
-                    }
-                } else if Some(p.fd) == input {
-                    // SAFETY: reading into our buffer from the caller's input descriptor.
-                    let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
-                    if n <= 0 {
-                        input = None;
-                    } else if let Some(pty) = self.pty.as_mut() {
-                        let _ = pty.write_all(&buf[..n as usize]);
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // EIO on a pty whose last slave closed.
+                    Err(_) => {
+                        self.stdout = None;
+                        self.pty = None;
                     }
                 }
             }
-            if truncated && limit_hit.is_none() && term == Termination::Vanished {
+            if ready(i_err) != 0 {
+                let src = self.stderr.as_mut().expect("polled stderr exists");
+                match src.read(&mut buf) {
+                    Ok(0) => self.stderr = None,
+                    Ok(n) => {
+                        let take = take(n, cap, out_n + err_n);
+                        w.output.push(Stream::Stderr, &buf[..take]);
+                        err_n += take as u64;
+                        truncated |= take < n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => self.stderr = None,
+                }
+            }
+            if ready(i_msg) != 0 {
+                let mut b = [0u8; 16];
+                match sys::read_full(self.msg.as_raw_fd(), &mut b) {
+                    Ok(16) => {
+                        let m = Msg::from_bytes(&b);
+                        if m.kind == child::MSG_EXITED {
+                            let st = m.value;
+                            term = if libc::WIFSIGNALED(st) {
+                                Termination::Signaled(libc::WTERMSIG(st))
+                            } else {
+                                Termination::Exited(libc::WEXITSTATUS(st))
+                            };
+                        }
+                    }
+                    _ => msg_open = false,
+                }
+            }
+            if ready(i_sig) != 0 {
+                while let Some(sig) = w.signals.and_then(|s| s.next()) {
+                    match (sig, self.pty.as_ref(), w.terminal) {
+                        (libc::SIGWINCH, Some(pty), Some(t)) => crate::host::copy_winsize(t, pty),
+                        (libc::SIGWINCH, _, _) => {}
+                        _ => {
+                            let _ = self.signal(sig);
+                        }
+                    }
+                }
+            }
+            if ready(i_in) != 0 {
+                let fd = input.from.expect("polled input exists");
+                let room = INPUT_BUFFER - input.pending.len();
+                // One read after POLLIN: it does not block even on a descriptor that is not ours
+                // (the caller's terminal keeps its own flags).
+                // SAFETY: reading at most `room` bytes into our buffer.
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), room.min(buf.len())) };
+                if n > 0 {
+                    input.pending.extend_from_slice(&buf[..n as usize]);
+                } else if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
+                {
+                    input.from = None;
+                }
+            }
+            if ready(i_to) != 0 {
+                let fd = input_to.expect("polled input target exists");
+                // SAFETY: writing bytes we own to our own non-blocking descriptor.
+                let n =
+                    unsafe { libc::write(fd, input.pending.as_ptr().cast(), input.pending.len()) };
+                if n > 0 {
+                    input.pending.drain(..n as usize);
+                } else {
+                    let e = io::Error::last_os_error();
+                    if !matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) {
+                        // The payload closed its end (EPIPE) or the pty hung up: drop the rest.
+                        input = Input {
+                            from: None,
+                            pending: Vec::new(),
+                        };
+                        if self.pty.is_none() {
+                            self.stdin_w = None;
+                        }
+                    }
+                }
+            }
+            if self.loop_feeds_stdin && input.from.is_none() && input.pending.is_empty() {
+                // All the input there will be was taken: the payload sees end of file.
+                self.stdin_w = None;
+            }
+            if truncated && limit_hit.is_none() && init_gone.is_none() {
                 // Past the cap: kill, then keep draining (and discarding) until the pipes close,
                 // so that the supervisor's memory stays flat whatever the payload writes.
                 self.kill();
                 limit_hit = Some(LimitHit::Output);
             }
         }
+        w.output.close();
         // Reap init; its rusage covers every process it reaped, i.e. all of the sandbox's.
         let mut st = 0;
         // SAFETY: an all-zero rusage is valid to be overwritten.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if init_gone.is_none() {
+            // Only reached past the drain grace without init gone: it is killed now.
+            self.kill();
+        }
         // SAFETY: waiting for our own child with valid out-pointers.
         let r = unsafe { libc::wait4(self.pid, &mut st, 0, &mut ru) };
         self.done = true;
@@ -883,6 +1241,7 @@ impl Running {
             return Err(last_os("wait4"));
         }
         let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        let cancelled = limit_hit.is_none() && self.cancelled.load(Ordering::SeqCst);
         Ok(Outcome {
             termination: term,
             limit_hit,
@@ -895,6 +1254,9 @@ impl Running {
             stderr_bytes: err_n,
             cpu_watch_lost,
             denied: std::mem::take(&mut self.denied),
+            cancelled,
+            supervisor_cpu: sys::thread_cpu_time().saturating_sub(cpu0) + self.setup_cpu,
+            refusals_throttled,
         })
     }
 
@@ -910,28 +1272,85 @@ impl Running {
         let (name, errno) = crate::seccomp::answer(n.nr, n.arch, &n.args);
         // Recorded before the answer: until then the caller waits in the call, so its pid can
         // still be looked up (a short-lived child would be gone right after).
-        if let Some(d) = self.denied.iter_mut().find(|d| d.name == name) {
-            d.count += 1;
-        } else if self.denied.len() < MAX_DENIED_KINDS {
-            self.denied.push(DeniedCall {
-                name,
-                count: 1,
-                first_pid: inner_pid(n.pid),
-                errno,
-            });
-        } else if let Some(last) = self.denied.last_mut() {
-            last.count += 1;
-        }
+        record_refusal(&mut self.denied, name, errno, || inner_pid(n.pid));
         let _ = sys::seccomp_notif_fail(listener, n.id, errno);
     }
 }
 
-/// Writes at most `room` bytes of `data` to `sink` and returns how many it took. A sink that
-/// fails (a closed terminal, a full disk) does not stop the run: the bytes are counted as relayed.
-fn relay(sink: &mut dyn Write, data: &[u8], room: u64) -> usize {
-    let take = data.len().min(room.min(usize::MAX as u64) as usize);
-    let _ = sink.write_all(&data[..take]).and_then(|_| sink.flush());
-    take
+/// Adds one refused call to the list: every call keeps its own entry; a call's open-ended details
+/// (`socket (family N)`) are kept up to [`MAX_DETAILS_PER_CALL`] and folded into `CALL (other)`
+/// past that.
+fn record_refusal(
+    denied: &mut Vec<DeniedCall>,
+    name: String,
+    errno: i32,
+    pid: impl FnOnce() -> u32,
+) {
+    let call = name.split(" (").next().unwrap_or(&name).to_owned();
+    let name = if name.len() > call.len()
+        && !denied.iter().any(|d| d.name == name)
+        && denied
+            .iter()
+            .filter(|d| d.name.len() > call.len() && d.name.starts_with(&format!("{call} (")))
+            .count()
+            >= MAX_DETAILS_PER_CALL
+    {
+        format!("{call} (other)")
+    } else {
+        name
+    };
+    if let Some(d) = denied.iter_mut().find(|d| d.name == name) {
+        d.count += 1;
+    } else {
+        denied.push(DeniedCall {
+            name,
+            count: 1,
+            first_pid: pid(),
+            errno,
+        });
+    }
+}
+
+/// How many of `n` new output bytes fit under the output cap, `used` bytes being relayed already.
+fn take(n: usize, cap: u64, used: u64) -> usize {
+    n.min(cap.saturating_sub(used).min(usize::MAX as u64) as usize)
+}
+
+/// SIGPIPE blocked in the calling thread while this lives; one that arrived meanwhile (a payload
+/// that closed its stdin while we wrote) is taken and dropped before the old mask comes back.
+struct BlockedSigpipe {
+    old: libc::sigset_t,
+}
+
+impl BlockedSigpipe {
+    fn new() -> BlockedSigpipe {
+        // SAFETY: building a one-signal set and blocking it in this thread, saving the old mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            BlockedSigpipe { old }
+        }
+    }
+}
+
+impl Drop for BlockedSigpipe {
+    fn drop(&mut self) {
+        // SAFETY: takes a pending SIGPIPE without waiting, then restores the saved mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == libc::SIGPIPE {}
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
 }
 
 impl Drop for Running {

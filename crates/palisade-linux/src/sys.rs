@@ -710,3 +710,119 @@ pub fn exit(code: c_int) -> ! {
     // SAFETY: `_exit` is async-signal-safe and never returns.
     unsafe { libc::_exit(code) }
 }
+
+// ---- Supervisor side: called from ordinary threads, never from the child after clone3. ----
+
+/// The calling thread's effective uid and gid changed for the length of one `clone3`, so that the
+/// user namespace it creates is owned by `uid` (the kernel charges the namespace's per-user counts
+/// — inotify instances, queued signals, processes — up to its owner, see `spawn.rs`). Only this
+/// thread changes: raw system calls, not glibc's, which would change every thread of the process.
+/// Dropping it restores the ids, and the dumpable flag and parent-death signal that a change of
+/// effective id resets (`commit_creds`).
+pub struct EffectiveIds {
+    uid: u32,
+    gid: u32,
+    dumpable: c_ulong,
+    pdeath: c_int,
+}
+
+impl EffectiveIds {
+    /// Switches the calling thread's effective uid and gid to `uid`/`gid`. Needs them to be 0
+    /// before (the real and saved ids stay as they are, so the switch back is allowed).
+    pub fn switch(uid: u32, gid: u32) -> SysResult<EffectiveIds> {
+        // SAFETY: id queries have no preconditions.
+        let (old_uid, old_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let dumpable = prctl(libc::PR_GET_DUMPABLE, 0)? as c_ulong;
+        let mut pdeath: c_int = 0;
+        // SAFETY: PR_GET_PDEATHSIG writes one int through the pointer, which is valid.
+        check_int(unsafe { libc::prctl(libc::PR_GET_PDEATHSIG, &mut pdeath as *mut c_int) })?;
+        let keep = u32::MAX; // -1: leave this id as it is
+                             // The gid first: once the effective uid is not 0 the thread has no CAP_SETGID.
+                             // SAFETY: changes this thread's effective gid only.
+        check(unsafe { libc::syscall(libc::SYS_setresgid, keep, gid, keep) })?;
+        let saved = EffectiveIds {
+            uid: old_uid,
+            gid: old_gid,
+            dumpable,
+            pdeath,
+        };
+        // SAFETY: changes this thread's effective uid only; on failure `saved` restores the gid.
+        check(unsafe { libc::syscall(libc::SYS_setresuid, keep, uid, keep) })?;
+        Ok(saved)
+    }
+}
+
+impl Drop for EffectiveIds {
+    fn drop(&mut self) {
+        let keep = u32::MAX;
+        // SAFETY: back to the saved effective ids (allowed: the real and saved uid are still the
+        // old effective uid); the uid first, which gives back CAP_SETGID for the gid.
+        unsafe {
+            libc::syscall(libc::SYS_setresuid, keep, self.uid, keep);
+            libc::syscall(libc::SYS_setresgid, keep, self.gid, keep);
+        }
+        let _ = prctl(libc::PR_SET_DUMPABLE, self.dumpable);
+        if self.pdeath != 0 {
+            let _ = prctl(libc::PR_SET_PDEATHSIG, self.pdeath as c_ulong);
+        }
+    }
+}
+
+/// An eventfd (close-on-exec, non-blocking): a counter one side adds to and the other polls.
+pub fn eventfd() -> SysResult<c_int> {
+    // SAFETY: eventfd returns a new descriptor or -1.
+    check_int(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+}
+
+/// Adds 1 to an eventfd, waking its pollers.
+pub fn eventfd_signal(fd: c_int) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: an eventfd takes exactly 8 bytes; a full counter (EAGAIN) is already readable.
+    unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
+}
+
+/// Resets an eventfd's counter (after it polled readable).
+pub fn eventfd_clear(fd: c_int) {
+    let mut b = [0u8; 8];
+    // SAFETY: reading the 8-byte counter into a buffer of that size; EAGAIN when already zero.
+    unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
+}
+
+/// Sets `O_NONBLOCK` on a descriptor the caller owns alone (never on one it shares, such as an
+/// inherited terminal: the flag belongs to the open file description).
+pub fn set_nonblocking(fd: c_int) -> SysResult<()> {
+    // SAFETY: F_GETFL/F_SETFL on an open descriptor with integer arguments.
+    unsafe {
+        let fl = check_int(libc::fcntl(fd, libc::F_GETFL))?;
+        check_int(libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)).map(drop)
+    }
+}
+
+/// CPU time the calling thread has used.
+pub fn thread_cpu_time() -> std::time::Duration {
+    // SAFETY: an all-zero timespec is valid to be overwritten.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime fills the timespec, which is valid for writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Takes a non-blocking exclusive open-file-description lock on byte `at` of `fd`: held until the
+/// descriptor (this open of the file) is closed, and released by the kernel when the holder dies.
+/// `Err(EAGAIN)` (or `EACCES`) when someone else holds it.
+pub fn ofd_lock_byte(fd: c_int, at: u64) -> SysResult<()> {
+    // SAFETY: an all-zero flock is valid; the fields are set below.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_WRLCK as _;
+    l.l_whence = libc::SEEK_SET as _;
+    l.l_start = at as libc::off_t;
+    l.l_len = 1;
+    // SAFETY: F_OFD_SETLK reads the flock, which is valid, and l_pid is 0 as the call requires.
+    check_int(unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l as *const libc::flock) }).map(drop)
+}
+
+/// Whether `fd` is a terminal.
+pub fn is_terminal(fd: c_int) -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(fd) == 1 }
+}

@@ -2,7 +2,7 @@
 //! [`Sandbox`].
 
 use crate::sandbox::{Output, Sandbox, CGROUP_ROOT};
-use palisade_linux::Stdin;
+use crate::Stdin;
 use palisade_policy::file::PolicyFile;
 use palisade_policy::Degradable;
 use palisade_policy::{Bind, EnvVar, Policy, PolicyError, Scratch};
@@ -17,7 +17,7 @@ pub struct Builder {
     binds: Vec<Bind>,
     env: Vec<EnvVar>,
     tty: bool,
-    stdin_null: bool,
+    stdin: Stdin,
     limits: palisade_policy::Limits,
     degraded: Vec<Degradable>,
     cgroup_root: Option<PathBuf>,
@@ -316,9 +316,10 @@ impl Builder {
         self
     }
 
-    /// Standard input from `/dev/null` instead of the caller's.
-    pub fn stdin_null(mut self, null: bool) -> Self {
-        self.stdin_null = null;
+    /// Standard input for runs that do not say otherwise ([`crate::Io::stdin`]); `/dev/null`
+    /// by default.
+    pub fn stdin(mut self, stdin: Stdin) -> Self {
+        self.stdin = stdin;
         self
     }
 
@@ -349,11 +350,7 @@ impl Builder {
             net_notify: None,
             policy,
             keep: self.keep,
-            stdin: if self.stdin_null {
-                Stdin::Null
-            } else {
-                Stdin::Inherit
-            },
+            stdin: self.stdin,
             cgroup_root: self
                 .cgroup_root
                 .unwrap_or_else(|| PathBuf::from(CGROUP_ROOT)),
@@ -362,6 +359,6 @@ impl Builder {
 
     /// Builds and runs, capturing output (see [`Sandbox::output`]).
     pub fn output(self) -> Result<Output, PolicyError> {
-        Ok(self.stdin_null(true).build()?.output())
+        Ok(self.build()?.output())
     }
 }

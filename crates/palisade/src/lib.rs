@@ -25,4 +25,13 @@ pub use palisade_policy as policy;
 pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
-pub use sandbox::{NetNotify, Output, Sandbox};
+pub use sandbox::{Chunk, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream};
+
+/// A front end's own terminal and signals (the CLI's): raw mode restored on drop, and signals
+/// forwarded to the sandbox instead of taken with their usual effect. A server uses neither.
+pub mod term {
+    pub use palisade_linux::host::{
+        copy_winsize, dup_fd, open_dir, replace_file_at, ForwardedSignals, RawTerminal,
+        SignalSource,
+    };
+}

@@ -32,6 +32,8 @@ pub enum Status {
     OutputLimit,
     /// Killed by the kernel's OOM killer at the sandbox's memory ceiling.
     Oom,
+    /// Killed because the caller cancelled the run (`Run::kill`).
+    Cancelled,
     /// palisade failed; the program's result is unknown (or it never ran).
     SandboxError,
 }
@@ -72,6 +74,12 @@ pub struct Report {
     /// includes processes the kernel reaped at a kill), else from `wait4` on init.
     pub cpu_user_ms: f64,
     pub cpu_system_ms: f64,
+    /// CPU the supervisor spent for this sandbox: relaying its output and input, answering the
+    /// calls it was refused, proxying its connections. Charged to the CPU-time limit too.
+    pub supervisor_cpu_ms: f64,
+    /// Times the supervisor paused answering refused calls because they had used the sandbox's
+    /// CPU share (a payload flooding it with refused calls).
+    pub refusals_throttled: u64,
     /// Peak resident set of the largest process.
     pub max_rss_bytes: u64,
     /// Bytes relayed (at most the output cap in all).
@@ -119,6 +127,7 @@ impl Report {
             Status::Exit => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
             Status::Signal => 128 + self.signal.unwrap_or(0),
             Status::Timeout | Status::CpuTimeout | Status::OutputLimit | Status::Oom => EXIT_LIMIT,
+            Status::Cancelled => 128 + libc::SIGKILL,
             Status::SandboxError => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
         }
     }
@@ -135,6 +144,7 @@ impl Report {
             (Some(LimitHit::Timeout), _) => (Status::Timeout, None, None, None),
             (Some(LimitHit::Output), _) => (Status::OutputLimit, None, None, None),
             (Some(LimitHit::CpuTime), _) => (Status::CpuTimeout, None, None, None),
+            (None, _) if o.cancelled => (Status::Cancelled, None, None, None),
             (None, t) => match t {
                 Termination::Exited(0) => (Status::Ok, Some(0), None, None),
                 Termination::Exited(c) => (Status::Exit, Some(c), None, None),
@@ -157,6 +167,8 @@ impl Report {
             error,
             cpu_user_ms: ms(o.user_cpu),
             cpu_system_ms: ms(o.system_cpu),
+            supervisor_cpu_ms: ms(o.supervisor_cpu),
+            refusals_throttled: o.refusals_throttled,
             max_rss_bytes: o.max_rss,
             stdout_bytes: o.stdout_bytes,
             stderr_bytes: o.stderr_bytes,
@@ -218,6 +230,8 @@ impl Report {
             wall_time_ms: wall.as_secs_f64() * 1000.0,
             cpu_user_ms: 0.0,
             cpu_system_ms: 0.0,
+            supervisor_cpu_ms: 0.0,
+            refusals_throttled: 0,
             max_rss_bytes: 0,
             stdout_bytes: 0,
             stderr_bytes: 0,
@@ -424,6 +438,7 @@ impl Report {
                 "output limit of {} bytes reached: killed",
                 self.limits.output_bytes
             ),
+            Status::Cancelled => "cancelled by the caller: killed".to_owned(),
             Status::SandboxError => {
                 return format!(
                     "palisade: sandbox error: {}",

@@ -1,17 +1,29 @@
-//! The library entry point: build a policy, run it, get a [`Report`].
+//! The library entry point: build a policy, start it, hold the [`Run`], get a [`Report`].
+//!
+//! Each run is supervised by a thread of its own, which lives exactly as long as the run: it
+//! creates the sandbox (so the sandbox's parent-death signal is tied to it, not to a caller's
+//! thread that may be retired from a pool), serves its egress proxy, enforces its deadlines and
+//! ceilings, and cleans up. The caller holds a [`Run`]: it can kill it from any thread, wait for
+//! it, poll a descriptor from an event loop, read its output as it comes, and drop it, which
+//! kills the sandbox and releases everything it held.
 
 use crate::report::Report;
 use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
-use palisade_linux::{CpuWatch, Running, SetupError, Sinks, Stdin};
+use palisade_linux::host::SignalSource;
+use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
 use palisade_policy::{Policy, PolicyError, Scratch};
 use std::cell::RefCell;
+use std::fs::File;
 use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-/// A sandbox ready to run: a validated policy plus how to treat the scratch directory.
+/// A sandbox ready to run: a validated policy plus how to treat the scratch directory. Cheap to
+/// clone, `Send` and `Sync`: one `Sandbox` can start any number of runs from any threads.
 #[derive(Clone)]
 pub struct Sandbox {
     pub(crate) policy: Policy,
@@ -37,9 +49,214 @@ impl std::fmt::Debug for Sandbox {
 /// Output captured by [`Sandbox::output`].
 #[derive(Debug, Clone)]
 pub struct Output {
+    /// How the run ended.
     pub report: Report,
+    /// Everything the payload wrote on stdout (at most the output limit, with stderr).
     pub stdout: Vec<u8>,
+    /// Everything it wrote on stderr.
     pub stderr: Vec<u8>,
+}
+
+/// What the payload reads on its standard input.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Stdin {
+    /// `/dev/null`: the default. A library caller's own standard input is never handed to
+    /// untrusted code unless it asks for [`Stdin::Inherit`].
+    #[default]
+    Null,
+    /// These bytes, then end of file; written by the supervisor as the payload reads them.
+    Bytes(Vec<u8>),
+    /// A pipe: take its write end with [`Run::take_stdin`] and write from your own thread;
+    /// closing it is the payload's end of file.
+    Pipe,
+    /// The caller's own standard input (for a command-line front end). A terminal is relayed
+    /// through a pipe, never handed over: the payload cannot write to it or change its modes.
+    Inherit,
+}
+
+impl From<Stdin> for palisade_linux::Stdin {
+    fn from(s: Stdin) -> Self {
+        match s {
+            Stdin::Null => palisade_linux::Stdin::Null,
+            Stdin::Bytes(b) => palisade_linux::Stdin::Bytes(b),
+            Stdin::Pipe => palisade_linux::Stdin::Pipe,
+            Stdin::Inherit => palisade_linux::Stdin::Inherit,
+        }
+    }
+}
+
+/// How to start one run; `Io::default()` reads nothing and captures the output in memory.
+#[derive(Default)]
+pub struct Io {
+    /// Standard input; `None`: the sandbox's own setting ([`crate::Builder::stdin`], `/dev/null`
+    /// unless set).
+    pub stdin: Option<Stdin>,
+    /// Stream the output: at most this many bytes wait in memory for [`Run::recv_output`] before
+    /// the payload is held back (its writes block until the reader catches up; the deadline
+    /// still runs). `None`: keep all of it (the output limit bounds it) for [`Run::wait_output`].
+    pub stream_buffer: Option<usize>,
+    /// With a pty (the policy's `tty`): the caller's terminal, relayed into the pty, whose size
+    /// the pty takes (the CLI's fd 0). It must stay open until the run ends.
+    pub terminal: Option<RawFd>,
+    /// Signals to forward to the payload (see [`crate::term::ForwardedSignals`]).
+    pub signals: Option<SignalSource>,
+}
+
+/// Which stream a chunk of output came from.
+pub use palisade_linux::Stream;
+
+/// A chunk from [`Run::recv_output`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Chunk {
+    /// Bytes the payload wrote.
+    Data(Stream, Vec<u8>),
+    /// Nothing arrived within the wait.
+    Timeout,
+    /// The run is over and all its output was read.
+    End,
+}
+
+/// A started run. Dropping it kills the sandbox and waits for its cleanup, so nothing of it is
+/// left behind: processes, cgroup, proxy threads, listeners, temporary directories.
+pub struct Run {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// `None` only for a run that could not even start its thread.
+    output: Option<Arc<OutputQueue>>,
+    killer: Option<Killer>,
+    stdin: Option<File>,
+    report: Option<Report>,
+}
+
+/// What the run's thread and the [`Run`] share.
+struct Shared {
+    report: Mutex<Option<Report>>,
+    done: Condvar,
+    /// Readable once the report is ready.
+    done_fd: OwnedFd,
+}
+
+/// Sent by the run's thread once the sandbox is started (or failed to start).
+struct Started {
+    killer: Option<Killer>,
+    stdin: Option<File>,
+}
+
+impl Run {
+    /// Kills the sandbox from any thread (see [`Run::killer`]); the report's status becomes
+    /// `cancelled` unless it had already ended. Returns at once; [`Run::wait`] for the report.
+    pub fn kill(&self) {
+        if let Some(k) = &self.killer {
+            k.kill();
+        }
+    }
+
+    /// A handle that kills this run from any thread, also after the `Run` moved elsewhere.
+    pub fn killer(&self) -> Option<RunKiller> {
+        self.killer.clone().map(RunKiller)
+    }
+
+    /// A descriptor that becomes readable once the run is over and its report is ready: for an
+    /// event loop (e.g. tokio's `AsyncFd`), then [`Run::try_wait`].
+    pub fn done_fd(&self) -> BorrowedFd<'_> {
+        self.shared.done_fd.as_fd()
+    }
+
+    /// The report if the run is over, without waiting.
+    pub fn try_wait(&mut self) -> Option<&Report> {
+        if self.report.is_none() {
+            let r = self
+                .shared
+                .report
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(r) = r {
+                self.join();
+                self.report = Some(r);
+            }
+        }
+        self.report.as_ref()
+    }
+
+    /// Waits for the run to end and returns its report. Output not read yet stays readable with
+    /// [`Run::recv_output`] until the `Run` is dropped; see [`Run::wait_output`] to get it.
+    pub fn wait(&mut self) -> Report {
+        if let Some(r) = &self.report {
+            return r.clone();
+        }
+        let mut g = self.shared.report.lock().unwrap_or_else(|p| p.into_inner());
+        while g.is_none() {
+            g = self.shared.done.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        let r = g.take().expect("the report is there");
+        drop(g);
+        self.join();
+        self.report = Some(r.clone());
+        r
+    }
+
+    /// Waits for the end and returns the report with the output not read yet (all of it with
+    /// `stream_buffer: None`).
+    pub fn wait_output(mut self) -> Output {
+        let report = self.wait();
+        let (stdout, stderr) = self
+            .output
+            .as_ref()
+            .map(|o| o.take_all())
+            .unwrap_or_default();
+        Output {
+            report,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The next chunk of output, waiting at most `wait` (`None`: until one comes or the run is
+    /// over and drained).
+    pub fn recv_output(&self, wait: Option<Duration>) -> Chunk {
+        match self.output.as_ref().map(|o| o.recv(wait)) {
+            Some(Received::Chunk(s, d)) => Chunk::Data(s, d),
+            Some(Received::Timeout) => Chunk::Timeout,
+            Some(Received::Closed) | None => Chunk::End,
+        }
+    }
+
+    /// The write end of the payload's stdin ([`Stdin::Pipe`]), once.
+    pub fn take_stdin(&mut self) -> Option<File> {
+        self.stdin.take()
+    }
+
+    fn join(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.report.is_none() {
+            self.kill();
+            // Output nobody will read must not hold the payload back while it dies.
+            if let Some(o) = &self.output {
+                let _ = o.take_all();
+            }
+        }
+        self.stdin = None;
+        self.join();
+    }
+}
+
+/// Kills a run from any thread; see [`Run::killer`].
+#[derive(Clone)]
+pub struct RunKiller(Killer);
+
+impl RunKiller {
+    /// Kills the sandbox; the run ends as `cancelled` unless it had already ended.
+    pub fn kill(&self) {
+        self.0.kill();
+    }
 }
 
 impl Sandbox {
@@ -48,13 +265,13 @@ impl Sandbox {
         crate::Builder::default()
     }
 
-    /// A sandbox for an already validated policy.
-    pub fn from_policy(policy: Policy, keep: bool, stdin: Stdin) -> Result<Sandbox, PolicyError> {
+    /// A sandbox for a policy built elsewhere (validated again here).
+    pub fn from_policy(policy: Policy, keep: bool) -> Result<Sandbox, PolicyError> {
         policy.validate()?;
         Ok(Sandbox {
             policy,
             keep,
-            stdin,
+            stdin: Stdin::Null,
             cgroup_root: PathBuf::from(CGROUP_ROOT),
             net_notify: None,
         })
@@ -71,29 +288,103 @@ impl Sandbox {
         &self.policy
     }
 
-    /// Runs to completion, capturing stdout and stderr in memory.
+    /// Runs to completion, capturing stdout and stderr in memory (at most the output limit).
     pub fn output(&self) -> Output {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let report = self.run(
-            Sinks {
-                stdout: &mut out,
-                stderr: &mut err,
-                input: None,
-                signals: None,
-            },
-            |_| {},
-        );
-        Output {
-            report,
-            stdout: out,
-            stderr: err,
+        self.start(Io::default()).wait_output()
+    }
+
+    /// Runs to completion, writing the output to `stdout` and `stderr` from the calling thread
+    /// as it comes (a slow writer holds the payload back, never its deadline).
+    pub fn run_to(&self, stdout: &mut impl Write, stderr: &mut impl Write) -> Report {
+        let mut run = self.start(Io {
+            stream_buffer: Some(STREAM_BUFFER),
+            ..Io::default()
+        });
+        loop {
+            match run.recv_output(None) {
+                Chunk::Data(Stream::Stdout, d) => {
+                    let _ = stdout.write_all(&d).and_then(|_| stdout.flush());
+                }
+                Chunk::Data(Stream::Stderr, d) => {
+                    let _ = stderr.write_all(&d).and_then(|_| stderr.flush());
+                }
+                Chunk::Timeout => {}
+                Chunk::End => break,
+            }
+        }
+        run.wait()
+    }
+
+    /// Starts a run and returns once its payload has started (or the start failed: the run's
+    /// report is then ready at once, with status `sandbox-error`). A failure of palisade is
+    /// never reported as the payload's result.
+    ///
+    /// ```
+    /// use palisade::{Chunk, Io, Sandbox, Status, Stdin, Stream};
+    ///
+    /// let sandbox = Sandbox::builder().command(["cat"]).build().unwrap();
+    /// let mut run = sandbox.start(Io { stdin: Some(Stdin::Bytes(b"hi\n".to_vec())), ..Io::default() });
+    /// let out = run.wait_output();
+    /// assert_eq!(out.report.status, Status::Ok);
+    /// assert_eq!(out.stdout, b"hi\n");
+    /// ```
+    pub fn start(&self, io: Io) -> Run {
+        let done_fd = match palisade_linux::host::event_fd() {
+            Ok(fd) => fd,
+            Err(e) => return failed_run(self, e),
+        };
+        let output = match OutputQueue::new(io.stream_buffer.unwrap_or(usize::MAX)) {
+            Ok(q) => Arc::new(q),
+            Err(e) => return failed_run(self, e),
+        };
+        let shared = Arc::new(Shared {
+            report: Mutex::new(None),
+            done: Condvar::new(),
+            done_fd,
+        });
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Started>(1);
+        let sandbox = self.clone();
+        let (sh, out) = (shared.clone(), output.clone());
+        let thread = std::thread::Builder::new()
+            .name("palisade-run".into())
+            .spawn(move || {
+                let report = sandbox.supervise(io, &out, &tx);
+                *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+                sh.done.notify_all();
+                palisade_linux::host::signal_event(&sh.done_fd);
+            });
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => return failed_run(self, e),
+        };
+        let started = rx.recv().unwrap_or(Started {
+            killer: None,
+            stdin: None,
+        });
+        Run {
+            shared,
+            thread: Some(thread),
+            output: Some(output),
+            killer: started.killer,
+            stdin: started.stdin,
+            report: None,
         }
     }
 
-    /// Runs to completion, relaying output to `sinks`. `started` is called with the running
-    /// sandbox (e.g. to size its pty) before output is relayed. A failure of palisade is a
-    /// report with status `sandbox-error`, never the payload's result.
-    pub fn run(&self, sinks: Sinks<'_>, started: impl FnOnce(&Running)) -> Report {
+    /// The run's thread: sets the sandbox up, tells `started`, supervises it to the end, cleans
+    /// up and returns the report.
+    fn supervise(
+        &self,
+        io: Io,
+        output: &OutputQueue,
+        started: &std::sync::mpsc::SyncSender<Started>,
+    ) -> Report {
+        let tell = |k: Option<Killer>, s: Option<File>| {
+            let _ = started.send(Started {
+                killer: k,
+                stdin: s,
+            });
+        };
         let t0 = Instant::now();
         let mut policy = self.policy.clone();
         let mut kept: Option<PathBuf> = None;
@@ -104,6 +395,8 @@ impl Sandbox {
                     kept = Some(d);
                 }
                 Err(source) => {
+                    tell(None, None);
+                    output.close();
                     let e = SetupError::Supervisor {
                         op: "create the scratch directory",
                         source,
@@ -112,6 +405,14 @@ impl Sandbox {
                 }
             }
         }
+        let fail = |e: &SetupError, scratch: Option<String>| {
+            if let Some(d) = &kept {
+                let _ = std::fs::remove_dir(d);
+            }
+            tell(None, None);
+            output.close();
+            Report::from_error(e, t0.elapsed(), scratch, policy.limits)
+        };
         let scratch = match &policy.scratch {
             Scratch::Host { path } => Some(path.display().to_string()),
             Scratch::Ephemeral => None,
@@ -137,10 +438,7 @@ impl Sandbox {
                             source: std::io::Error::other(msg),
                         },
                     };
-                    if let Some(d) = &kept {
-                        let _ = std::fs::remove_dir(d);
-                    }
-                    return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
+                    return fail(&e, scratch);
                 }
             };
         // The run's cgroup is made while init builds the view (palisade_linux::BeforeStart): init
@@ -166,16 +464,11 @@ impl Sandbox {
             *cgroup.borrow_mut() = Some(c);
             Ok(files)
         };
-        let running = match palisade_linux::spawn(&policy, self.stdin, Some(&prepare)) {
+        let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
+        let mut running = match palisade_linux::spawn(&policy, stdin.into(), Some(&prepare)) {
             Ok(r) => r,
-            Err(e) => {
-                if let Some(d) = &kept {
-                    let _ = std::fs::remove_dir(d);
-                }
-                return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
-            }
+            Err(e) => return fail(&e, scratch),
         };
-        let mut running = running;
         // The egress proxy, on the listeners init made inside the sandbox's network namespace.
         let egress = if policy.network.enabled() {
             let socks = running
@@ -199,17 +492,21 @@ impl Sandbox {
                 Ok(e) => Some(e),
                 Err(source) => {
                     running.kill();
+                    drop(running);
                     let e = SetupError::Supervisor {
                         op: "start the egress proxy",
                         source,
                     };
-                    return Report::from_error(&e, t0.elapsed(), scratch, policy.limits);
+                    return fail(&e, scratch);
                 }
             }
         } else {
             None
         };
-        started(&running);
+        tell(Some(running.killer()), running.take_stdin());
+        if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
+            palisade_linux::host::copy_winsize(t, pty);
+        }
         let ids = running.ids();
         let landlock = running.landlock().clone();
         let protection = running.protection().clone();
@@ -221,16 +518,25 @@ impl Sandbox {
             .borrow()
             .as_ref()
             .and_then(|c| c.cpu_quota_us())
-            .map_or(f64::MAX, |q| {
-                q as f64 / palisade_cgroup::CPU_PERIOD_US as f64
-            });
-        let watch = manager.as_ref().map(|_| CpuWatch {
-            used: &used,
-            cpus: (palisade_linux::host::cpus() as f64).min(quota),
-        });
-        let mut report = match running.wait(sinks, watch) {
+            .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
+        let proxy_cpu = || Duration::ZERO;
+        let watch = Watch {
+            output,
+            cpu: manager.as_ref().map(|_| CpuWatch {
+                used: &used,
+                supervisor: egress.as_ref().map(|_| &proxy_cpu as &dyn Fn() -> Duration),
+                cpus: (palisade_linux::host::cpus() as f64).min(quota.unwrap_or(f64::MAX)),
+            }),
+            terminal: io.terminal,
+            signals: io.signals.as_ref(),
+            refusal_share: quota.unwrap_or(1.0).min(1.0),
+        };
+        let mut report = match running.wait(watch) {
             Ok(o) => Report::from_outcome(&o, ids, &landlock, scratch, policy.limits),
-            Err(e) => Report::from_error(&e, t0.elapsed(), scratch, policy.limits),
+            Err(e) => {
+                output.close();
+                Report::from_error(&e, t0.elapsed(), scratch, policy.limits)
+            }
         };
         let mut cgroup = cgroup.into_inner();
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
@@ -268,18 +574,30 @@ impl Sandbox {
         report.set_protected(&protection, blocked);
         report
     }
+}
 
-    /// Convenience for writers that are not `dyn`.
-    pub fn run_to(&self, stdout: &mut impl Write, stderr: &mut impl Write) -> Report {
-        self.run(
-            Sinks {
-                stdout,
-                stderr,
-                input: None,
-                signals: None,
-            },
-            |_| {},
-        )
+/// Output kept in memory for a streaming reader before the payload is held back.
+pub(crate) const STREAM_BUFFER: usize = 1 << 20;
+
+/// A run that never started: its report says why.
+fn failed_run(sandbox: &Sandbox, e: std::io::Error) -> Run {
+    let e = SetupError::Supervisor {
+        op: "start the run's supervising thread",
+        source: e,
+    };
+    let report = Report::from_error(&e, Duration::ZERO, None, sandbox.policy.limits);
+    Run {
+        shared: Arc::new(Shared {
+            report: Mutex::new(None),
+            done: Condvar::new(),
+            // Always readable: the run is over from the start.
+            done_fd: OwnedFd::from(File::open("/dev/null").expect("/dev/null opens")),
+        }),
+        thread: None,
+        output: None,
+        killer: None,
+        stdin: None,
+        report: Some(report),
     }
 }
 

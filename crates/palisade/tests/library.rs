@@ -102,7 +102,6 @@ fn many_runs_leave_nothing_behind() {
         .unwrap_or(200);
     let sandbox = Sandbox::builder()
         .command(["/bin/true"])
-        .stdin_null(true)
         .keep_scratch(false)
         .build()
         .unwrap();
