@@ -449,19 +449,43 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
             close(tree);
             Ok(())
         }
-        Op::NoNestedUserns => {
-            let fd = openat(
-                libc::AT_FDCWD,
-                c"proc/sys/user/max_user_namespaces",
-                libc::O_WRONLY,
-                0,
-            )?;
-            let r = write_all(fd, b"0\n");
-            close(fd);
-            r
+        Op::UserNsLimits => {
+            for &(file, value, required) in USERNS_LIMITS {
+                let fd = match openat(libc::AT_FDCWD, file, libc::O_WRONLY, 0) {
+                    Ok(fd) => fd,
+                    // An older kernel without this ceiling (fanotify's before 5.13).
+                    Err(libc::ENOENT) if !required => continue,
+                    Err(e) => return Err(e),
+                };
+                let r = write_all(fd, value);
+                close(fd);
+                r?;
+            }
+            Ok(())
         }
     }
 }
+
+/// The sandbox's user-namespace ceilings, written while init still holds its capabilities there:
+/// the file (relative to the new root), the value, and whether a kernel must have it. No nested
+/// namespace of any kind but two that setup itself still needs: the cgroup one, which init creates
+/// at step 13, and mount namespaces, of which every `open_tree` clone in the steps after this one
+/// makes an anonymous one (seccomp refuses namespace creation and the mount API to the payload;
+/// this is the second wall for the rest). inotify and fanotify counts are also charged to
+/// the namespace's owner, so the sandbox keeps to a small part of the owner's quota (default 128
+/// instances per user).
+const USERNS_LIMITS: &[(&std::ffi::CStr, &[u8], bool)] = &[
+    (c"proc/sys/user/max_user_namespaces", b"0\n", true),
+    (c"proc/sys/user/max_pid_namespaces", b"0\n", false),
+    (c"proc/sys/user/max_net_namespaces", b"0\n", false),
+    (c"proc/sys/user/max_ipc_namespaces", b"0\n", false),
+    (c"proc/sys/user/max_uts_namespaces", b"0\n", false),
+    (c"proc/sys/user/max_time_namespaces", b"0\n", false),
+    (c"proc/sys/user/max_inotify_instances", b"32\n", false),
+    (c"proc/sys/user/max_inotify_watches", b"16384\n", false),
+    (c"proc/sys/user/max_fanotify_groups", b"0\n", false),
+    (c"proc/sys/user/max_fanotify_marks", b"0\n", false),
+];
 
 fn loopback_up() -> SysResult<()> {
     // SAFETY: socket/ioctl on a zeroed ifreq whose name is set to "lo"; the fd is closed after.

@@ -115,9 +115,15 @@ pub enum Op {
         path: CString,
         optional: bool,
     },
-    /// Forbid nested user namespaces: this namespace's `user.max_user_namespaces` = 0.
-    NoNestedUserns,
+    /// This user namespace's own ceilings (`/proc/sys/user/*`): no nested namespaces, few
+    /// inotify instances and watches, no fanotify. The kernel charges these counts to the
+    /// namespace's owner too (the invoking user, or the run's host id for root launches): the
+    /// sandbox's share of the owner's quota is bounded here.
+    UserNsLimits,
 }
+
+/// Signals the whole sandbox may have queued at once (`RLIMIT_SIGPENDING`).
+pub const SIGPENDING: u64 = 1024;
 
 /// Identity of the payload inside, and how it maps to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -499,7 +505,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
     });
     b.ops.push(Op::Proc { path: c("proc") });
     b.rule("/proc", READ, true);
-    b.ops.push(Op::NoNestedUserns);
+    b.ops.push(Op::UserNsLimits);
     b.ops.push(Op::ReadOnly {
         path: c("proc/sys"),
         optional: false,
@@ -673,6 +679,9 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         seccomp: crate::seccomp::program(policy.allow_ptrace),
         rlimits: vec![
             (libc::RLIMIT_CORE, 0),
+            // Queued signals are counted per user up the namespace chain (the invoking user's
+            // quota too, unprivileged); a sandbox keeps to a small share of it.
+            (libc::RLIMIT_SIGPENDING, SIGPENDING),
             (libc::RLIMIT_NPROC, policy.limits.pids),
             (libc::RLIMIT_NOFILE, policy.limits.open_files),
             (libc::RLIMIT_FSIZE, policy.limits.file_size_bytes),
@@ -854,7 +863,7 @@ pub fn describe(plan: &Plan, i: usize) -> String {
             show(path)
         ),
         Some(Op::ReadOnly { path, .. }) => format!("make {} read-only", show(path)),
-        Some(Op::NoNestedUserns) => "set user.max_user_namespaces to 0 inside".into(),
+        Some(Op::UserNsLimits) => "set the sandbox user namespace's ceilings (/proc/sys/user/*)".into(),
         None => format!("step {i}"),
     }
 }

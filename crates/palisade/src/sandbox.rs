@@ -388,6 +388,23 @@ impl Sandbox {
         let t0 = Instant::now();
         let mut policy = self.policy.clone();
         let mut kept: Option<PathBuf> = None;
+        // The scratch size caps the ephemeral tmpfs only: a host directory (--scratch, --keep)
+        // lives on the host's disk, where palisade has no size to enforce. Refused rather than
+        // silently ignored (audit F14).
+        let host_scratch = self.keep || matches!(policy.scratch, Scratch::Host { .. });
+        if host_scratch
+            && policy.limits.scratch_bytes != palisade_policy::Limits::default().scratch_bytes
+        {
+            tell(None, None);
+            output.close();
+            let e = SetupError::Supervisor {
+                op: "check limits.scratch_size",
+                source: std::io::Error::other(
+                    "limits.scratch_size (--scratch-size) caps the ephemeral scratch tmpfs only; with a host scratch directory (filesystem.scratch / --scratch, or --keep) it cannot be enforced: drop it, or drop the host directory",
+                ),
+            };
+            return Report::from_error(&e, t0.elapsed(), None, policy.limits);
+        }
         if self.keep && policy.scratch == Scratch::Ephemeral {
             match make_temp_dir() {
                 Ok(d) => {
