@@ -132,8 +132,8 @@ pub struct Run {
 struct Shared {
     report: Mutex<Option<Report>>,
     done: Condvar,
-    /// Readable once the report is ready.
-    done_fd: OwnedFd,
+    /// Readable once the report is ready; `None` for a run over before it started.
+    done_fd: Option<OwnedFd>,
 }
 
 /// Sent by the run's thread once the sandbox is started (or failed to start).
@@ -157,9 +157,10 @@ impl Run {
     }
 
     /// A descriptor that becomes readable once the run is over and its report is ready: for an
-    /// event loop (e.g. tokio's `AsyncFd`), then [`Run::try_wait`].
-    pub fn done_fd(&self) -> BorrowedFd<'_> {
-        self.shared.done_fd.as_fd()
+    /// event loop (e.g. tokio's `AsyncFd`), then [`Run::try_wait`]. `None` when the run never
+    /// started (its report is ready at once).
+    pub fn done_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.shared.done_fd.as_ref().map(|f| f.as_fd())
     }
 
     /// The report if the run is over, without waiting.
@@ -340,7 +341,7 @@ impl Sandbox {
         let shared = Arc::new(Shared {
             report: Mutex::new(None),
             done: Condvar::new(),
-            done_fd,
+            done_fd: Some(done_fd),
         });
         let (tx, rx) = std::sync::mpsc::sync_channel::<Started>(1);
         let sandbox = self.clone();
@@ -351,7 +352,9 @@ impl Sandbox {
                 let report = sandbox.supervise(io, &out, &tx);
                 *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
                 sh.done.notify_all();
-                palisade_linux::host::signal_event(&sh.done_fd);
+                if let Some(fd) = &sh.done_fd {
+                    palisade_linux::host::signal_event(fd);
+                }
             });
         let thread = match thread {
             Ok(t) => t,
@@ -607,8 +610,7 @@ fn failed_run(sandbox: &Sandbox, e: std::io::Error) -> Run {
         shared: Arc::new(Shared {
             report: Mutex::new(None),
             done: Condvar::new(),
-            // Always readable: the run is over from the start.
-            done_fd: OwnedFd::from(File::open("/dev/null").expect("/dev/null opens")),
+            done_fd: None,
         }),
         thread: None,
         output: None,
