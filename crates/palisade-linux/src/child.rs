@@ -74,10 +74,12 @@ pub enum Step {
     LandlockRule,
     LandlockRestrict,
     EgressSocket,
+    Dumpable,
+    PreparePayload,
 }
 
 impl Step {
-    const ALL: [Step; 24] = [
+    const ALL: [Step; 26] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -102,10 +104,45 @@ impl Step {
         Step::LandlockRule,
         Step::LandlockRestrict,
         Step::EgressSocket,
+        Step::Dumpable,
+        Step::PreparePayload,
     ];
 
+    /// The step of a `MSG_SETUP_ERROR` record.
     pub fn from_u32(v: u32) -> Option<Step> {
         Step::ALL.into_iter().find(|s| *s as u32 == v)
+    }
+
+    /// A stable name for reports and API clients (`pivot-root`, `landlock-restrict`, …).
+    pub fn code(self) -> &'static str {
+        match self {
+            Step::DeathSignal => "death-signal",
+            Step::Ids => "ids",
+            Step::Stdio => "stdio",
+            Step::CloseFds => "close-fds",
+            Step::MountsPrivate => "mounts-private",
+            Step::OpenSource => "open-source",
+            Step::SourceChanged => "source-changed",
+            Step::RootTmpfs => "root-tmpfs",
+            Step::Op => "mount-view",
+            Step::PivotRoot => "pivot-root",
+            Step::DetachOldRoot => "detach-old-root",
+            Step::RootReadOnly => "root-read-only",
+            Step::Hostname => "hostname",
+            Step::Loopback => "loopback",
+            Step::Pty => "pty",
+            Step::Signals => "signals",
+            Step::Fork => "fork",
+            Step::DropInitPrivileges => "drop-init-privileges",
+            Step::CgroupNamespace => "cgroup-namespace",
+            Step::CgroupJoin => "cgroup-join",
+            Step::LandlockRuleset => "landlock-ruleset",
+            Step::LandlockRule => "landlock-rule",
+            Step::LandlockRestrict => "landlock-restrict",
+            Step::EgressSocket => "egress-socket",
+            Step::Dumpable => "dumpable",
+            Step::PreparePayload => "prepare-payload",
+        }
     }
 }
 
@@ -218,7 +255,7 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     // which hold a copy of the supervisor's memory, environment included. Only after "go": until
     // the maps are written, an unprivileged supervisor needs to open our /proc files, which
     // non-dumpable makes root's.
-    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::DeathSignal))?;
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::Dumpable))?;
 
     // 4. No mount event crosses between host and sandbox, in either direction.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
@@ -666,8 +703,18 @@ fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -
         )
     };
     // Init needs no privilege from here on: kill() of its own child with the same uid suffices.
-    let _ = sys::capset_empty();
-    let _ = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1);
+    // Checked, not assumed: an init that kept its capabilities in the sandbox's namespace would be
+    // a process the payload could target, so a failure ends the run before the payload is
+    // reported as started.
+    let dropped = sys::capset_empty().and_then(|()| sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1));
+    if let Err(e) = dropped {
+        // SAFETY: killing and reaping our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        fail(Step::DropInitPrivileges, e);
+    }
     if value != 0 {
         let mut st = 0;
         // SAFETY: waiting for our own child.
@@ -773,7 +820,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
     // 15. Signals back to defaults (the supervisor may ignore SIGPIPE, as Rust does, and an
     //     ignored disposition survives exec), then a new session, the pty as controlling terminal,
     //     the scratch directory as working directory, umask 022, the rlimits (core dumps off,
-    //     processes, open files, file size).
+    //     processes, open files, file size, CPU time, queued signals).
     // SAFETY: process-local signal, session, directory and limit calls.
     unsafe {
         for sig in 1..=libc::SIGRTMAX() {
@@ -852,7 +899,6 @@ fn payload(args: &mut PayloadArgs) -> ! {
         report(NO_CAND, e);
     }
     // 18. Everything but 0, 1, 2 closes at exec.
-    // 20. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
     // 19. seccomp, last: after it, only the calls the filter allows are possible, and none of
     //     palisade's own setup needs to be.
@@ -870,6 +916,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
         }
         Err(e) => report(NO_CAND, e),
     }
+    // 20. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);
     for (i, cand) in ex.candidates.iter().enumerate() {

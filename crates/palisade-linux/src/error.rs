@@ -59,9 +59,12 @@ pub enum SetupError {
     },
     #[error("protected path `{path}` in the scratch directory is a {kind}, which palisade cannot keep read-only (a mount over it would follow it); replace it with a regular file or directory, or pass --unprotect {path}")]
     ProtectedUnsupported { path: String, kind: &'static str },
-    #[error("sandbox setup failed at step \"{step}\": {source}")]
+    #[error("sandbox setup failed at step \"{what}\": {source}")]
     Child {
-        step: String,
+        /// Which step of init's setup (docs/setup-order.md).
+        step: crate::child::Step,
+        /// That step in words, with the path or value involved.
+        what: String,
         #[source]
         source: std::io::Error,
     },
@@ -73,4 +76,36 @@ pub enum SetupError {
     },
     #[error("the sandbox's init ended before the payload started")]
     InitVanished,
+}
+
+impl SetupError {
+    /// A stable code for the kind of failure, for reports and API clients (the message is for
+    /// people): `policy`, `host-path`, `namespaces`, `setup-step`, `exec`, ….
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SetupError::Policy(_) => "policy",
+            SetupError::HostPath { .. }
+            | SetupError::NotADirectory { .. }
+            | SetupError::NotWritable { .. } => "host-path",
+            SetupError::MissingHostDevice { .. } => "host-device",
+            SetupError::NoSearchPath { .. } => "no-search-path",
+            SetupError::Supervisor { .. } => "supervisor",
+            SetupError::Namespaces { .. } => "namespaces",
+            SetupError::IdMap { .. } => "id-map",
+            SetupError::HostMount { .. } => "host-mount",
+            SetupError::LandlockUnavailable { .. } => "landlock-unavailable",
+            SetupError::ProtectedUnsupported { .. } => "protected-path",
+            SetupError::Child { .. } => "setup-step",
+            SetupError::Exec { .. } => "exec",
+            SetupError::InitVanished => "init-vanished",
+        }
+    }
+
+    /// The setup step that failed, when it was one of init's.
+    pub fn step(&self) -> Option<crate::child::Step> {
+        match self {
+            SetupError::Child { step, .. } => Some(*step),
+            _ => None,
+        }
+    }
 }

@@ -15,7 +15,7 @@
 //! assert_eq!(output.take_all().0, b"hello from inside\n");
 //! ```
 
-pub mod child;
+mod child;
 mod error;
 pub mod host;
 pub mod landlock;
@@ -23,8 +23,9 @@ pub mod output;
 pub mod plan;
 pub mod seccomp;
 mod spawn;
-pub mod sys;
+mod sys;
 
+pub use child::Step;
 pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use output::{OutputQueue, Received, Stream};

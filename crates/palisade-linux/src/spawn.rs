@@ -440,6 +440,8 @@ pub fn spawn(
 ) -> Result<Running, SetupError> {
     let setup_cpu0 = sys::thread_cpu_time();
     let (ids, scratch_seen, lease) = choose_ids(policy)?;
+    // a. The plan: every path resolved and checked, every string converted; nothing on the host
+    //    touched before it passes, and the child never allocates after it.
     let mut plan = plan::build(policy, ids, &plan::RealHost)?;
     // The ids came from the scratch directory's owner: the directory the plan mounts (and the child
     // checks again by device and inode) must be that same one, not one swapped in meanwhile.
@@ -455,6 +457,7 @@ pub fn spawn(
         }
     }
 
+    // b. Pipes and sockets for messages, output and input, close-on-exec and numbered >= 3.
     let (msg_r, msg_w) = pipe()?;
     let (go_w, go_r) = socketpair()?;
     let mut keep: Vec<c_int> = vec![msg_w.as_raw_fd(), go_r.as_raw_fd()];
@@ -506,7 +509,7 @@ pub fn spawn(
         (s, Some(or), Some(er), None, None)
     };
 
-    // Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
+    // c. Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
     let mut trees: Vec<OwnedFd> = Vec::new();
     for s in plan.sources.iter_mut().filter(|s| s.in_supervisor) {
         let path = std::path::PathBuf::from(s.path.to_string_lossy().into_owned());
@@ -549,7 +552,7 @@ pub fn spawn(
         keep,
     };
 
-    // b. Root: the user namespace is created with this thread's effective ids switched to the
+    // d. clone3. Root: the user namespace is created with this thread's effective ids switched to the
     //    run's host id, so that the namespace's owner is that id, not host root. The kernel
     //    charges a namespace's per-user counts (inotify instances, fanotify groups, queued signals,
     //    processes) to its owner as well, up the chain: owned by root, a sandbox could use up host
@@ -615,11 +618,12 @@ pub fn spawn(
         setup_cpu: Duration::ZERO,
     };
 
-    // The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
+    // e. The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
     // setgroups is denied (otherwise dropping a group could grant access, CVE-2014-8989).
     if ids.privileged {
         write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
         write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+        // f. The writable trees idmapped through the sandbox's user namespace.
         if plan.sources.iter().any(|s| s.idmap) {
             let ns = File::open(format!("/proc/{pid}/ns/user"))
                 .map_err(io_err("open the sandbox's user namespace"))?;
@@ -640,11 +644,12 @@ pub fn spawn(
         write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
     }
     drop(trees);
+    // g. "go": init goes on with its steps 3-12.
     sys::write_all(go_w.as_raw_fd(), b"g").map_err(|e| SetupError::Supervisor {
         op: "start the sandbox",
         source: io::Error::from_raw_os_error(e),
     })?;
-    // While init builds the view: the caller's hook (the cgroup), then "j", which init waits for
+    // h. While init builds the view: the caller's hook (the cgroup), then "j", which init waits for
     // before it starts the payload.
     let files = match before_start {
         Some(hook) => hook(pid).map_err(|source| SetupError::Supervisor {
@@ -659,7 +664,7 @@ pub fn spawn(
     let _ = sys::send_fds(go_w.as_raw_fd(), b'j', &raw);
     drop(files);
     // go_w stays open until the payload has started: init checks it for a hang-up after
-    // re-arming its parent-death signal (see child.rs, step 2).
+    // re-arming its parent-death signal (see child.rs, step 3).
 
     if let Some(sock) = pty_parent {
         let mut got = [-1 as c_int; sys::MAX_FDS];
@@ -771,12 +776,15 @@ pub fn spawn(
                 None => format!("step {}", m.step),
             };
             Err(SetupError::Child {
-                step: what,
+                // An unknown number would be a bug between two halves of one binary.
+                step: step.unwrap_or(Step::Fork),
+                what,
                 source: io::Error::from_raw_os_error(m.value),
             })
         }
         child::MSG_EXEC_ERROR if m.index == u32::MAX => Err(SetupError::Child {
-            step: "prepare the payload (session, terminal, capabilities, no_new_privs)".into(),
+            step: Step::PreparePayload,
+            what: "prepare the payload (session, terminal, capabilities, no_new_privs)".into(),
             source: io::Error::from_raw_os_error(m.value),
         }),
         child::MSG_EXEC_ERROR => {

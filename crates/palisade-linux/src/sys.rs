@@ -18,7 +18,6 @@ pub const CLONE_NEWPID: u64 = libc::CLONE_NEWPID as u64;
 pub const CLONE_NEWNET: u64 = libc::CLONE_NEWNET as u64;
 pub const CLONE_NEWIPC: u64 = libc::CLONE_NEWIPC as u64;
 pub const CLONE_NEWUTS: u64 = libc::CLONE_NEWUTS as u64;
-pub const CLONE_NEWCGROUP: u64 = libc::CLONE_NEWCGROUP as u64;
 pub const CLONE_PIDFD: u64 = 0x1000;
 
 pub const OPEN_TREE_CLONE: c_uint = 1;

@@ -69,6 +69,12 @@ pub struct Report {
     pub signal_name: Option<&'static str>,
     /// What failed, for `sandbox-error`.
     pub error: Option<String>,
+    /// The kind of failure as a stable code (`namespaces`, `host-path`, `setup-step`, `exec`,
+    /// …), for programs; `error` is for people.
+    pub error_kind: Option<&'static str>,
+    /// For `setup-step`: which step of the sandbox's setup failed (`pivot-root`,
+    /// `landlock-restrict`, …; docs/setup-order.md).
+    pub error_step: Option<&'static str>,
     pub wall_time_ms: f64,
     /// CPU time of every process of the sandbox: from the cgroup where it accounts CPU (which
     /// includes processes the kernel reaped at a kill), else from `wait4` on init.
@@ -207,6 +213,8 @@ impl Report {
         Report {
             exit_code: Some(code),
             error: Some(error_chain(e)),
+            error_kind: Some(e.kind()),
+            error_step: e.step().map(|s| s.code()),
             ..Report::base(Status::SandboxError, wall, scratch, limits, None)
         }
     }
@@ -227,6 +235,8 @@ impl Report {
             signal: None,
             signal_name: None,
             error: None,
+            error_kind: None,
+            error_step: None,
             wall_time_ms: wall.as_secs_f64() * 1000.0,
             cpu_user_ms: 0.0,
             cpu_system_ms: 0.0,
