@@ -23,7 +23,9 @@ pub enum Verdict {
 /// One row of the doctor's report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
+    /// The layer or host property checked (`user-namespaces`, `landlock`, `cgroup`, …).
     pub name: &'static str,
+    /// Whether `palisade run` can use it.
     pub verdict: Verdict,
     /// What the host has, and what palisade does with it.
     pub detail: String,

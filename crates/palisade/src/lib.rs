@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 //! palisade: run code nobody has read behind a boundary the kernel enforces.
 //!
 //! ```

@@ -53,19 +53,24 @@ pub struct DeniedSyscall {
 /// One isolation layer and whether it was enforced for this run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Layer {
+    /// The layer (`user-namespace`, `landlock`, `seccomp`, `cgroup-limits`, …).
     pub name: &'static str,
+    /// Whether it held for this run (false: waived, or the host lacks it).
     pub enforced: bool,
+    /// What it did, with versions and figures, or why it was not enforced.
     pub detail: String,
 }
 
 /// Everything palisade knows about one run. Serialized as the `--json` report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// How the run ended.
     pub status: Status,
     /// The payload's exit code (`exit`, `ok`).
     pub exit_code: Option<i32>,
     /// The signal that killed the payload (`signal`).
     pub signal: Option<i32>,
+    /// Its name (`SIGKILL`, …).
     pub signal_name: Option<&'static str>,
     /// What failed, for `sandbox-error`.
     pub error: Option<String>,
@@ -75,10 +80,12 @@ pub struct Report {
     /// For `setup-step`: which step of the sandbox's setup failed (`pivot-root`,
     /// `landlock-restrict`, …; docs/setup-order.md).
     pub error_step: Option<&'static str>,
+    /// Wall-clock time from the sandbox's creation to its end.
     pub wall_time_ms: f64,
     /// CPU time of every process of the sandbox: from the cgroup where it accounts CPU (which
     /// includes processes the kernel reaped at a kill), else from `wait4` on init.
     pub cpu_user_ms: f64,
+    /// System CPU time of the same processes.
     pub cpu_system_ms: f64,
     /// CPU the supervisor spent for this sandbox: relaying its output and input, answering the
     /// calls it was refused, proxying its connections. Charged to the CPU-time limit too.
@@ -90,6 +97,7 @@ pub struct Report {
     pub max_rss_bytes: u64,
     /// Bytes relayed (at most the output cap in all).
     pub stdout_bytes: u64,
+    /// Bytes of standard error relayed.
     pub stderr_bytes: u64,
     /// Output beyond the cap was discarded.
     pub output_truncated: bool,
@@ -110,10 +118,13 @@ pub struct Report {
     /// System calls the seccomp filter refused, in the order first attempted: what the code
     /// tried that the sandbox stopped.
     pub denied_syscalls: Vec<DeniedSyscall>,
+    /// The payload's uid inside the sandbox.
     pub uid: Option<u32>,
+    /// The host uid that uid is on the host (never 0).
     pub host_uid: Option<u32>,
     /// Host path of the scratch directory, when it is one (`--scratch` or `--keep`).
     pub scratch: Option<String>,
+    /// Every isolation layer and whether it was enforced.
     pub layers: Vec<Layer>,
     /// Egress: `none`, or `allow-list` with every decision of the proxy and DNS stub.
     pub network: Network,
