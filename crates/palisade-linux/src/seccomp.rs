@@ -55,13 +55,16 @@ const RET_USER_NOTIF: u32 = 0x7fc0_0000;
 // Offsets in `struct seccomp_data`.
 const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
-const OFF_ARG0_LO: u32 = 16;
-const OFF_ARG1_LO: u32 = 24;
 
-/// Offset of the low 32 bits of argument `i`.
+/// Offset of the low 32 bits of argument `i` (the arguments are 64-bit words in the machine's
+/// byte order, and both architectures palisade builds for are little-endian).
 const fn arg_lo(i: u32) -> u32 {
     16 + 8 * i
 }
+#[cfg(not(target_endian = "little"))]
+compile_error!(
+    "the seccomp filter reads the low half of each argument at the little-endian offset"
+);
 
 /// Set-user-ID and set-group-ID bits of a file mode.
 const SETID_BITS: u32 = 0o6000;
@@ -83,17 +86,110 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWCGROUP
     | 0x80) as u32; // CLONE_NEWTIME
 
-fn stmt(code: u16, k: u32) -> SockFilter {
-    SockFilter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
+/// A place in a program under construction that jumps can name before it is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Label(usize);
+
+/// Where a conditional jump goes: on to the next instruction, or to a label.
+#[derive(Debug, Clone, Copy)]
+enum To {
+    Next,
+    At(Label),
 }
 
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> SockFilter {
-    SockFilter { code, jt, jf, k }
+/// A classic-BPF program whose jumps name labels, so that no offset is counted by hand. Classic
+/// BPF only jumps forward, by at most 255 instructions: `finish` resolves
+/// every label and checks both, and that the program cannot run off its end.
+#[derive(Default)]
+struct Asm {
+    code: Vec<(SockFilter, [To; 2])>,
+    labels: Vec<Option<usize>>,
+}
+
+impl Asm {
+    fn label(&mut self) -> Label {
+        self.labels.push(None);
+        Label(self.labels.len() - 1)
+    }
+
+    /// Places `l` at the next instruction.
+    fn place(&mut self, l: Label) {
+        assert!(
+            self.labels[l.0].is_none(),
+            "seccomp program: label placed twice"
+        );
+        self.labels[l.0] = Some(self.code.len());
+    }
+
+    fn push(&mut self, code: u16, k: u32, jt: To, jf: To) {
+        let i = SockFilter {
+            code,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        self.code.push((i, [jt, jf]));
+    }
+
+    /// Loads the 32-bit word at `off` of `struct seccomp_data`.
+    fn load(&mut self, off: u32) {
+        self.push(BPF_LD_W_ABS, off, To::Next, To::Next);
+    }
+
+    fn ret(&mut self, k: u32) {
+        self.push(BPF_RET_K, k, To::Next, To::Next);
+    }
+
+    fn jeq(&mut self, k: u32, jt: To, jf: To) {
+        self.push(BPF_JEQ_K, k, jt, jf);
+    }
+
+    fn jge(&mut self, k: u32, jt: To, jf: To) {
+        self.push(BPF_JGE_K, k, jt, jf);
+    }
+
+    fn jset(&mut self, k: u32, jt: To, jf: To) {
+        self.push(BPF_JSET_K, k, jt, jf);
+    }
+
+    /// The finished program. Panics on a mistake in the program's construction (an unplaced
+    /// label, a backward or too long jump, a last instruction that is not a return): the program
+    /// depends on nothing but `allow_ptrace`, and the unit tests build it both ways.
+    fn finish(self) -> Vec<SockFilter> {
+        let len = self.code.len();
+        let at = |pc: usize, to: To| -> usize {
+            let target = match to {
+                To::Next => pc + 1,
+                To::At(l) => self.labels[l.0].expect("seccomp program: a label was never placed"),
+            };
+            assert!(
+                target > pc && target < len,
+                "seccomp program: jump from {pc} to {target} is not forward inside the program"
+            );
+            target - pc - 1
+        };
+        let short = |off: usize| -> u8 {
+            u8::try_from(off).expect("seccomp program: a conditional jump is longer than 255")
+        };
+        let out: Vec<SockFilter> = self
+            .code
+            .iter()
+            .enumerate()
+            .map(|(pc, &(mut i, [jt, jf]))| {
+                if matches!(i.code, BPF_JEQ_K | BPF_JGE_K | BPF_JSET_K) {
+                    i.jt = short(at(pc, jt));
+                    i.jf = short(at(pc, jf));
+                }
+                i
+            })
+            .collect();
+        assert_eq!(
+            out.last().map(|i| i.code),
+            Some(BPF_RET_K),
+            "seccomp program: the last instruction must return"
+        );
+        out
+    }
 }
 
 /// A system call's name and number.
@@ -177,63 +273,77 @@ pub fn denied() -> Vec<(&'static str, i64)> {
 /// Builds the filter program. Refusals go to the supervisor through the filter's listener, so that
 /// the report can list them; the two fallbacks that libc takes on its own (`clone3`, `openat2`
 /// answering `ENOSYS`) are answered in the filter and not reported.
+///
+/// The program first dispatches on the number, then checks the arguments of the few calls that
+/// need it in a block of their own; every block ends in one of the shared answers at the end
+/// (so no block falls into the next, and the number never has to be loaded twice).
 pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
-    let mut p = Vec::new();
-    let errno = |e: i32| stmt(BPF_RET_K, RET_ERRNO | (e as u32 & 0xffff));
-    // A refusal the report lists: the supervisor takes the call from the listener, records it and
-    // answers with the errno `answer` gives (the call itself never runs).
-    let refuse = || stmt(BPF_RET_K, RET_USER_NOTIF);
+    let mut a = Asm::default();
+    // The shared answers, placed at the end. A refusal the report lists goes to the supervisor,
+    // which records the call and answers with the errno `answer` gives (the call never runs).
+    let refuse = a.label();
+    let allow = a.label();
+    let enosys = a.label();
+    // The argument checks.
+    let clone = a.label();
+    let ioctl = a.label();
+    let family = a.label();
+    let mode: Vec<(i64, u32, Label)> = mode_args()
+        .into_iter()
+        .map(|(nr, arg)| (nr, arg, a.label()))
+        .collect();
+
     // Architecture first: a foreign ABI would reinterpret every number below.
-    p.push(stmt(BPF_LD_W_ABS, OFF_ARCH));
-    p.push(jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0));
-    p.push(refuse());
-    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    a.load(OFF_ARCH);
+    a.jeq(AUDIT_ARCH, To::Next, To::At(refuse));
+    a.load(OFF_NR);
     if cfg!(target_arch = "x86_64") {
-        p.push(jump(BPF_JGE_K, X32_BIT, 0, 1));
-        p.push(refuse());
+        a.jge(X32_BIT, To::At(refuse), To::Next);
     }
     for (_, nr) in refused(allow_ptrace) {
-        p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
-        p.push(refuse());
+        a.jeq(nr as u32, To::At(refuse), To::Next);
     }
-    // clone3: ENOSYS, so that libc falls back to clone.
-    p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
-    p.push(errno(libc::ENOSYS));
+    // clone3: ENOSYS, so that libc falls back to clone. openat2 takes its mode in a struct a
+    // filter cannot read: ENOSYS, callers fall back to openat.
+    a.jeq(libc::SYS_clone3 as u32, To::At(enosys), To::Next);
+    a.jeq(libc::SYS_openat2 as u32, To::At(enosys), To::Next);
+    a.jeq(libc::SYS_clone as u32, To::At(clone), To::Next);
+    a.jeq(libc::SYS_ioctl as u32, To::At(ioctl), To::Next);
+    a.jeq(libc::SYS_socket as u32, To::At(family), To::Next);
+    for &(nr, _, l) in &mode {
+        a.jeq(nr as u32, To::At(l), To::Next);
+    }
+    a.ret(RET_ALLOW);
+
     // clone with any namespace flag.
-    p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 3));
-    p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
-    p.push(jump(BPF_JSET_K, NAMESPACE_FLAGS, 0, 1));
-    p.push(refuse());
-    // The number may have been replaced by an argument above: reload it.
-    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    a.place(clone);
+    a.load(arg_lo(0));
+    a.jset(NAMESPACE_FLAGS, To::At(refuse), To::At(allow));
     // ioctl TIOCSTI / TIOCLINUX, compared on the low 32 bits of the command.
-    p.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, 4));
-    p.push(stmt(BPF_LD_W_ABS, OFF_ARG1_LO));
-    p.push(jump(BPF_JEQ_K, libc::TIOCSTI as u32, 1, 0));
-    p.push(jump(BPF_JEQ_K, libc::TIOCLINUX as u32, 0, 1));
-    p.push(refuse());
-    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    a.place(ioctl);
+    a.load(arg_lo(1));
+    a.jeq(libc::TIOCSTI as u32, To::At(refuse), To::Next);
+    a.jeq(libc::TIOCLINUX as u32, To::At(refuse), To::At(allow));
     // socket: only unix, inet, inet6.
-    p.push(jump(BPF_JEQ_K, libc::SYS_socket as u32, 0, 5));
-    p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
-    p.push(jump(BPF_JEQ_K, libc::AF_UNIX as u32, 3, 0));
-    p.push(jump(BPF_JEQ_K, libc::AF_INET as u32, 2, 0));
-    p.push(jump(BPF_JEQ_K, libc::AF_INET6 as u32, 1, 0));
-    p.push(refuse());
-    p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    a.place(family);
+    a.load(arg_lo(0));
+    a.jeq(libc::AF_UNIX as u32, To::At(allow), To::Next);
+    a.jeq(libc::AF_INET as u32, To::At(allow), To::Next);
+    a.jeq(libc::AF_INET6 as u32, To::At(allow), To::At(refuse));
     // No set-uid/set-gid bit on any file the payload creates or changes.
-    for (nr, arg) in mode_args() {
-        p.push(jump(BPF_JEQ_K, nr as u32, 0, 3));
-        p.push(stmt(BPF_LD_W_ABS, arg_lo(arg)));
-        p.push(jump(BPF_JSET_K, SETID_BITS, 0, 1));
-        p.push(refuse());
-        p.push(stmt(BPF_LD_W_ABS, OFF_NR));
+    for &(_, arg, l) in &mode {
+        a.place(l);
+        a.load(arg_lo(arg));
+        a.jset(SETID_BITS, To::At(refuse), To::At(allow));
     }
-    // openat2 takes its mode in a struct a filter cannot read: ENOSYS, callers fall back to openat.
-    p.push(jump(BPF_JEQ_K, libc::SYS_openat2 as u32, 0, 1));
-    p.push(errno(libc::ENOSYS));
-    p.push(stmt(BPF_RET_K, RET_ALLOW));
-    p
+
+    a.place(enosys);
+    a.ret(RET_ERRNO | libc::ENOSYS as u32);
+    a.place(allow);
+    a.ret(RET_ALLOW);
+    a.place(refuse);
+    a.ret(RET_USER_NOTIF);
+    a.finish()
 }
 
 /// System calls that take a file mode, and the index of that argument.
@@ -340,6 +450,60 @@ mod tests {
             RET_USER_NOTIF => RET_ERRNO | answer(nr as i32, arch, &args).1 as u32,
             v => v,
         }
+    }
+
+    #[test]
+    fn labels_resolve_to_forward_offsets() {
+        let mut a = Asm::default();
+        let (yes, no) = (a.label(), a.label());
+        a.load(OFF_NR);
+        a.jeq(7, To::At(yes), To::Next);
+        a.jeq(8, To::Next, To::At(no));
+        a.ret(1);
+        a.place(yes);
+        a.ret(2);
+        a.place(no);
+        a.ret(3);
+        let p = a.finish();
+        assert_eq!((p[1].jt, p[1].jf), (2, 0));
+        assert_eq!((p[2].jt, p[2].jf), (0, 2));
+        assert_eq!(run(&p, 7, 0, [0; 6]), 2);
+        assert_eq!(run(&p, 8, 0, [0; 6]), 1);
+        assert_eq!(run(&p, 9, 0, [0; 6]), 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "longer than 255")]
+    fn a_jump_beyond_255_is_refused() {
+        let mut a = Asm::default();
+        let far = a.label();
+        a.jeq(0, To::At(far), To::Next);
+        for _ in 0..256 {
+            a.load(OFF_NR);
+        }
+        a.place(far);
+        a.ret(RET_ALLOW);
+        a.finish();
+    }
+
+    #[test]
+    #[should_panic(expected = "not forward")]
+    fn a_backward_jump_is_refused() {
+        let mut a = Asm::default();
+        let back = a.label();
+        a.place(back);
+        a.load(OFF_NR);
+        a.jeq(0, To::At(back), To::Next);
+        a.ret(RET_ALLOW);
+        a.finish();
+    }
+
+    #[test]
+    #[should_panic(expected = "must return")]
+    fn a_program_that_can_run_off_its_end_is_refused() {
+        let mut a = Asm::default();
+        a.load(OFF_NR);
+        a.finish();
     }
 
     #[test]
