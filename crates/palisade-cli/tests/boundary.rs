@@ -1070,3 +1070,47 @@ print("python-threads-ok" if out == ["sub"] * 4 else out)
     let j = r.report();
     assert_eq!(j["denied_syscalls"], serde_json::json!([]), "{j}");
 }
+
+/// `RLIMIT_CORE` stays at 1 whatever the payload does (audit F8): at 0, the kernel would pipe a
+/// crash to the host's `core_pattern` helper, as root. `setrlimit` and `prlimit64` of it return 0
+/// and change nothing; one that also reads the old limit is refused and reported. Outside, the
+/// same probe lowers it to 0, so the test can fail.
+#[test]
+fn the_core_limit_stays_at_one_whatever_the_payload_does() {
+    let control: Run = std::process::Command::new(probe_bin())
+        .arg("core-limit")
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(control.probe("core-limit setrlimit"), "ok");
+    assert_eq!(control.probe("core-limit prlimit64-with-old"), "ok");
+    assert_eq!(control.probe("core-limit now"), "ok soft=0 hard=0");
+    let r = probe(&["--json", "-"], &["core-limit"]);
+    assert_eq!(r.probe("core-limit setrlimit"), "ok", "{}", r.stderr);
+    assert_eq!(r.probe("core-limit prlimit64"), "ok");
+    assert_eq!(r.probe("core-limit prlimit64-with-old"), "denied EPERM");
+    assert_eq!(r.probe("core-limit now"), "ok soft=1 hard=1");
+    let j = r.report();
+    let denied = j["denied_syscalls"].as_array().expect("denied_syscalls");
+    let names: Vec<&str> = denied.iter().filter_map(|d| d["name"].as_str()).collect();
+    assert_eq!(names, ["prlimit64 RLIMIT_CORE"], "{denied:?}");
+    assert_eq!(denied[0]["errno"], "EPERM");
+    let layer = j["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "core-dumps")
+        .expect("a core-dumps layer");
+    assert_eq!(layer["enforced"], true, "{layer}");
+    // Scripts that turn core dumps off keep working.
+    let r = run(
+        &[],
+        &["/bin/sh", "-c", "ulimit -c 0 && ulimit -c && echo lowered"],
+    );
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "0\nlowered\n"),
+        "{}",
+        r.stderr
+    );
+}

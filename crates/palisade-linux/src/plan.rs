@@ -672,7 +672,8 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         scratch_source,
         seccomp: crate::seccomp::program(policy.allow_ptrace),
         rlimits: vec![
-            (libc::RLIMIT_CORE, 0),
+            // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
+            (libc::RLIMIT_CORE, crate::seccomp::CORE_LIMIT),
             (libc::RLIMIT_NPROC, policy.limits.pids),
             (libc::RLIMIT_NOFILE, policy.limits.open_files),
             (libc::RLIMIT_FSIZE, policy.limits.file_size_bytes),

@@ -18,6 +18,7 @@
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | keystroke injection into a terminal; the command is compared as 32 bits (CVE-2019-10063) |
 //! | `socket` and `socketpair` of families other than `AF_UNIX`, `AF_INET`, `AF_INET6` | netlink, packet, vsock, xdp… sockets: no route out but the proxy's, and no other family's code (`socketpair` creates a socket of the family before it finds out the family has no pairs) |
 //! | `fanotify_init` | a group counts against the per-user quota of the user namespace's owner, host root for a root-launched sandbox (audit F3); inotify stays |
+//! | `prlimit64` of `RLIMIT_CORE` that also reads the old limit | the limit stays at [`CORE_LIMIT`]; a plain `setrlimit` or `prlimit64` of it returns 0 and changes nothing (not reported) |
 //! | `lsm_set_self_attr` | changing the process's LSM context, which `/proc/self/attr` does not allow inside (Landlock) |
 //! | `chmod`, `fchmod`, `fchmodat(2)`, `open`, `openat`, `creat`, `mknod(at)` with set-uid or set-gid in the mode; `openat2` (ENOSYS: its mode is out of a filter's reach) | files written to scratch or `--rw` binds land on the host owned by a real user: a set-uid file left there would run as that user (root, for a root-launched sandbox) for anyone who can reach it |
 //!
@@ -29,9 +30,9 @@
 //! reason for each in `docs/layers/seccomp.md`.
 //!
 //! Attempts are reported: the filter hands every refused call (all rows above but the `ENOSYS`
-//! fallbacks of `clone3` and `openat2`) to the supervisor through a seccomp user-notification
-//! listener; the supervisor records name, count and first pid and answers with the errno, so the
-//! call never runs. A run that makes no refused call pays only for creating and passing the
+//! fallbacks of `clone3` and `openat2`, and the `RLIMIT_CORE` changes answered 0) to the supervisor
+//! through a seccomp user-notification listener; the supervisor records name, count and first pid
+//! and answers with the errno, so the call never runs. A run that makes no refused call pays only for creating and passing the
 //! listener.
 //!
 //! `--allow-ptrace` takes `ptrace` and `process_vm_readv/writev` off the refused list (debuggers).
@@ -65,10 +66,22 @@ const OFF_ARCH: u32 = 4;
 const fn arg_lo(i: u32) -> u32 {
     16 + 8 * i
 }
+/// Offset of the high 32 bits of argument `i`.
+const fn arg_hi(i: u32) -> u32 {
+    arg_lo(i) + 4
+}
 #[cfg(not(target_endian = "little"))]
 compile_error!(
     "the seccomp filter reads the low half of each argument at the little-endian offset"
 );
+
+/// The payload's `RLIMIT_CORE`, soft and hard, which the filter keeps there. One byte is too small
+/// for any core file (the kernel writes none under its format's minimum, a page for ELF), and it is
+/// the one value at which the kernel starts no `core_pattern` pipe helper: it reserves 1 to catch a
+/// helper that crashes itself. A helper ignores every other limit, 0 included, and would get the
+/// crashing process's memory, as root on the host (audit F8). A socket pattern (`@`, Linux 6.16)
+/// ignores even 1; `palisade doctor` warns about it.
+pub const CORE_LIMIT: u64 = 1;
 
 /// The socket families `socket` and `socketpair` may create.
 const FAMILIES: [i32; 3] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6];
@@ -303,6 +316,11 @@ pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
     let clone = a.label();
     let ioctl = a.label();
     let family = a.label();
+    let setrlimit = a.label();
+    let prlimit = a.label();
+    let core_set = a.label();
+    // Answered 0 without running: a change of RLIMIT_CORE.
+    let unchanged = a.label();
     let mode: Vec<(i64, u32, Label)> = mode_args()
         .into_iter()
         .map(|(nr, arg)| (nr, arg, a.label()))
@@ -326,6 +344,8 @@ pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
     a.jeq(libc::SYS_ioctl as u32, To::At(ioctl), To::Next);
     a.jeq(libc::SYS_socket as u32, To::At(family), To::Next);
     a.jeq(libc::SYS_socketpair as u32, To::At(family), To::Next);
+    a.jeq(libc::SYS_setrlimit as u32, To::At(setrlimit), To::Next);
+    a.jeq(libc::SYS_prlimit64 as u32, To::At(prlimit), To::Next);
     for &(nr, _, l) in &mode {
         a.jeq(nr as u32, To::At(l), To::Next);
     }
@@ -352,6 +372,28 @@ pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
         };
         a.jeq(f as u32, To::At(allow), other);
     }
+    // RLIMIT_CORE stays at CORE_LIMIT: a payload that lowers it to 0 would have its crashes piped
+    // to the host's core helper. setrlimit(RLIMIT_CORE) and prlimit64(pid, RLIMIT_CORE, new, NULL)
+    // return 0 and change nothing: programs that turn core dumps off (gpg, sudo) get what they
+    // asked for, since 1 writes no core either; raising the limit is useless here anyway. A
+    // prlimit64 that also asks for the old limit is refused: skipping it would leave that unwritten.
+    // Reading the limit (no new value) goes through. The resource is an `unsigned int`: its low
+    // 32 bits; the pointers are compared whole.
+    a.place(setrlimit);
+    a.load(arg_lo(0));
+    a.jeq(libc::RLIMIT_CORE, To::At(unchanged), To::At(allow));
+    a.place(prlimit);
+    a.load(arg_lo(1));
+    a.jeq(libc::RLIMIT_CORE, To::Next, To::At(allow));
+    a.load(arg_lo(2));
+    a.jeq(0, To::Next, To::At(core_set));
+    a.load(arg_hi(2));
+    a.jeq(0, To::At(allow), To::Next);
+    a.place(core_set);
+    a.load(arg_lo(3));
+    a.jeq(0, To::Next, To::At(refuse));
+    a.load(arg_hi(3));
+    a.jeq(0, To::At(unchanged), To::At(refuse));
     // No set-uid/set-gid bit on any file the payload creates or changes.
     for &(_, arg, l) in &mode {
         a.place(l);
@@ -359,6 +401,8 @@ pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
         a.jset(SETID_BITS, To::At(refuse), To::At(allow));
     }
 
+    a.place(unchanged);
+    a.ret(RET_ERRNO); // errno 0: the call does not run and returns 0
     a.place(enosys);
     a.ret(RET_ERRNO | libc::ENOSYS as u32);
     a.place(allow);
@@ -410,6 +454,7 @@ pub fn answer(nr: i32, arch: u32, args: &[u64; 6]) -> (String, i32) {
             format!("socket ({})", family_name(args[0] as u32)),
             libc::EAFNOSUPPORT,
         ),
+        libc::SYS_prlimit64 => eperm("prlimit64 RLIMIT_CORE"),
         libc::SYS_socketpair => (
             format!("socketpair ({})", family_name(args[0] as u32)),
             libc::EAFNOSUPPORT,
@@ -696,6 +741,82 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// RLIMIT_CORE stays at CORE_LIMIT: changes return 0 and change nothing, a change that also
+    /// reads the old limit is refused, reads and other resources go through; on every ABI.
+    #[test]
+    fn the_core_limit_cannot_be_changed() {
+        const UNCHANGED: u32 = RET_ERRNO; // errno 0: not run, returns 0
+        let core = libc::RLIMIT_CORE as u64;
+        let ptr = 0x7ffd_1234_5678u64;
+        let high_only = 0x7ffd_0000_0000u64; // a pointer whose low half is 0
+        for p in [program(false), program(true)] {
+            let setrlimit = |res: u64| {
+                decide(
+                    &p,
+                    libc::SYS_setrlimit as u32,
+                    AUDIT_ARCH,
+                    [res, ptr, 0, 0, 0, 0],
+                )
+            };
+            assert_eq!(setrlimit(core), UNCHANGED);
+            // The kernel reads the resource as an unsigned int: high bits do not hide it.
+            assert_eq!(setrlimit((1 << 32) | core), UNCHANGED);
+            assert_eq!(setrlimit(libc::RLIMIT_NOFILE as u64), RET_ALLOW);
+            let prlimit = |pid: u64, res: u64, new: u64, old: u64| {
+                decide(
+                    &p,
+                    libc::SYS_prlimit64 as u32,
+                    AUDIT_ARCH,
+                    [pid, res, new, old, 0, 0],
+                )
+            };
+            for pid in [0, 1, 2, u64::MAX] {
+                assert_eq!(prlimit(pid, core, ptr, 0), UNCHANGED);
+                assert_eq!(prlimit(pid, core, high_only, 0), UNCHANGED);
+                assert_eq!(prlimit(pid, (7 << 32) | core, ptr, 0), UNCHANGED);
+                assert_eq!(prlimit(pid, core, ptr, ptr), EPERM);
+                assert_eq!(prlimit(pid, core, ptr, high_only), EPERM);
+                assert_eq!(prlimit(pid, core, high_only, high_only), EPERM);
+                // Reading it goes through.
+                assert_eq!(prlimit(pid, core, 0, ptr), RET_ALLOW);
+                assert_eq!(
+                    prlimit(pid, libc::RLIMIT_NOFILE as u64, ptr, ptr),
+                    RET_ALLOW
+                );
+            }
+            for (abi, arch, ..) in foreign_abis() {
+                // i386 setrlimit, prlimit64; x32 setrlimit, prlimit64.
+                let nrs: [u32; 2] = if abi == "x32" {
+                    [160 | X32_BIT, 302 | X32_BIT]
+                } else if cfg!(target_arch = "x86_64") {
+                    [75, 340]
+                } else {
+                    [75, 369]
+                };
+                for nr in nrs {
+                    assert_eq!(
+                        decide(&p, nr, arch, [core, ptr, ptr, 0, 0, 0]),
+                        EPERM,
+                        "{abi} {nr}"
+                    );
+                    assert_eq!(
+                        decide(&p, nr, arch, [0, core, ptr, 0, 0, 0]),
+                        EPERM,
+                        "{abi} {nr}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            answer(
+                libc::SYS_prlimit64 as i32,
+                AUDIT_ARCH,
+                &[0, core, 1, 1, 0, 0]
+            ),
+            ("prlimit64 RLIMIT_CORE".to_owned(), libc::EPERM)
+        );
     }
 
     /// Another ABI, or an x32 number, is refused for every number, before any number is looked at.

@@ -619,6 +619,67 @@ fn refused() {
     }
 }
 
+/// Tries every way of lowering this process's `RLIMIT_CORE` to 0 (with 0, a `core_pattern` pipe
+/// helper on the host would receive its memory when it crashes; palisade keeps it at 1), one line
+/// each, then prints the limit it ended with. With `crash NAME`, it then names itself NAME (the
+/// `comm` a core helper sees) and dies of SIGSEGV.
+fn core_limit(crash: bool, name: &str) {
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let mut old = libc::rlimit {
+        rlim_cur: 7,
+        rlim_max: 7,
+    };
+    // SAFETY: setrlimit/prlimit64/getrlimit of this process with pointers to our own structs.
+    unsafe {
+        line(
+            "core-limit setrlimit",
+            raw(libc::setrlimit(libc::RLIMIT_CORE, &zero) as libc::c_long),
+        );
+        line(
+            "core-limit prlimit64",
+            raw(libc::syscall(
+                libc::SYS_prlimit64,
+                0 as libc::c_long,
+                libc::RLIMIT_CORE as libc::c_long,
+                &zero,
+                std::ptr::null::<libc::rlimit>(),
+            )),
+        );
+        line(
+            "core-limit prlimit64-with-old",
+            raw(libc::syscall(
+                libc::SYS_prlimit64,
+                0 as libc::c_long,
+                libc::RLIMIT_CORE as libc::c_long,
+                &zero,
+                &mut old,
+            )),
+        );
+        let mut now = old;
+        let r = libc::getrlimit(libc::RLIMIT_CORE, &mut now);
+        line(
+            "core-limit now",
+            if r == 0 {
+                Ok(format!("soft={} hard={}", now.rlim_cur, now.rlim_max))
+            } else {
+                Err(last())
+            },
+        );
+    }
+    if crash {
+        let name = CString::new(name).unwrap_or_default();
+        // SAFETY: PR_SET_NAME copies at most 16 bytes of our NUL-terminated string; the write
+        // through a null pointer is the crash asked for.
+        unsafe {
+            libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+            std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1);
+        }
+    }
+}
+
 /// Tries to leave a set-uid file at `path`: by chmod of a file it wrote, and by creating one with
 /// the bits in its mode.
 fn setuid(path: &str) {
@@ -750,6 +811,7 @@ fn main() {
             sysv_shm(a(1).parse().unwrap_or(0)),
         ),
         "setuid" => setuid(a(1)),
+        "core-limit" => core_limit(a(1) == "crash", a(2)),
         "syscall-loop" => line(
             "syscall-loop",
             syscall_loop(a(1).parse().unwrap_or(1_000_000)),
@@ -771,7 +833,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm burn syscall-loop linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls refused setuid core-limit sysv-shm burn syscall-loop linger exit segv whoami");
             std::process::exit(2);
         }
     }
