@@ -205,11 +205,19 @@ fn doctor_matches_what_a_run_really_gets() {
         "user-namespaces",
         "landlock",
         "seccomp",
+        "core-dumps",
         "cgroup",
         "trial-run",
     ] {
         assert_eq!(row(&j, name)["verdict"], "ok", "{name}: {j}");
     }
+    // The host's own core pattern, named (tests/core_dumps.rs sets others, as root).
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+    let core = row(&j, "core-dumps")["detail"].as_str().unwrap().to_owned();
+    assert!(
+        core.contains(&format!("{:?}", pattern.trim_end())),
+        "{core}"
+    );
     // The same Landlock ABI and cgroup version as a real run reports.
     let r = run(&["--json", "-"], &["true"]);
     let rep = r.report();

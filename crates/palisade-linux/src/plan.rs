@@ -678,7 +678,8 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         scratch_source,
         seccomp: crate::seccomp::program(policy.allow_ptrace),
         rlimits: vec![
-            (libc::RLIMIT_CORE, 0),
+            // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
+            (libc::RLIMIT_CORE, crate::seccomp::CORE_LIMIT),
             // Queued signals are counted per user up the namespace chain (the invoking user's
             // quota too, unprivileged); a sandbox keeps to a small share of it.
             (libc::RLIMIT_SIGPENDING, SIGPENDING),

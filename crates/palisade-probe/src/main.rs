@@ -31,6 +31,9 @@ fn errno_name(e: i32) -> String {
         libc::EFBIG => "EFBIG",
         libc::EMFILE => "EMFILE",
         libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ESOCKTNOSUPPORT => "ESOCKTNOSUPPORT",
+        libc::ENODEV => "ENODEV",
         _ => return format!("errno{e}"),
     };
     n.to_owned()
@@ -307,6 +310,11 @@ fn raw(r: libc::c_long) -> Result<String, i32> {
     }
 }
 
+/// `open_tree_attr` (Linux 6.15) and `lsm_set_self_attr` (6.8): the same number on every
+/// architecture, newer than the `libc` crate's tables.
+const OPEN_TREE_ATTR: libc::c_long = 467;
+const LSM_SET_SELF_ATTR: libc::c_long = 460;
+
 /// Tries the system calls the seccomp filter refuses; one line each. Integer arguments are
 /// passed as `c_long`: `syscall` is variadic, and a 32-bit value would leave the upper half of
 /// the register undefined.
@@ -381,6 +389,42 @@ fn syscalls() {
         line(
             "sys socket-packet",
             raw(libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) as L),
+        );
+        // socketpair runs the family's own socket creation before it finds out that the family
+        // has no pairs: outside, the answer comes from the family's code (EOPNOTSUPP, ENODEV, or
+        // EPERM for a raw socket without CAP_NET_RAW).
+        for (what, family, kind) in [
+            ("netlink", libc::AF_NETLINK, libc::SOCK_RAW),
+            ("packet", libc::AF_PACKET, libc::SOCK_RAW),
+            ("vsock", libc::AF_VSOCK, libc::SOCK_STREAM),
+            ("xdp", libc::AF_XDP, libc::SOCK_RAW),
+            ("unix", libc::AF_UNIX, libc::SOCK_STREAM),
+        ] {
+            let mut pair = [-1 as libc::c_int; 2];
+            line(
+                &format!("sys socketpair-{what}"),
+                raw(libc::socketpair(family, kind, 0, pair.as_mut_ptr()) as L),
+            );
+        }
+        // Without OPEN_TREE_CLONE, a descriptor for the mount at "/" (no privilege needed).
+        line(
+            "sys open_tree_attr",
+            raw(libc::syscall(
+                OPEN_TREE_ATTR,
+                libc::AT_FDCWD as L,
+                c"/".as_ptr(),
+                0 as L,
+                std::ptr::null::<u8>(),
+                0 as L,
+            )),
+        );
+        line(
+            "sys fanotify_init",
+            raw(libc::syscall(
+                libc::SYS_fanotify_init,
+                (libc::FAN_CLASS_NOTIF | libc::FAN_REPORT_FID) as L,
+                libc::O_RDONLY as L,
+            )),
         );
         // Namespace-creating calls run in a throwaway child, so that a success (outside a sandbox)
         // does not change the rest of the probe.
@@ -473,7 +517,8 @@ fn syscalls() {
 /// taken from the filter, so that a call dropped from the filter shows up as `ok` or another errno.
 /// Every argument is -1 (a bad descriptor, pointer, pid and flag word at once), so that outside a
 /// sandbox each call fails harmlessly in the kernel's own checks; inside, the filter answers first.
-/// One line each: `refused NAME: denied EPERM`.
+/// One line each: `refused NAME: denied EPERM`; then `refused-family CALL-FAMILY: denied
+/// EAFNOSUPPORT` for the socket families.
 // `libc`'s ioctl request type differs between targets (u64 with glibc, i32 with musl).
 #[allow(clippy::unnecessary_cast)]
 fn refused() {
@@ -504,6 +549,7 @@ fn refused() {
         ("fspick", libc::SYS_fspick),
         ("move_mount", libc::SYS_move_mount),
         ("open_tree", libc::SYS_open_tree),
+        ("open_tree_attr", OPEN_TREE_ATTR),
         ("mount_setattr", libc::SYS_mount_setattr),
         ("pivot_root", libc::SYS_pivot_root),
         ("chroot", libc::SYS_chroot),
@@ -518,6 +564,8 @@ fn refused() {
         ("syslog", libc::SYS_syslog),
         ("unshare", libc::SYS_unshare),
         ("setns", libc::SYS_setns),
+        ("fanotify_init", libc::SYS_fanotify_init),
+        ("lsm_set_self_attr", LSM_SET_SELF_ATTR),
     ];
     #[cfg(target_arch = "x86_64")]
     calls.extend([
@@ -542,6 +590,93 @@ fn refused() {
         // SAFETY: descriptor -1 is never open; the kernel fails the call with EBADF at the latest.
         let r = unsafe { libc::syscall(libc::SYS_ioctl, -1 as L, cmd as L, -1 as L) };
         line(&format!("refused {name}"), raw(r));
+    }
+    // Socket families the filter refuses, for both calls that create sockets; answered
+    // EAFNOSUPPORT inside. Outside, a type of -1 fails the kernel's flag check (EINVAL) before
+    // any family's code runs.
+    let mut pair = [-1 as libc::c_int; 2];
+    for (family, f) in [
+        ("netlink", libc::AF_NETLINK),
+        ("packet", libc::AF_PACKET),
+        ("vsock", libc::AF_VSOCK),
+        ("xdp", libc::AF_XDP),
+    ] {
+        // SAFETY: socket and socketpair with an invalid type; socketpair's result array is ours.
+        let (s, p) = unsafe {
+            (
+                libc::syscall(libc::SYS_socket, f as L, -1 as L, -1 as L),
+                libc::syscall(
+                    libc::SYS_socketpair,
+                    f as L,
+                    -1 as L,
+                    -1 as L,
+                    pair.as_mut_ptr(),
+                ),
+            )
+        };
+        line(&format!("refused-family socket-{family}"), raw(s));
+        line(&format!("refused-family socketpair-{family}"), raw(p));
+    }
+}
+
+/// Tries every way of lowering this process's `RLIMIT_CORE` to 0 (with 0, a `core_pattern` pipe
+/// helper on the host would receive its memory when it crashes; palisade keeps it at 1), one line
+/// each, then prints the limit it ended with. With `crash NAME`, it then names itself NAME (the
+/// `comm` a core helper sees) and dies of SIGSEGV.
+fn core_limit(crash: bool, name: &str) {
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let mut old = libc::rlimit {
+        rlim_cur: 7,
+        rlim_max: 7,
+    };
+    // SAFETY: setrlimit/prlimit64/getrlimit of this process with pointers to our own structs.
+    unsafe {
+        line(
+            "core-limit setrlimit",
+            raw(libc::setrlimit(libc::RLIMIT_CORE, &zero) as libc::c_long),
+        );
+        line(
+            "core-limit prlimit64",
+            raw(libc::syscall(
+                libc::SYS_prlimit64,
+                0 as libc::c_long,
+                libc::RLIMIT_CORE as libc::c_long,
+                &zero,
+                std::ptr::null::<libc::rlimit>(),
+            )),
+        );
+        line(
+            "core-limit prlimit64-with-old",
+            raw(libc::syscall(
+                libc::SYS_prlimit64,
+                0 as libc::c_long,
+                libc::RLIMIT_CORE as libc::c_long,
+                &zero,
+                &mut old,
+            )),
+        );
+        let mut now = old;
+        let r = libc::getrlimit(libc::RLIMIT_CORE, &mut now);
+        line(
+            "core-limit now",
+            if r == 0 {
+                Ok(format!("soft={} hard={}", now.rlim_cur, now.rlim_max))
+            } else {
+                Err(last())
+            },
+        );
+    }
+    if crash {
+        let name = CString::new(name).unwrap_or_default();
+        // SAFETY: PR_SET_NAME copies at most 16 bytes of our NUL-terminated string; the write
+        // through a null pointer is the crash asked for.
+        unsafe {
+            libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+            std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1);
+        }
     }
 }
 
@@ -676,6 +811,7 @@ fn main() {
             sysv_shm(a(1).parse().unwrap_or(0)),
         ),
         "setuid" => setuid(a(1)),
+        "core-limit" => core_limit(a(1) == "crash", a(2)),
         "syscall-loop" => line(
             "syscall-loop",
             syscall_loop(a(1).parse().unwrap_or(1_000_000)),
@@ -697,7 +833,7 @@ fn main() {
             );
         }
         other => {
-            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls setuid sysv-shm burn syscall-loop linger exit segv whoami");
+            eprintln!("palisade-probe: unknown probe `{other}`; one of: read write env caps pids fds kill unshare-user tiocsti isatty connect daemon forks fill alloc syscalls refused setuid core-limit sysv-shm burn syscall-loop linger exit segv whoami");
             std::process::exit(2);
         }
     }

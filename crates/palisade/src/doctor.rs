@@ -150,6 +150,10 @@ pub fn run_checks(cgroup_root: &Path) -> Vec<Check> {
         )
     });
 
+    // Core dumps: what the kernel does with a crash inside.
+    let pattern = sysctl("kernel/core_pattern").unwrap_or_default();
+    v.push(core_dumps(&pattern, (maj, min)));
+
     // cgroups, detected exactly as a run detects them (and without creating a run cgroup).
     v.push(match palisade_cgroup::detect(cgroup_root, palisade_linux::host::cgroup_uid()) {
         Result::Ok(m) => check(
@@ -225,7 +229,65 @@ pub fn run_checks(cgroup_root: &Path) -> Vec<Check> {
     v
 }
 
+/// The `core-dumps` row, from `kernel.core_pattern` and the kernel's version. Every payload runs
+/// with `RLIMIT_CORE` pinned at 1 (`palisade_linux::seccomp::CORE_LIMIT`): no core file, and no
+/// pipe helper, which the kernel skips at exactly 1. A core-dump socket (`@`, Linux 6.16+) ignores
+/// the limit: the server behind it receives every crash of the host, a sandbox's included.
+fn core_dumps(pattern: &str, kernel: (u32, u32)) -> Check {
+    let socket = pattern.starts_with('@') && kernel >= (6, 16);
+    if socket {
+        check(
+            "core-dumps",
+            Verdict::Warn,
+            format!(
+                "kernel.core_pattern = {pattern:?} sends every crash to a core-dump socket: the kernel connects to it from a crashing process inside a sandbox too, whatever its RLIMIT_CORE, and the server on the host receives that process's memory"
+            ),
+            Some("a file pattern (sysctl -w kernel.core_pattern=core), or a core-dump server that rejects crashes from user namespaces other than the host's (it gets the crashing process's pidfd to check)"),
+        )
+    } else if pattern.starts_with('|') {
+        check(
+            "core-dumps",
+            Verdict::Ok,
+            format!(
+                "kernel.core_pattern = {pattern:?} pipes crashes to a helper that the kernel starts as root on the host with the crashing process's memory; a sandbox never reaches it: RLIMIT_CORE is pinned at {}, the one value at which the kernel starts no helper",
+                palisade_linux::seccomp::CORE_LIMIT
+            ),
+            None,
+        )
+    } else {
+        check(
+            "core-dumps",
+            Verdict::Ok,
+            format!(
+                "kernel.core_pattern = {pattern:?} names core files; a sandbox writes none: RLIMIT_CORE is pinned at {} byte, below the smallest core file",
+                palisade_linux::seccomp::CORE_LIMIT
+            ),
+            None,
+        )
+    }
+}
+
 /// True when nothing failed.
 pub fn healthy(checks: &[Check]) -> bool {
     checks.iter().all(|c| c.verdict != Verdict::Fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_dump_patterns() {
+        let file = core_dumps("core", (6, 18));
+        assert_eq!((file.verdict, file.fix), (Verdict::Ok, None));
+        assert!(file.detail.contains("names core files"), "{}", file.detail);
+        let pipe = core_dumps("|/usr/share/apport/apport -p%p -s%s -c%c", (6, 18));
+        assert_eq!((pipe.verdict, pipe.fix), (Verdict::Ok, None));
+        assert!(pipe.detail.contains("never reaches it"), "{}", pipe.detail);
+        let socket = core_dumps("@/run/systemd/coredump", (6, 16));
+        assert_eq!(socket.verdict, Verdict::Warn);
+        assert!(socket.fix.unwrap().contains("kernel.core_pattern=core"));
+        // Before 6.16, `@` is the first letter of a file name.
+        assert_eq!(core_dumps("@/run/x", (6, 15)).verdict, Verdict::Ok);
+    }
 }

@@ -630,7 +630,10 @@ fn layers(ids: Option<Ids>, landlock: Option<&LandlockState>) -> Vec<Layer> {
         "output-limit",
         "the supervisor stops relaying and kills the sandbox at the cap".into(),
     ));
-    v.push(on("core-dumps", "off (RLIMIT_CORE 0)".into()));
+    v.push(on(
+        "core-dumps",
+        "off: RLIMIT_CORE held at 1 by seccomp (no core file, no core_pattern pipe helper)".into(),
+    ));
     v.push(on(
         "process-ceiling",
         "RLIMIT_NPROC, counted per user namespace".into(),
