@@ -247,25 +247,7 @@ impl Sandbox {
         }
         // The sandbox is gone (init's end kills every process in it): whatever appeared at a
         // protected path that did not exist at the start is moved aside, never left to run later.
-        let mut blocked = Vec::new();
-        if let Some(dir) = &protection.scratch {
-            for w in &protection.watched {
-                match palisade_linux::host::disarm(dir, w) {
-                    Ok(None) => {}
-                    Ok(Some(to)) => blocked.push(crate::report::Blocked {
-                        path: w.clone(),
-                        moved_to: Some(to),
-                        error: None,
-                    }),
-                    Err(e) => blocked.push(crate::report::Blocked {
-                        path: w.clone(),
-                        moved_to: None,
-                        error: Some(e.to_string()),
-                    }),
-                }
-            }
-        }
-        report.set_protected(&protection, blocked);
+        report.set_protected(&protection, palisade_linux::host::disarm_all(&protection));
         report
     }
 
