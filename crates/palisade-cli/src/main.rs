@@ -87,7 +87,14 @@ struct RunArgs {
     #[arg(long = "unprotect", value_name = "PATH")]
     unprotect: Vec<String>,
     /// Host directory mounted read-write at /workspace (the working directory and $HOME).
-    /// Default: a fresh tmpfs that vanishes with the run.
+    /// Default: a fresh tmpfs that vanishes with the run. With a real project the code changes
+    /// the project itself, and what it leaves there runs later on the host, outside any sandbox:
+    /// the source and build files when someone runs them, and files that host tools load or run
+    /// without asking (git config and hooks, shell and editor settings, a virtual environment).
+    /// Protected paths keep the known places of the second kind read-only, or move what the code
+    /// created there aside after the run; no list names them all. Review what changed before
+    /// using it. A copy-on-write workspace (--workspace, planned) will be the recommended way to
+    /// give code a project.
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
     /// Use a host temporary directory as scratch and keep it after the run (its path is reported).
