@@ -78,8 +78,8 @@ struct RunArgs {
     #[arg(long = "profile", value_name = "NAME")]
     profile: Vec<String>,
     /// Keep PATH (relative to a host --scratch directory) read-only inside, on top of the
-    /// protected defaults (.git/hooks, .git/config, shell rc files, editor and agent settings).
-    /// Repeatable.
+    /// protected defaults (all of .git, shell and login files, .ssh, editor, agent, Python and Node
+    /// settings: `palisade policy show` lists them). Repeatable.
     #[arg(long = "protect", value_name = "PATH")]
     protect: Vec<String>,
     /// Make a protected path writable again (repeatable). It reopens a way for code to act after
@@ -87,7 +87,14 @@ struct RunArgs {
     #[arg(long = "unprotect", value_name = "PATH")]
     unprotect: Vec<String>,
     /// Host directory mounted read-write at /workspace (the working directory and $HOME).
-    /// Default: a fresh tmpfs that vanishes with the run.
+    /// Default: a fresh tmpfs that vanishes with the run. With a real project the code changes
+    /// the project itself, and what it leaves there runs later on the host, outside any sandbox:
+    /// the source and build files when someone runs them, and files that host tools load or run
+    /// without asking (git config and hooks, shell and editor settings, a virtual environment).
+    /// Protected paths keep the known places of the second kind read-only, or move what the code
+    /// created there aside after the run; no list names them all. Review what changed before
+    /// using it. A copy-on-write workspace (--workspace, planned) will be the recommended way to
+    /// give code a project.
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
     /// Use a host temporary directory as scratch and keep it after the run (its path is reported).
@@ -652,7 +659,7 @@ impl ReportTarget {
                 );
             }
         }
-        let dir = palisade::term::open_dir(&canon)
+        let dir = palisade::term::open_directory(&canon)
             .with_context(|| format!("--json {p}: cannot open {}", canon.display()))?;
         Ok(ReportTarget::File {
             dir,
@@ -663,7 +670,12 @@ impl ReportTarget {
 }
 
 fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
-    if !a.quiet || report.status == palisade::Status::SandboxError {
+    if !a.quiet
+        || matches!(
+            report.status,
+            palisade::Status::SandboxError | palisade::Status::ProtectionFailed
+        )
+    {
         eprintln!("{}", report.summary());
     } else {
         // Even when quiet: something the code left to run later was found and moved aside.

@@ -36,72 +36,174 @@ fn project() -> TempDir {
     d
 }
 
-#[test]
-fn protected_paths_cannot_be_written_moved_or_replaced() {
-    let d = project();
-    let attack = r#"
+/// Writes, appends, removes, renames and redirects aimed at the repository, each reported as
+/// DONE or refused.
+const GIT_ATTACK: &str = r#"
 try() { if sh -c "$1" 2>/dev/null; then echo "$2: DONE"; else echo "$2: refused"; fi; }
 try 'echo evil > .git/hooks/pre-commit' hook-write
 try 'printf "[core]\n\tfsmonitor = evil\n" >> .git/config' config-append
 try 'rm -f .git/config' config-remove
 try 'mv .git/config .git/config.old' config-rename
 try 'mv .git/hooks .git/hooks.old' hooks-rename
+try 'echo ok > .git/objects/new' objects-write
 try 'mv .git .git-old' git-rename
 try 'rm -rf .git' git-remove
+try 'echo ../.cache/g > .git/commondir' commondir-write
+try 'printf "[core]\n\tfsmonitor = evil\n" > .git/config.worktree' worktree-config-write
 try 'echo ok >> README' readme-write
-try 'echo ok > .git/objects/new' objects-write
 "#;
-    let scratch = d.s();
-    let r = run(
-        &["--json", "-", "--scratch", &scratch],
-        &["/bin/sh", "-c", attack],
-    );
-    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-    for refused in [
-        "hook-write",
-        "config-append",
-        "config-remove",
-        "config-rename",
-        "hooks-rename",
-        "git-rename",
-        "git-remove",
-    ] {
+
+fn assert_refused(r: &Run, names: &[&str]) {
+    for refused in names {
         assert!(
             r.stdout.contains(&format!("{refused}: refused")),
             "{refused}\n{}",
             r.stdout
         );
     }
-    // Control: the rest of the project, .git's other contents included, stays writable.
+}
+
+/// By default the whole of `.git` is read-only: its config, hooks, `commondir` and
+/// `config.worktree` (through which git would take its config and hooks from a directory the code
+/// wrote) cannot be written, and `.git` cannot be moved or removed; the rest of the project can.
+#[test]
+fn protected_paths_cannot_be_written_moved_or_replaced() {
+    let d = project();
+    let scratch = d.s();
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", GIT_ATTACK],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_refused(
+        &r,
+        &[
+            "hook-write",
+            "config-append",
+            "config-remove",
+            "config-rename",
+            "hooks-rename",
+            "git-rename",
+            "git-remove",
+            "commondir-write",
+            "worktree-config-write",
+            "objects-write",
+        ],
+    );
+    // Control: the rest of the project stays writable.
     assert!(r.stdout.contains("readme-write: DONE"), "{}", r.stdout);
     assert_eq!(
         std::fs::read_to_string(d.path().join(".git/config")).unwrap(),
         "[core]\n\tbare = false\n"
     );
     assert!(!d.path().join(".git/hooks/pre-commit").exists());
+    assert!(!d.path().join(".git/commondir").exists());
     assert_eq!(
         std::fs::read_to_string(d.path().join("README")).unwrap(),
         "hello\nok\n"
     );
     let j = r.report();
     let p = &j["protected"];
+    assert_eq!(p["read_only"], serde_json::json!([".git"]));
+    assert_eq!(p["pinned"], serde_json::json!([]));
+    assert_eq!(p["blocked"], serde_json::json!([]));
+
+    // `--unprotect .git` lets code commit; the repository's config, hooks and redirects stay
+    // protected: existing ones read-only, the others moved aside after the run.
+    let r = run(
+        &["--json", "-", "--scratch", &scratch, "--unprotect", ".git"],
+        &["/bin/sh", "-c", GIT_ATTACK],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_refused(
+        &r,
+        &[
+            "hook-write",
+            "config-append",
+            "config-remove",
+            "config-rename",
+            "hooks-rename",
+            "git-rename",
+            "git-remove",
+        ],
+    );
+    for done in ["objects-write", "commondir-write", "worktree-config-write"] {
+        assert!(
+            r.stdout.contains(&format!("{done}: DONE")),
+            "{done}\n{}",
+            r.stdout
+        );
+    }
+    let j = r.report();
+    let p = &j["protected"];
     assert_eq!(
         p["read_only"],
-        serde_json::json!([".git/hooks", ".git/config"])
+        serde_json::json!([".git/config", ".git/hooks"])
     );
     assert_eq!(p["pinned"], serde_json::json!([".git"]));
-    assert_eq!(p["blocked"], serde_json::json!([]));
+    let blocked = blocked(&j);
+    assert_eq!(
+        blocked.iter().map(|b| b.0.as_str()).collect::<Vec<_>>(),
+        [".git/config.worktree", ".git/commondir"]
+    );
+    for (path, to) in &blocked {
+        assert!(!d.path().join(path).exists(), "{path} is still in place");
+        assert!(d.path().join(to).is_file(), "{to}");
+    }
+}
+
+/// `(path, moved_to)` of each entry of the report's `protected.blocked`; a path that could not be
+/// moved fails the test.
+fn blocked(report: &serde_json::Value) -> Vec<(String, String)> {
+    report["protected"]["blocked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["path"].as_str().unwrap().to_owned(),
+                b["moved_to"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("not moved: {b}"))
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The one directory palisade made for what it moved aside: `.palisade-blocked-XXXXXXXX` at the
+/// root of `scratch`, mode 0700; every `moved_to` is in it.
+fn blocked_dir(scratch: &std::path::Path, moved: &[(String, String)]) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs: Vec<String> = std::fs::read_dir(scratch)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".palisade-blocked-"))
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let dir = dirs[0].clone();
+    assert_eq!(dir.len(), ".palisade-blocked-".len() + 8, "{dir}");
+    let meta = std::fs::symlink_metadata(scratch.join(&dir)).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o700, "{dir}");
+    for (_, to) in moved {
+        assert!(to.starts_with(&format!("{dir}/")), "{to}");
+    }
+    dir
 }
 
 /// A protected path that does not exist cannot be covered by a mount, so the code can create it;
-/// after the run it is moved aside, reported, and announced on stderr even with `-q`. A symlink
-/// the code leaves where a directory would be is what gets moved, never followed.
+/// after the run it is moved into palisade's own directory, reported, and announced on stderr even
+/// with `-q`. A symlink the code leaves where a directory would be is what gets moved, never
+/// followed; of a missing directory on the way (`.config` here) the whole goes.
 #[test]
 fn protected_paths_created_inside_are_moved_aside_after_the_run() {
     let d = TempDir::new("created");
     std::fs::create_dir(d.path().join("elsewhere")).unwrap();
+    std::fs::create_dir_all(d.path().join(".local/share")).unwrap();
     let script = "echo 'rm -rf ~' > .envrc; mkdir -p .claude && echo '{}' > .claude/settings.json; \
-                  mkdir -p .config/pip .config/fish && echo evil > .config/fish/config.fish && echo ok > .config/pip/pip.conf; \
+                  mkdir -p .config/fish && echo evil > .config/fish/config.fish; \
+                  mkdir -p .local/bin .local/share/app && echo evil > .local/bin/ls && echo ok > .local/share/app/data; \
                   mkdir -p elsewhere/hooks && ln -s elsewhere .cursor; echo made";
     let scratch = d.s();
     let r = run(
@@ -110,63 +212,71 @@ fn protected_paths_created_inside_are_moved_aside_after_the_run() {
     );
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("made"), "{}", r.stdout);
-    let moved: Vec<(String, String)> = r.report()["protected"]["blocked"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| {
-            (
-                b["path"].as_str().unwrap().to_owned(),
-                b["moved_to"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    let want = |p: &str, to: &str| (p.to_owned(), to.to_owned());
+    let moved = blocked(&r.report());
+    let dir = blocked_dir(d.path(), &moved);
+    let want = |p: &str, to: &str| (p.to_owned(), format!("{dir}/{to}"));
     assert_eq!(
         moved,
         vec![
-            want(".envrc", ".envrc.palisade-blocked"),
-            want(".config/fish", ".config/fish.palisade-blocked"),
-            want(".claude", ".claude.palisade-blocked"),
-            want(".cursor", ".cursor.palisade-blocked"),
+            want(".config", ".config.blocked"),
+            want(".envrc", ".envrc.blocked"),
+            want(".local/bin", ".local%2Fbin.blocked"),
+            want(".claude", ".claude.blocked"),
+            want(".cursor", ".cursor.blocked"),
         ]
     );
     let host = d.path();
-    assert!(!host.join(".envrc").exists() && host.join(".envrc.palisade-blocked").exists());
-    assert!(!host.join(".claude").exists());
+    assert!(!host.join(".envrc").exists());
+    assert_eq!(
+        std::fs::read_to_string(host.join(&dir).join(".envrc.blocked")).unwrap(),
+        "rm -rf ~\n"
+    );
+    assert!(!host.join(".claude").exists() && !host.join(".config").exists());
+    assert!(!host.join(".local/bin").exists());
     assert!(
-        host.join(".config/pip/pip.conf").exists(),
-        "only the protected part moves"
+        host.join(".local/share/app/data").exists(),
+        "only the protected part of an existing directory moves"
     );
     assert!(host
-        .join(".config/fish.palisade-blocked/config.fish")
+        .join(&dir)
+        .join(".config.blocked/fish/config.fish")
         .exists());
     // The symlink itself moved; what it pointed to is untouched.
     assert!(
-        std::fs::symlink_metadata(host.join(".cursor.palisade-blocked"))
+        std::fs::symlink_metadata(host.join(&dir).join(".cursor.blocked"))
             .unwrap()
             .file_type()
             .is_symlink()
     );
     assert!(host.join("elsewhere/hooks").is_dir());
     assert!(
-        r.stderr.contains(
-            "protected path .envrc was created inside: moved to .envrc.palisade-blocked\n"
-        ),
+        r.stderr.contains(&format!(
+            "protected path .envrc was created inside: moved to {dir}/.envrc.blocked\n"
+        )),
         "{}",
         r.stderr
     );
-    // A second run never replaces what the first moved aside.
+    // A second run gets a directory of its own: nothing is ever replaced.
     let r = run(
         &["--scratch", &scratch],
         &["/bin/sh", "-c", "echo again > .envrc"],
     );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let second = r
+        .stderr
+        .strip_prefix("palisade: protected path .envrc was created inside: moved to ")
+        .unwrap_or_else(|| panic!("{}", r.stderr))
+        .trim_end()
+        .to_owned();
     assert!(
-        r.stderr.contains(
-            "protected path .envrc was created inside: moved to .envrc.palisade-blocked-2"
-        ),
-        "{}",
-        r.stderr
+        second.starts_with(".palisade-blocked-")
+            && second.ends_with("/.envrc.blocked")
+            && !second.starts_with(&dir),
+        "{second}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.join(&dir).join(".envrc.blocked")).unwrap(),
+        "rm -rf ~\n"
     );
 }
 
@@ -175,13 +285,21 @@ fn unprotect_and_protect_change_the_list_and_nothing_else() {
     let d = project();
     std::fs::write(d.path().join("Makefile"), "all:\n").unwrap();
     let scratch = d.s();
-    let script = "echo '[user]' >> .git/config && echo config-ok; \
+    let script = "echo '[user]' >> .git/config && echo config-ok || echo config-refused; \
                   echo evil > .git/hooks/post-checkout || echo hook-refused; \
                   echo x >> Makefile || echo makefile-refused";
+    // `.git/config` is inside the protected `.git`: unprotecting it alone changes nothing.
+    let r = run(
+        &["--scratch", &scratch, "--unprotect", ".git/config"],
+        &["/bin/sh", "-c", script],
+    );
+    assert!(r.stdout.contains("config-refused"), "{}", r.stdout);
     let r = run(
         &[
             "--scratch",
             &scratch,
+            "--unprotect",
+            ".git",
             "--unprotect",
             ".git/config",
             "--protect",
@@ -412,4 +530,466 @@ fs.promises.readFile(\"n.txt\", \"utf8\").then(d => console.log(\"node-ok\", s, 
         "{}",
         r.stderr
     );
+}
+
+/// `git` on the host after the run, as the test's user (the owner of the scratch directory), with
+/// `HOME` at `home` and no system config: what the user does next in the project.
+fn host_git(
+    dir: &std::path::Path,
+    home: &std::path::Path,
+    path: Option<&str>,
+    args: &[&str],
+) -> Run {
+    let sys_path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env_clear()
+        .env(
+            "PATH",
+            path.map_or(sys_path.clone(), |p| format!("{p}:{sys_path}")),
+        )
+        .env("HOME", home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.org")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.org")
+        .stdin(Stdio::null())
+        .output()
+        .expect("git could not be started")
+        .into()
+}
+
+/// A git repository with one commit in a fresh directory, made with `host_git`.
+fn repo(tag: &str, home: &TempDir) -> TempDir {
+    require("git");
+    let d = TempDir::new(tag);
+    std::fs::write(d.path().join("README"), "hello\n").unwrap();
+    for args in [
+        &["init", "-q"][..],
+        &["add", "README"],
+        &["commit", "-qm", "init"],
+    ] {
+        let r = host_git(d.path(), home.path(), None, args);
+        assert_eq!(r.code, 0, "git {args:?}: {}", r.stderr);
+    }
+    d
+}
+
+/// What each planted command does when it runs on the host: says so, and leaves `pwned` in the
+/// directory it runs in.
+const PLANTED: &str = "echo PWNED >&2; touch pwned; false";
+
+/// The host's `git` ran none of the planted commands: `r` says nothing of it and none of `dirs`
+/// holds a `pwned` file.
+fn assert_not_run(r: &Run, dirs: &[&std::path::Path]) {
+    assert!(
+        !r.stderr.contains("PWNED") && !r.stdout.contains("PWNED"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    for d in dirs {
+        assert!(
+            !d.join("pwned").exists(),
+            "a planted command ran in {}",
+            d.display()
+        );
+    }
+}
+
+/// F1 of the 2026-12-03 audit: `.git/commondir` (or `config.worktree`) pointed at a config the
+/// code wrote, with a `core.fsmonitor` that the host's next `git status` runs. Refused with the
+/// default list (`.git` read-only); with `--unprotect .git` the created redirects are moved aside.
+#[test]
+fn a_commondir_redirect_never_reaches_the_hosts_git() {
+    let home = TempDir::new("home");
+    let attack = format!(
+        "mkdir -p .cache/g && cp -r .git/objects .git/refs .git/HEAD .cache/g/ && \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = \"{PLANTED}\"\\n' > .cache/g/config; \
+         echo ../.cache/g > .git/commondir && echo commondir-written; \
+         printf '[extensions]\\n\\tworktreeConfig = true\\n' >> .git/config && \
+         printf '[core]\\n\\tfsmonitor = \"{PLANTED}\"\\n' > .git/config.worktree && echo worktree-written; true"
+    );
+    for unprotect in [&[][..], &["--unprotect", ".git"]] {
+        let d = repo("commondir", &home);
+        let scratch = d.s();
+        let mut opts = vec!["--json", "-", "--scratch", &scratch];
+        opts.extend_from_slice(unprotect);
+        let r = run(&opts, &["/bin/sh", "-c", &attack]);
+        assert_eq!(r.code, 0, "{unprotect:?}: {}\n{}", r.stdout, r.stderr);
+        let g = host_git(d.path(), home.path(), None, &["status", "--short"]);
+        assert_eq!(g.code, 0, "{}", g.stderr);
+        assert_not_run(&g, &[d.path()]);
+        let j = r.report();
+        if unprotect.is_empty() {
+            assert!(!r.stdout.contains("commondir-written"), "{}", r.stdout);
+            assert_eq!(j["protected"]["read_only"], serde_json::json!([".git"]));
+        } else {
+            assert!(r.stdout.contains("commondir-written"), "{}", r.stdout);
+            let paths: Vec<String> = blocked(&j).into_iter().map(|b| b.0).collect();
+            assert_eq!(paths, [".git/commondir"], "{unprotect:?}");
+        }
+    }
+}
+
+/// A hook directory named by the repository's `core.hooksPath` is protected as `.git/hooks` is:
+/// read-only where it exists, moved aside after the run where the code created it; the report
+/// says where it was named. The host's next commit runs no hook of the code's.
+#[test]
+fn a_core_hookspath_directory_is_protected() {
+    let home = TempDir::new("home");
+    let attack = format!(
+        "if [ -e .githooks/keep ]; then mv .githooks .githooks.old 2>/dev/null && echo hooks-moved && \
+         mv .githooks.old .githooks; fi; \
+         mkdir -p .githooks; printf '#!/bin/sh\\n{PLANTED}\\n' > .githooks/pre-commit && \
+         chmod 755 .githooks/pre-commit && echo hook-written; true"
+    );
+    for exists in [true, false] {
+        let d = repo("hookspath", &home);
+        let r = host_git(
+            d.path(),
+            home.path(),
+            None,
+            &["config", "core.hooksPath", ".githooks"],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        if exists {
+            std::fs::create_dir(d.path().join(".githooks")).unwrap();
+            std::fs::write(d.path().join(".githooks/keep"), "").unwrap();
+        }
+        let scratch = d.s();
+        let r = run(
+            &["--json", "-", "--scratch", &scratch],
+            &["/bin/sh", "-c", &attack],
+        );
+        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+        let g = host_git(
+            d.path(),
+            home.path(),
+            None,
+            &["commit", "--allow-empty", "-qm", "next"],
+        );
+        assert_eq!(g.code, 0, "{}", g.stderr);
+        assert_not_run(&g, &[d.path()]);
+        let j = r.report();
+        assert_eq!(
+            j["protected"]["derived"],
+            serde_json::json!([{"path": ".githooks", "from": "core.hooksPath in `.git/config`"}])
+        );
+        if exists {
+            assert!(!r.stdout.contains("hook-written"), "{}", r.stdout);
+            assert!(!r.stdout.contains("hooks-moved"), "{}", r.stdout);
+            assert_eq!(
+                j["protected"]["read_only"],
+                serde_json::json!([".git", ".githooks"])
+            );
+        } else {
+            assert!(r.stdout.contains("hook-written"), "{}", r.stdout);
+            let paths: Vec<String> = blocked(&j).into_iter().map(|b| b.0).collect();
+            assert_eq!(paths, [".githooks"]);
+        }
+    }
+}
+
+/// A scratch directory inside a repository, without a `.git` of its own: the code makes one
+/// (`HEAD`, and a `commondir` to a config of its own), which the host's `git` would take for the
+/// directory's repository. The `.git` it made is watched and moved aside as a whole.
+#[test]
+fn a_new_git_in_a_scratch_inside_a_repository_is_moved_aside() {
+    let home = TempDir::new("home");
+    let outer = repo("outer", &home);
+    let sub = outer.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let attack = format!(
+        "mkdir -p .git .cache/gc/objects .cache/gc/refs && echo 'ref: refs/heads/main' > .git/HEAD && \
+         echo ../.cache/gc > .git/commondir && \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = \"{PLANTED}\"\\n' > .cache/gc/config && echo made"
+    );
+    let scratch = sub.display().to_string();
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", &attack],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("made"), "{}", r.stdout);
+    let g = host_git(&sub, home.path(), None, &["status", "--short"]);
+    assert_eq!(g.code, 0, "{}", g.stderr);
+    assert_not_run(&g, &[&sub, outer.path()]);
+    assert!(!sub.join(".git").exists());
+    let moved = blocked(&r.report());
+    let dir = blocked_dir(&sub, &moved);
+    assert_eq!(moved, [(".git".to_owned(), format!("{dir}/.git.blocked"))]);
+}
+
+/// A scratch directory that is a home directory (as `.bashrc` on the list assumes it may be):
+/// git's user config, which every repository reads, is protected.
+#[test]
+fn a_gitconfig_in_a_home_like_scratch_is_moved_aside() {
+    let home_scratch = TempDir::new("homescratch");
+    std::fs::create_dir_all(home_scratch.path().join(".config")).unwrap();
+    let attack = format!(
+        "printf '[core]\\n\\tfsmonitor = \"{PLANTED}\"\\n' > .gitconfig; \
+         mkdir -p .config/git && cp .gitconfig .config/git/config && echo made"
+    );
+    let scratch = home_scratch.s();
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", &attack],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("made"), "{}", r.stdout);
+    // Any repository, with this directory as HOME.
+    let other = repo("other", &TempDir::new("home"));
+    let g = host_git(
+        other.path(),
+        home_scratch.path(),
+        None,
+        &["status", "--short"],
+    );
+    assert_eq!(g.code, 0, "{}", g.stderr);
+    assert_not_run(&g, &[other.path()]);
+    let moved = blocked(&r.report());
+    let paths: Vec<&str> = moved.iter().map(|m| m.0.as_str()).collect();
+    assert_eq!(paths, [".gitconfig", ".config/git"]);
+}
+
+/// A home-like scratch again: the places a login or the desktop starts programs from, and a key
+/// that lets someone in. A `git` in `.local/bin` would shadow the host's.
+#[test]
+fn login_places_in_a_home_like_scratch_are_moved_aside() {
+    let home_scratch = TempDir::new("homescratch");
+    for d in [".config", ".local/share"] {
+        std::fs::create_dir_all(home_scratch.path().join(d)).unwrap();
+    }
+    let attack = format!(
+        "mkdir -p .ssh .config/systemd/user .config/autostart .local/bin && \
+         echo 'ssh-ed25519 AAAA attacker' > .ssh/authorized_keys && \
+         printf '[Service]\\nExecStart=/bin/sh -c \"{PLANTED}\"\\n' > .config/systemd/user/evil.service && \
+         printf '[Desktop Entry]\\nExec=/bin/sh -c \"{PLANTED}\"\\n' > .config/autostart/evil.desktop && \
+         printf '#!/bin/sh\\n{PLANTED}\\n' > .local/bin/git && chmod 755 .local/bin/git && echo made"
+    );
+    let scratch = home_scratch.s();
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", &attack],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("made"), "{}", r.stdout);
+    let other = repo("other", &TempDir::new("home"));
+    let bin = home_scratch.path().join(".local/bin").display().to_string();
+    let g = host_git(
+        other.path(),
+        home_scratch.path(),
+        Some(&bin),
+        &["status", "--short"],
+    );
+    assert_eq!(g.code, 0, "{}", g.stderr);
+    assert_not_run(&g, &[other.path(), home_scratch.path()]);
+    for p in [
+        ".ssh/authorized_keys",
+        ".config/systemd/user/evil.service",
+        ".config/autostart/evil.desktop",
+        ".local/bin/git",
+    ] {
+        assert!(
+            !home_scratch.path().join(p).exists(),
+            "{p} is still in place"
+        );
+    }
+    let moved = blocked(&r.report());
+    let paths: Vec<&str> = moved.iter().map(|m| m.0.as_str()).collect();
+    assert_eq!(
+        paths,
+        [".ssh", ".config/systemd", ".config/autostart", ".local/bin"]
+    );
+}
+
+/// F2 of the audit, as root did it: every `NAME.palisade-blocked-N` name taken beforehand. The
+/// path goes into palisade's own directory all the same, and the names the code made stay.
+#[test]
+fn a_created_protected_path_is_moved_even_with_every_old_name_taken() {
+    let d = TempDir::new("names");
+    let scratch = d.s();
+    let script = "echo 'echo PWNED' > .envrc; : > .envrc.palisade-blocked; \
+                  i=2; while [ $i -le 999 ]; do : > .envrc.palisade-blocked-$i; i=$((i+1)); done; echo made";
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", script],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("made"), "{}", r.stdout);
+    assert!(!d.path().join(".envrc").exists(), "{}", r.stderr);
+    let moved = blocked(&r.report());
+    let dir = blocked_dir(d.path(), &moved);
+    assert_eq!(
+        moved,
+        [(".envrc".to_owned(), format!("{dir}/.envrc.blocked"))]
+    );
+    let taken = std::fs::read_dir(d.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".envrc.palisade-blocked")
+        })
+        .count();
+    assert_eq!(taken, 999);
+}
+
+/// F2 of the audit, as an unprivileged supervisor met it: the code makes the directories on the
+/// way unwritable or unsearchable (it owns them, as the supervisor's user does). The supervisor
+/// gets through, moves the paths aside, and puts the modes back as the code left them.
+#[test]
+fn a_created_protected_path_is_moved_even_when_its_directories_are_locked() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = TempDir::new("locked");
+    std::fs::create_dir(d.path().join(".config")).unwrap();
+    let scratch = d.s();
+    let script =
+        "mkdir -p .git/hooks && printf '#!/bin/sh\\necho PWNED\\n' > .git/hooks/post-checkout && \
+                  chmod 755 .git/hooks/post-checkout && echo 'echo PWNED' > .envrc && \
+                  mkdir .config/fish && echo evil > .config/fish/config.fish && \
+                  chmod 555 .git /workspace && chmod 000 .config && echo locked";
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", script],
+    );
+    let mode = |p: &str| {
+        std::fs::symlink_metadata(d.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let (root_mode, config_mode) = (mode(""), mode(".config"));
+    // Unlocked for the checks and for the clean-up.
+    for p in ["", ".config"] {
+        std::fs::set_permissions(d.path().join(p), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("locked"), "{}", r.stdout);
+    assert_eq!((root_mode, config_mode), (0o555, 0o000));
+    for p in [".git", ".envrc", ".config/fish"] {
+        assert!(
+            !d.path().join(p).exists(),
+            "{p} is still in place: {}",
+            r.stderr
+        );
+    }
+    let moved = blocked(&r.report());
+    let dir = blocked_dir(d.path(), &moved);
+    assert_eq!(
+        moved,
+        [
+            (".git".to_owned(), format!("{dir}/.git.blocked")),
+            (".envrc".to_owned(), format!("{dir}/.envrc.blocked")),
+            (
+                ".config/fish".to_owned(),
+                format!("{dir}/.config%2Ffish.blocked")
+            ),
+        ]
+    );
+    assert!(d
+        .path()
+        .join(&dir)
+        .join(".git.blocked/hooks/post-checkout")
+        .is_file());
+}
+
+/// A created protected path that cannot be moved at all (here the host makes its directory
+/// immutable while the run lasts, which needs root) fails the run: status `protection-failed`,
+/// exit 125, the report says what is still in place, whatever the program's own result.
+#[test]
+fn a_protected_path_that_cannot_be_moved_fails_the_run() {
+    if euid() != 0 {
+        eprintln!("root only: making a directory immutable (chattr +i) needs root; report::tests covers the status unprivileged");
+        return;
+    }
+    require("chattr");
+    let d = TempDir::new("immutable");
+    std::fs::create_dir(d.path().join(".config")).unwrap();
+    let scratch = d.s();
+    let script = "mkdir .config/fish && echo evil > .config/fish/config.fish && \
+                  while [ ! -e go ]; do sleep 0.05; done; echo done";
+    let mut child = command(
+        &["--json", "-", "--scratch", &scratch, "--timeout", "5m"],
+        &["/bin/sh", "-c", script],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // No deadline of the test's own: the payload waits for `go`, and palisade's timeout bounds
+    // the run. If palisade ends first, the assertions below say why.
+    while !d.path().join(".config/fish/config.fish").exists() && child.try_wait().unwrap().is_none()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let chattr = |flag: &str| {
+        let s = Command::new("chattr")
+            .arg(flag)
+            .arg(d.path().join(".config"))
+            .status()
+            .unwrap();
+        assert!(s.success(), "chattr {flag}");
+    };
+    chattr("+i");
+    std::fs::write(d.path().join("go"), "").unwrap();
+    let r: Run = child.wait_with_output().unwrap().into();
+    chattr("-i");
+    assert_eq!(r.code, 125, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("done"), "{}", r.stdout);
+    let j = r.report();
+    assert_eq!(j["status"], "protection-failed");
+    assert_eq!(j["exit_code"], 0);
+    let b = &j["protected"]["blocked"][0];
+    assert_eq!(b["path"], ".config/fish");
+    assert_eq!(b["moved_to"], serde_json::Value::Null);
+    assert!(
+        b["error"]
+            .as_str()
+            .unwrap()
+            .contains("Operation not permitted"),
+        "{b}"
+    );
+    assert!(
+        j["error"].as_str().unwrap().contains(".config/fish"),
+        "{}",
+        j["error"]
+    );
+    assert!(r.stderr.contains("NOT moved"), "{}", r.stderr);
+}
+
+/// Ordinary work in a protected project: builds write their output (`target/`, `node_modules/`,
+/// `__pycache__`), git reads the repository, and nothing is blocked.
+#[test]
+fn ordinary_builds_in_a_protected_project_block_nothing() {
+    for t in ["python3", "node", "cc", "git"] {
+        require(t);
+    }
+    let home = TempDir::new("home");
+    let d = repo("builds", &home);
+    std::fs::write(d.path().join("m.py"), "X = 1\n").unwrap();
+    let script = "python3 -c 'import m; print(\"py\", m.X)' && \
+                  node -e 'const fs = require(\"fs\"); fs.mkdirSync(\"node_modules/x\", {recursive: true}); fs.writeFileSync(\"node_modules/x/index.js\", \"1\"); console.log(\"node\")' && \
+                  mkdir -p target && printf 'int main(void){return 0;}\\n' > t.c && cc -o target/t t.c && ./target/t && echo built && \
+                  git status --short >/dev/null && git log --oneline | wc -l";
+    let scratch = d.s();
+    let r = run(
+        &["--json", "-", "--scratch", &scratch],
+        &["/bin/sh", "-c", script],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    for want in ["py 1", "node", "built"] {
+        assert!(r.stdout.contains(want), "{want}: {}", r.stdout);
+    }
+    for p in ["__pycache__", "node_modules/x/index.js", "target/t"] {
+        assert!(d.path().join(p).exists(), "{p}");
+    }
+    assert_eq!(r.report()["protected"]["blocked"], serde_json::json!([]));
 }

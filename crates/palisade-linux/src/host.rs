@@ -197,63 +197,252 @@ impl Drop for ForwardedSignals {
     }
 }
 
-/// After a run: if the code created the protected path `rel` (one the plan watched, see
-/// `plan::Protection`) under the scratch directory `scratch`, moves it aside to
-/// `NAME.palisade-blocked` (or `-2`, `-3`, …: nothing is ever replaced) and returns the new
-/// relative name. It walks `rel` from the top one component at a time, each parent opened with no
-/// symlink resolution at all: a symbolic link or a file standing where a directory of `rel` should
-/// be is itself what gets moved, so a link the code left cannot redirect the look or the move
-/// (e.g. `.git -> elsewhere` with hooks under it). The sandbox is gone by then: nothing races it.
-pub fn disarm(scratch: &std::path::Path, rel: &str) -> io::Result<Option<String>> {
-    use std::ffi::CString;
+/// What became of one watched protected path that the code created (see [`disarm_all`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disarmed {
+    /// The watched path, relative to the scratch directory.
+    pub path: String,
+    /// Where it is now, relative to the scratch directory; `None` if it could not be moved, and
+    /// then `error` says why and it is still in place.
+    pub moved_to: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Name of palisade's own directories for what it took out of the way: this and a random suffix.
+pub const BLOCKED_DIR_PREFIX: &str = ".palisade-blocked-";
+
+/// After a run, once nothing of the sandbox is left to race it: moves whatever the code created
+/// at a watched protected path (see `plan::Protection`) into a directory of palisade's own, and
+/// returns one entry per path it found, moved or not.
+///
+/// The directory is made at the root of the scratch directory with `mkdir` (which fails on any
+/// existing name, a link included), a random name `.palisade-blocked-XXXXXXXX`, mode 0700, and
+/// the scratch directory's owner (a root supervisor hands it over, so that the user can look
+/// inside and remove it). Nothing the code did beforehand can take its name or stand in its way.
+/// Each path goes in under a name no tool looks for: `.git` becomes `.git.blocked`, and a path
+/// in a directory keeps its directory as `%2F` (`.config%2Ffish.blocked`).
+///
+/// Each directory is opened from the one before without following a link, so a link the code left
+/// where a directory of the path should be is itself what gets moved. The code runs as the owner
+/// of the scratch directory's files, so an unprivileged supervisor (the same user) may find
+/// directories it cannot search or write (`chmod 555` on the way): it adds the owner's `rwx` to
+/// each directory it owns that lacks them, and puts the mode back afterwards. If the move into the
+/// root's directory fails (another filesystem mounted inside the scratch), a directory of its own
+/// is made beside the path instead. If that fails too, the entry says why: the caller must then
+/// fail the run (the path is still armed).
+pub fn disarm_all(p: &crate::plan::Protection) -> Vec<Disarmed> {
+    let Some(scratch) = &p.scratch else {
+        return Vec::new();
+    };
+    let mut root_dir: Option<BlockedDir> = None;
+    p.watched
+        .iter()
+        .filter_map(|w| match disarm(scratch, w, &mut root_dir) {
+            Ok(None) => None,
+            Ok(Some(to)) => Some(Disarmed {
+                path: w.clone(),
+                moved_to: Some(to),
+                error: None,
+            }),
+            Err(e) => Some(Disarmed {
+                path: w.clone(),
+                moved_to: None,
+                error: Some(e.to_string()),
+            }),
+        })
+        .collect()
+}
+
+type Cname = std::ffi::CString;
+
+fn cname(s: impl AsRef<[u8]>) -> io::Result<Cname> {
+    Cname::new(s.as_ref()).map_err(io::Error::other)
+}
+
+fn os(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// `openat(dir, name, O_PATH | O_NOFOLLOW | O_DIRECTORY)`.
+fn open_dir(dir: &OwnedFd, name: &Cname) -> io::Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY;
+    let fd = crate::sys::openat(dir.as_raw_fd(), name, flags, 0).map_err(os)?;
+    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Directory modes changed to get through, put back when dropped (last changed, first restored).
+#[derive(Default)]
+struct Modes(Vec<(OwnedFd, Cname, libc::mode_t)>);
+
+impl Modes {
+    /// Gives the owner `rwx` on the directory `name` in `dir` if this process owns it and the
+    /// mode lacks them. Best effort: if it cannot, the step that needed it says why.
+    fn open_up(&mut self, dir: &OwnedFd, name: &Cname) {
+        let Ok(st) = crate::sys::stat_nofollow(dir.as_raw_fd(), name) else {
+            return;
+        };
+        let mode = st.st_mode & 0o7777;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR
+            || st.st_uid != euid()
+            || mode & 0o700 == 0o700
+        {
+            return;
+        }
+        let Ok(keep) = dir.try_clone() else {
+            return;
+        };
+        if crate::sys::chmod_nofollow(dir.as_raw_fd(), name, mode | 0o700).is_ok() {
+            self.0.push((keep, name.clone(), mode));
+        }
+    }
+}
+
+impl Drop for Modes {
+    fn drop(&mut self) {
+        while let Some((dir, name, mode)) = self.0.pop() {
+            // Gone if it was the path moved away: nothing to put back.
+            let _ = crate::sys::chmod_nofollow(dir.as_raw_fd(), &name, mode);
+        }
+    }
+}
+
+/// A directory palisade made for what it takes out of the way.
+struct BlockedDir {
+    fd: OwnedFd,
+    /// Relative to the scratch directory.
+    rel: String,
+}
+
+impl BlockedDir {
+    /// Makes `.palisade-blocked-XXXXXXXX` in `dir` (`dir_rel` relative to the scratch).
+    fn make(dir: &OwnedFd, dir_rel: &str) -> io::Result<BlockedDir> {
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        for _ in 0..16 {
+            let mut r = [0u8; 8];
+            crate::sys::getrandom(&mut r).map_err(os)?;
+            let suffix: String = r
+                .iter()
+                .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+                .collect();
+            let name = format!("{BLOCKED_DIR_PREFIX}{suffix}");
+            let c = cname(&name)?;
+            match crate::sys::mkdirat(dir.as_raw_fd(), &c, 0o700) {
+                Ok(()) => {}
+                Err(libc::EEXIST) => continue,
+                Err(e) => return Err(os(e)),
+            }
+            if euid() == 0 {
+                let owner = crate::sys::stat_nofollow(dir.as_raw_fd(), c"").map_err(os)?;
+                if owner.st_uid != 0 {
+                    crate::sys::chown_nofollow(dir.as_raw_fd(), &c, owner.st_uid, owner.st_gid)
+                        .map_err(os)?;
+                }
+            }
+            return Ok(BlockedDir {
+                fd: open_dir(dir, &c)?,
+                rel: join(dir_rel, &name),
+            });
+        }
+        Err(io::Error::other("no free name for palisade's directory"))
+    }
+
+    /// Moves `name` of `dir` in here as `to`; returns its new path relative to the scratch.
+    fn take(&self, dir: &OwnedFd, name: &Cname, to: &str) -> io::Result<String> {
+        crate::sys::rename_noreplace_between(
+            dir.as_raw_fd(),
+            name,
+            self.fd.as_raw_fd(),
+            &cname(to)?,
+        )
+        .map_err(os)?;
+        Ok(join(&self.rel, to))
+    }
+}
+
+fn join(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        b.to_owned()
+    } else {
+        format!("{a}/{b}")
+    }
+}
+
+/// The name a path gets in palisade's directory: one component, `%` and `/` escaped, ending in
+/// `.blocked` (so that a `.git`, `.envrc` or `.vscode` in there is none of those).
+fn blocked_name(rel: &str) -> String {
+    let flat = rel.replace('%', "%25").replace('/', "%2F");
+    // Within NAME_MAX: a long path keeps its end.
+    let mut cut = flat.len().saturating_sub(200);
+    while !flat.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("{}.blocked", &flat[cut..])
+}
+
+/// One watched path: `Ok(None)` if nothing is there.
+fn disarm(
+    scratch: &std::path::Path,
+    rel: &str,
+    root_dir: &mut Option<BlockedDir>,
+) -> io::Result<Option<String>> {
     use std::os::unix::ffi::OsStrExt;
+    let mut modes = Modes::default();
+    // The scratch directory, through its parent: the user's own path, canonical, outside the
+    // sandbox's view.
+    let (parent, name) = match (scratch.parent(), scratch.file_name()) {
+        (Some(p), Some(n)) => (p, n),
+        _ => return Err(io::Error::other("the scratch directory has no parent")),
+    };
+    let fd = crate::sys::open_path_noresolve(
+        &cname(parent.as_os_str().as_bytes())?,
+        crate::sys::RESOLVE_NO_SYMLINKS,
+    )
+    .map_err(os)?;
+    // SAFETY: `fd` was just returned by openat2 and is owned by nobody else.
+    let up = unsafe { OwnedFd::from_raw_fd(fd) };
+    let root_name = cname(name.as_bytes())?;
+    modes.open_up(&up, &root_name);
+    let root = open_dir(&up, &root_name)?;
+    let mut dir = root.try_clone()?;
+    let mut dir_rel = String::new();
     let comps: Vec<&str> = rel.split('/').collect();
-    for i in 0..comps.len() {
-        let parent = comps[..i].join("/");
-        let name = comps[i];
-        let dir = scratch.join(&parent);
-        let cdir = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
-        let fd = crate::sys::open_path_noresolve(&cdir, crate::sys::RESOLVE_NO_SYMLINKS)
-            .map_err(io::Error::from_raw_os_error)?;
-        // SAFETY: `fd` was just returned by openat2 and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let cname = CString::new(name).map_err(io::Error::other)?;
-        let kind =
-            crate::sys::entry_kind(fd.as_raw_fd(), &cname).map_err(io::Error::from_raw_os_error)?;
+    for (i, comp) in comps.iter().enumerate() {
+        let c = cname(comp)?;
         let last = i + 1 == comps.len();
-        match kind {
+        match crate::sys::entry_kind(dir.as_raw_fd(), &c).map_err(os)? {
             None => return Ok(None),
-            Some(libc::S_IFDIR) if !last => continue,
+            Some(libc::S_IFDIR) if !last => {
+                modes.open_up(&dir, &c);
+                dir = open_dir(&dir, &c)?;
+                dir_rel = join(&dir_rel, comp);
+            }
             Some(_) => {
-                let to = move_aside(fd.as_raw_fd(), name)?;
-                return Ok(Some(if parent.is_empty() {
-                    to
-                } else {
-                    format!("{parent}/{to}")
-                }));
+                // This entry goes: the watched path, or what stands where a directory of it
+                // should be. Renaming a directory rewrites its `..`, which takes write access.
+                modes.open_up(&dir, &c);
+                let to = blocked_name(&join(&dir_rel, comp));
+                let first = match root_dir {
+                    Some(b) => b.take(&dir, &c, &to),
+                    None => BlockedDir::make(&root, "").and_then(|b| {
+                        let r = b.take(&dir, &c, &to);
+                        *root_dir = Some(b);
+                        r
+                    }),
+                };
+                return match first {
+                    Ok(to) => Ok(Some(to)),
+                    Err(e) => BlockedDir::make(&dir, &dir_rel)
+                        .and_then(|b| b.take(&dir, &c, &to))
+                        .map(Some)
+                        .map_err(|e2| {
+                            io::Error::other(format!("{e}; into a directory beside it: {e2}"))
+                        }),
+                };
             }
         }
     }
     Ok(None)
-}
-
-fn move_aside(dirfd: RawFd, name: &str) -> io::Result<String> {
-    use std::ffi::CString;
-    let cname = CString::new(name).map_err(io::Error::other)?;
-    for n in 1..1000 {
-        let to = if n == 1 {
-            format!("{name}.palisade-blocked")
-        } else {
-            format!("{name}.palisade-blocked-{n}")
-        };
-        let cto = CString::new(to.as_str()).map_err(io::Error::other)?;
-        match crate::sys::rename_noreplace(dirfd, &cname, &cto) {
-            Ok(()) => return Ok(to),
-            Err(libc::EEXIST) => continue,
-            Err(e) => return Err(io::Error::from_raw_os_error(e)),
-        }
-    }
-    Err(io::Error::other("no free .palisade-blocked name"))
 }
 
 /// A new eventfd (close-on-exec, non-blocking), for "something happened" between threads that an
@@ -282,7 +471,7 @@ pub fn dup_fd(fd: RawFd) -> io::Result<File> {
 }
 
 /// Opens a directory (following links now, once) to create files in it later by name only.
-pub fn open_dir(path: &std::path::Path) -> io::Result<File> {
+pub fn open_directory(path: &std::path::Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     File::options()
         .read(true)
@@ -340,4 +529,31 @@ pub fn replace_file_at(dir: &File, name: &std::ffi::OsStr, data: &[u8]) -> io::R
         return renamed;
     }
     Err(io::Error::other("no free temporary name for the report"))
+}
+
+#[cfg(test)]
+mod tests {
+    /// One component, ending in `.blocked`, and distinct for distinct paths.
+    #[test]
+    fn blocked_names_are_one_component_and_distinct() {
+        let names: Vec<String> = [".git", ".config/fish", ".config%2Ffish", "a/b/c"]
+            .iter()
+            .map(|p| super::blocked_name(p))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ".git.blocked",
+                ".config%2Ffish.blocked",
+                ".config%252Ffish.blocked",
+                "a%2Fb%2Fc.blocked"
+            ]
+        );
+        let long = "d/".repeat(150) + "x";
+        let n = super::blocked_name(&long);
+        assert!(
+            n.len() <= 255 && !n.contains('/') && n.ends_with("x.blocked"),
+            "{n}"
+        );
+    }
 }

@@ -194,10 +194,28 @@ pub struct Protection {
     /// points: a mount point cannot be renamed or removed (`EBUSY`), so the code cannot move a
     /// protected path aside and put its own in its place.
     pub pinned: Vec<String>,
-    /// Protected paths that do not exist (or have a missing directory on the way): a mount needs
-    /// something to cover, so these can be created inside; the supervisor looks after the run
-    /// and moves whatever appeared there aside (see `host::disarm`).
+    /// The first missing component of each protected path that does not exist (the path itself,
+    /// or a directory on the way: a `.git` the code creates is a repository even without a
+    /// `.git/config`): a mount needs something to cover, so these can be created inside; the
+    /// supervisor looks after the run and moves whatever appeared there aside (see
+    /// `host::disarm_all`).
     pub watched: Vec<String>,
+    /// Protected too because the repository's own files point there (`core.hooksPath`, a
+    /// `gitdir:` or `commondir` inside the scratch, an included config, a script a configured
+    /// command names), with where each was named.
+    pub derived: Vec<Derived>,
+    /// What the repository's files point at that palisade did not follow, and why (outside the
+    /// scratch directory: not visible inside unless a bind shows it, and not protected here).
+    pub not_followed: Vec<String>,
+}
+
+/// A protected path found in a repository's own files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    /// Relative to the scratch directory.
+    pub path: String,
+    /// Where it was named, e.g. `core.hooksPath in .git/config`.
+    pub from: String,
 }
 
 /// One socket of the egress proxy, made inside the sandbox's network namespace.
@@ -275,6 +293,62 @@ pub trait HostFs {
     fn readlink(&self, p: &Path) -> Option<PathBuf>;
     /// The kernel's Landlock ABI version, or the `errno` of the query.
     fn landlock_abi(&self) -> Result<u32, i32>;
+    /// The content of the regular file `rel` under the directory `root`, at most `max` bytes;
+    /// `Ok(None)` if it does not exist. No link is followed, on the way or at the end, and a
+    /// special file is refused without being opened for reading.
+    fn read_beneath(&self, root: &Path, rel: &str, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+        read_beneath(root, rel, max)
+    }
+}
+
+/// [`HostFs::read_beneath`] on the real host: each directory opened from the last with
+/// `O_NOFOLLOW` (the first with no symlink resolution at all), the file looked at with `lstat`
+/// before it is opened.
+fn read_beneath(root: &Path, rel: &str, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{Error, Read};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let cstr = |b: &[u8]| CString::new(b).map_err(Error::other);
+    let fd = crate::sys::open_path_noresolve(
+        &cstr(root.as_os_str().as_bytes())?,
+        crate::sys::RESOLVE_NO_SYMLINKS,
+    )
+    .map_err(Error::from_raw_os_error)?;
+    // SAFETY: `fd` was just returned by openat2 and is owned by nobody else.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let comps: Vec<&str> = rel.split('/').collect();
+    let (name, parents) = comps.split_last().expect("split yields one item at least");
+    for comp in parents {
+        let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY;
+        match crate::sys::openat(dir.as_raw_fd(), &cstr(comp.as_bytes())?, flags, 0) {
+            // SAFETY: as above, a descriptor just returned and owned by nobody else.
+            Ok(fd) => dir = unsafe { OwnedFd::from_raw_fd(fd) },
+            Err(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(Error::from_raw_os_error(e)),
+        }
+    }
+    let cname = cstr(name.as_bytes())?;
+    match crate::sys::entry_kind(dir.as_raw_fd(), &cname).map_err(Error::from_raw_os_error)? {
+        None => return Ok(None),
+        Some(libc::S_IFREG) => {}
+        Some(libc::S_IFLNK) => return Err(Error::other("a symbolic link, not followed")),
+        Some(_) => return Err(Error::other("not a regular file")),
+    }
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let fd =
+        crate::sys::openat(dir.as_raw_fd(), &cname, flags, 0).map_err(Error::from_raw_os_error)?;
+    // SAFETY: as above.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    if !file.metadata()?.is_file() {
+        return Err(Error::other("not a regular file"));
+    }
+    let mut buf = Vec::new();
+    file.take(max as u64 + 1).read_to_end(&mut buf)?;
+    if buf.len() > max {
+        return Err(Error::other(format!(
+            "longer than {max} bytes, more than palisade reads to find where it points"
+        )));
+    }
+    Ok(Some(buf))
 }
 
 /// The real host.
@@ -695,12 +769,13 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
 }
 
 /// Plans the protected paths under the host scratch `canon` (docs/policy.md, "Protected
-/// paths"): each component is looked at with `lstat`, never followed. Directories on the way are
-/// pinned; an existing file or directory is mounted read-only over itself (a regular file on the
-/// way, such as a worktree's `.git` file, is covered the same way, as it stands where the
-/// protected path would be); a path with a missing component is watched. A symlink or a special file
-/// is refused: a mount over it would follow it, and renaming it after the run could not tell the
-/// user's from the code's.
+/// paths"): the policy's list, and what the repository's own files point at (see [`Git`]). Each
+/// component is looked at with `lstat`, never followed. Directories on the way are pinned; an
+/// existing file or directory is mounted read-only over itself (a regular file on the way, such as
+/// a worktree's `.git` file, is covered the same way, as it stands where the protected path would
+/// be); for a path with a missing component, the first missing one is watched. What lies under a
+/// read-only path needs nothing more. A symlink or a special file is refused: a mount over it
+/// would follow it, and renaming it after the run could not tell the user's from the code's.
 fn protect(
     b: &mut Builder<'_>,
     canon: &Path,
@@ -709,18 +784,30 @@ fn protect(
     ro: u64,
     rw: u64,
 ) -> Result<Protection, SetupError> {
+    let mut git = Git {
+        host: b.host,
+        canon,
+        wanted: paths.iter().map(|x| (x.clone(), None)).collect(),
+        derived: Vec::new(),
+        not_followed: Vec::new(),
+    };
+    git.find(paths)?;
     let mut p = Protection {
         scratch: Some(canon.to_owned()),
+        derived: git.derived,
+        not_followed: git.not_followed,
         ..Protection::default()
     };
     let mut binds: Vec<(String, bool)> = Vec::new();
-    for path in paths {
+    for (path, from) in &git.wanted {
         let comps: Vec<&str> = path.split('/').collect();
         for i in 0..comps.len() {
             let prefix = comps[..=i].join("/");
             let last = i + 1 == comps.len();
             let Some(meta) = b.host.lstat(&canon.join(&prefix)) else {
-                p.watched.push(path.clone());
+                if !p.watched.contains(&prefix) {
+                    p.watched.push(prefix);
+                }
                 break;
             };
             let ft = meta.file_type();
@@ -741,9 +828,36 @@ fn protect(
             } else {
                 "special file"
             };
-            return Err(SetupError::ProtectedUnsupported { path: prefix, kind });
+            return Err(match from {
+                None => SetupError::ProtectedUnsupported { path: prefix, kind },
+                Some(from) => SetupError::HostPath {
+                    field: "protect",
+                    path: canon.join(&prefix),
+                    source: std::io::Error::other(format!(
+                        "a {kind} on the way to `{path}`, which {from} names: palisade does not \
+                         follow links in what it protects; name the real path there, or unprotect \
+                         the repository (--unprotect .git and each .git/… path of the list)"
+                    )),
+                },
+            });
         }
     }
+    // Under a read-only path nothing can be created or changed, and under a watched one the
+    // whole is moved: such paths need nothing of their own.
+    let under = |x: &str, set: &[String]| {
+        set.iter().any(|r| {
+            x.len() > r.len() && x.starts_with(r.as_str()) && x.as_bytes()[r.len()] == b'/'
+        })
+    };
+    let read_only: Vec<String> = binds
+        .iter()
+        .filter(|(_, pin)| !pin)
+        .map(|(x, _)| x.clone())
+        .collect();
+    binds.retain(|(x, _)| !under(x, &read_only));
+    let watched = p.watched.clone();
+    p.watched
+        .retain(|x| !under(x, &read_only) && !under(x, &watched));
     // Parents first, so that a read-only mount is never covered by a later pin of its parent.
     binds.sort_by_key(|(x, _)| x.matches('/').count());
     for (path, pin) in binds {
@@ -766,6 +880,212 @@ fn protect(
         }
     }
     Ok(p)
+}
+
+/// Most protected paths a repository's files may add (submodules, includes, scripts).
+const MAX_DERIVED: usize = 1024;
+
+/// What a repository at the root of the scratch directory makes git read or run beyond the
+/// listed `.git` paths: a `.git` file's `gitdir:` and a `commondir` moving the repository into
+/// another directory of the scratch, `core.hooksPath`, included config files, scripts of the
+/// project that configured commands name (`core.fsmonitor = tools/fsmon.sh`), and submodules'
+/// `.git` files. Read at the start, when the project is still the user's own, and read
+/// defensively all the same: bounded sizes and counts, no link followed, a place outside the
+/// scratch directory reported rather than followed. Only when the list protects `.git` or a
+/// path under it.
+struct Git<'a> {
+    host: &'a dyn HostFs,
+    canon: &'a Path,
+    /// The paths to protect, each with where it was named (`None`: the policy's list).
+    wanted: Vec<(String, Option<String>)>,
+    derived: Vec<Derived>,
+    not_followed: Vec<String>,
+}
+
+impl Git<'_> {
+    fn find(&mut self, paths: &[String]) -> Result<(), SetupError> {
+        use palisade_policy::protect::git::{self, Place};
+        let whole = paths.iter().any(|x| x == ".git");
+        let parts: Vec<String> = paths
+            .iter()
+            .filter_map(|x| x.strip_prefix(".git/").map(str::to_owned))
+            .collect();
+        if !whole && parts.is_empty() {
+            return Ok(());
+        }
+        let hooks = whole || parts.iter().any(|x| x == "hooks");
+        let config = whole
+            || parts
+                .iter()
+                .any(|x| x == "config" || x == "config.worktree");
+        // Where the repository's files are: `.git`, or where a `.git` file sends git.
+        let gitdir = match self.host.lstat(&self.canon.join(".git")) {
+            Some(m) if m.is_dir() => Some(".git".to_owned()),
+            Some(m) if m.is_file() => {
+                let b = self.read(".git", git::MAX_POINTER)?.unwrap_or_default();
+                match git::gitfile_target(&b) {
+                    Some(t) => self.dir(&t, "", "`.git` (gitdir:)", whole, &parts)?,
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        let Some(gitdir) = gitdir else {
+            return Ok(());
+        };
+        let commondir = format!("{gitdir}/commondir");
+        let common = match self.read(&commondir, git::MAX_POINTER)? {
+            Some(b) => match git::commondir_target(&b) {
+                Some(t) => self.dir(&t, &gitdir, &format!("`{commondir}`"), whole, &parts)?,
+                None => None,
+            },
+            None => Some(gitdir.clone()),
+        };
+        let mut queue = vec![format!("{gitdir}/config.worktree")];
+        if let Some(c) = &common {
+            queue.insert(0, format!("{c}/config"));
+        }
+        let mut seen: Vec<String> = Vec::new();
+        while let Some(file) = queue.pop() {
+            if seen.contains(&file) {
+                continue;
+            }
+            if seen.len() == git::MAX_CONFIGS {
+                return Err(self.error(
+                    &file,
+                    format!(
+                        "more than {} config files include one another",
+                        git::MAX_CONFIGS
+                    ),
+                ));
+            }
+            seen.push(file.clone());
+            let Some(b) = self.read(&file, git::MAX_CONFIG)? else {
+                continue;
+            };
+            let refs = git::config_refs(&String::from_utf8_lossy(&b));
+            let base = file.rsplit_once('/').map_or("", |(d, _)| d);
+            for h in refs.hooks_paths {
+                let from = format!("core.hooksPath in `{file}`");
+                match git::place(self.canon, "", &h) {
+                    Place::Inside(x) if hooks => self.add(x, from)?,
+                    Place::Inside(_) => {}
+                    Place::NotFollowed(why) => self.skip(&h, &from, why),
+                }
+            }
+            for inc in refs.includes {
+                let from = format!("include.path in `{file}`");
+                match git::place(self.canon, base, &inc) {
+                    Place::Inside(x) => {
+                        if config {
+                            self.add(x.clone(), from)?;
+                        }
+                        queue.push(x);
+                    }
+                    Place::NotFollowed(why) => self.skip(&inc, &from, why),
+                }
+            }
+            for cmd in refs.commands {
+                // A command elsewhere (`/usr/bin/less`) is the host's own program.
+                if let (true, Place::Inside(x)) = (config, git::place(self.canon, "", &cmd)) {
+                    self.add(x, format!("a command in `{file}`"))?;
+                }
+            }
+        }
+        if let Some(b) = self.read(".gitmodules", git::MAX_CONFIG)? {
+            for sub in git::submodule_paths(&String::from_utf8_lossy(&b)) {
+                let from = "`.gitmodules` (a submodule's repository)";
+                match git::place(self.canon, "", &sub) {
+                    Place::Inside(x) => self.add(format!("{x}/.git"), from.to_owned())?,
+                    Place::NotFollowed(why) => self.skip(&sub, from, why),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A git directory `target` named in `base`: protected like `.git` (as a whole, or the
+    /// listed parts of it) and returned if it is in the scratch directory.
+    fn dir(
+        &mut self,
+        target: &str,
+        base: &str,
+        from: &str,
+        whole: bool,
+        parts: &[String],
+    ) -> Result<Option<String>, SetupError> {
+        use palisade_policy::protect::git::{place, Place};
+        match place(self.canon, base, target) {
+            Place::Inside(d) => {
+                if d != ".git" {
+                    let wanted: Vec<String> = if whole {
+                        vec![d.clone()]
+                    } else {
+                        parts.iter().map(|x| format!("{d}/{x}")).collect()
+                    };
+                    for w in wanted {
+                        self.add(w, from.to_owned())?;
+                    }
+                }
+                Ok(Some(d))
+            }
+            Place::NotFollowed(why) => {
+                self.skip(target, from, why);
+                Ok(None)
+            }
+        }
+    }
+
+    fn add(&mut self, path: String, from: String) -> Result<(), SetupError> {
+        if palisade_policy::protect::ProtectedPath::new(&path).is_err() {
+            self.skip(
+                &path,
+                &from,
+                "not a path palisade can protect (at most 16 deep)",
+            );
+            return Ok(());
+        }
+        if self.wanted.iter().any(|(x, _)| *x == path) {
+            return Ok(());
+        }
+        if self.derived.len() == MAX_DERIVED {
+            return Err(self.error(
+                &path,
+                format!("the repository's files name more than {MAX_DERIVED} places to protect"),
+            ));
+        }
+        self.derived.push(Derived {
+            path: path.clone(),
+            from: from.clone(),
+        });
+        self.wanted.push((path, Some(from)));
+        Ok(())
+    }
+
+    fn skip(&mut self, target: &str, from: &str, why: &str) {
+        let t = palisade_policy::untrusted::escape(target.as_bytes(), 256);
+        let note = format!("`{t}` ({from}): {why}; not protected by palisade");
+        if !self.not_followed.contains(&note) {
+            self.not_followed.push(note);
+        }
+    }
+
+    fn read(&self, rel: &str, max: usize) -> Result<Option<Vec<u8>>, SetupError> {
+        self.host
+            .read_beneath(self.canon, rel, max)
+            .map_err(|e| self.error(rel, e.to_string()))
+    }
+
+    fn error(&self, rel: &str, why: String) -> SetupError {
+        SetupError::HostPath {
+            field: "protect",
+            path: self.canon.join(rel),
+            source: std::io::Error::other(format!(
+                "{why}; palisade reads the repository's files to protect what they point at \
+                 (docs/policy.md#protected-paths)"
+            )),
+        }
+    }
 }
 
 /// `RLIMIT_CPU` for the payload: the CPU-time limit rounded up to whole seconds, plus one. It is
@@ -973,7 +1293,8 @@ mod tests {
     }
 
     /// Protected paths under a host scratch: existing ones read-only, directories on the way
-    /// pinned (parents first), missing ones watched, a symlink refused.
+    /// pinned (parents first), the first missing component of missing ones watched, a symlink
+    /// refused.
     #[test]
     fn protected_paths_are_covered_pinned_or_watched() {
         let dir =
@@ -1004,7 +1325,10 @@ mod tests {
                     .map(String::from)
                     .to_vec(),
                 pinned: vec![".git".to_owned()],
-                watched: [".envrc", ".config/fish"].map(String::from).to_vec(),
+                // `.config` is missing: what the code makes there goes as a whole.
+                watched: [".envrc", ".config"].map(String::from).to_vec(),
+                derived: Vec::new(),
+                not_followed: Vec::new(),
             }
         );
         // The binds after the scratch's own, each of the host path itself, pins writable.
@@ -1052,6 +1376,167 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A scratch directory with `files` (a trailing `/` makes a directory; `->` a symlink),
+    /// planned with the protected `list`.
+    fn plan_protection(tag: &str, files: &[&str], list: &[&str]) -> Result<Protection, String> {
+        let dir =
+            std::env::temp_dir().join(format!("palisade-plan-git-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in files {
+            if let Some((link, target)) = f.split_once(" -> ") {
+                std::os::unix::fs::symlink(target, dir.join(link)).unwrap();
+            } else if let Some((path, text)) = f.split_once(": ") {
+                std::fs::create_dir_all(dir.join(path).parent().unwrap()).unwrap();
+                std::fs::write(dir.join(path), text).unwrap();
+            } else {
+                std::fs::create_dir_all(dir.join(f)).unwrap();
+            }
+        }
+        let mut p = Policy::new(["true"]).unwrap();
+        p.scratch = Scratch::Host { path: dir.clone() };
+        p.protected = list.iter().map(|x| x.to_string()).collect();
+        let r = build(&p, ids(), &RealWithAbi(Ok(7)))
+            .map(|plan| plan.protection)
+            .map_err(|e| e.to_string());
+        std::fs::remove_dir_all(&dir).unwrap();
+        r.map(|mut p| {
+            p.scratch = None;
+            p
+        })
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    fn derived(v: &[(&str, &str)]) -> Vec<Derived> {
+        v.iter()
+            .map(|(path, from)| Derived {
+                path: path.to_string(),
+                from: from.to_string(),
+            })
+            .collect()
+    }
+
+    /// The repository's own files add what they point at: `core.hooksPath`, includes (and what
+    /// they name in turn), scripts named by commands, submodules' `.git`; a place in a home
+    /// directory is reported, not followed. What lies under the read-only `.git` needs nothing.
+    #[test]
+    fn a_repositorys_indirections_are_protected_too() {
+        let config = "[core]\n\thooksPath = .githooks\n\tfsmonitor = \"sh tools/fsmon.sh\"\n\
+                      [include]\n\tpath = ../conf/git.inc\n\tpath = ~/.gitconfig-work\n\
+                      [alias]\n\tup = !/usr/bin/git push\n";
+        let files = [
+            &format!(".git/config: {config}")[..],
+            ".git/hooks/",
+            "conf/git.inc: [core]\n\tsshCommand = ./bin/ssh-wrap\n",
+            "tools/fsmon.sh: true",
+            ".gitmodules: [submodule \"a\"]\n\tpath = libs/a\n",
+            "libs/a/.git: gitdir: ../../.git/modules/a",
+        ];
+        let got = plan_protection(
+            "ind",
+            &files,
+            &[".git", ".git/config", ".git/hooks", ".envrc"],
+        );
+        assert_eq!(
+            got,
+            Ok(Protection {
+                scratch: None,
+                read_only: strings(&[".git", "conf/git.inc", "tools/fsmon.sh", "libs/a/.git"]),
+                pinned: strings(&["conf", "tools", "libs", "libs/a"]),
+                watched: strings(&[".envrc", ".githooks", "bin"]),
+                derived: derived(&[
+                    (".githooks", "core.hooksPath in `.git/config`"),
+                    ("conf/git.inc", "include.path in `.git/config`"),
+                    ("tools/fsmon.sh", "a command in `.git/config`"),
+                    ("bin/ssh-wrap", "a command in `conf/git.inc`"),
+                    ("libs/a/.git", "`.gitmodules` (a submodule's repository)"),
+                ]),
+                not_followed: strings(&[
+                    "`~/.gitconfig-work` (include.path in `.git/config`): in a home directory or git's installation; not protected by palisade",
+                ]),
+            })
+        );
+    }
+
+    /// A `.git` file and a `commondir` that move the repository elsewhere in the scratch: the
+    /// place they name is protected like `.git` (as a whole, or the listed parts of it when `.git`
+    /// itself is unprotected); a place outside the scratch is reported.
+    #[test]
+    fn gitdir_and_commondir_are_followed_inside_the_scratch_only() {
+        let files = [
+            ".git: gitdir: .repo/wt\n",
+            ".repo/wt/commondir: ../main\n",
+            ".repo/main/config: [core]\n\thooksPath = hooks2\n",
+            ".repo/main/hooks/",
+        ];
+        let got = plan_protection("wt", &files, &[".git", ".git/config", ".git/hooks"]);
+        assert_eq!(
+            got,
+            Ok(Protection {
+                scratch: None,
+                read_only: strings(&[".git", ".repo/wt", ".repo/main"]),
+                pinned: strings(&[".repo"]),
+                watched: strings(&["hooks2"]),
+                derived: derived(&[
+                    (".repo/wt", "`.git` (gitdir:)"),
+                    (".repo/main", "`.repo/wt/commondir`"),
+                    ("hooks2", "core.hooksPath in `.repo/main/config`"),
+                ]),
+                not_followed: Vec::new(),
+            })
+        );
+        // `.git` unprotected: its listed parts, wherever the repository is.
+        let got = plan_protection("wt-parts", &files, &[".git/config", ".git/hooks"]);
+        let p = got.unwrap();
+        assert_eq!(
+            p.read_only,
+            strings(&[".git", ".repo/main/config", ".repo/main/hooks"])
+        );
+        assert_eq!(
+            p.watched,
+            strings(&[".repo/wt/config", ".repo/wt/hooks", "hooks2"])
+        );
+        let got = plan_protection(
+            "out",
+            &[".git: gitdir: /srv/repo/.git/worktrees/w"],
+            &[".git"],
+        );
+        assert_eq!(
+            got.unwrap().not_followed,
+            strings(&["`/srv/repo/.git/worktrees/w` (`.git` (gitdir:)): outside the scratch directory; not protected by palisade"])
+        );
+    }
+
+    /// Read defensively: a link on the way to a place a repository's file names is refused (it
+    /// would be followed by a mount), and so is a config too long to read whole.
+    #[test]
+    fn a_repositorys_files_are_read_without_following_links() {
+        let files = [
+            ".git/config: [core]\n\thooksPath = link/hooks\n",
+            "link -> /tmp",
+        ];
+        let e = plan_protection("link", &files, &[".git"]).unwrap_err();
+        assert!(
+            e.contains("link`")
+                && e.contains("symbolic link on the way to `link/hooks`")
+                && e.contains("core.hooksPath in `.git/config`")
+                && e.contains("--unprotect .git and each .git/… path"),
+            "{e}"
+        );
+        let files = [".git/", ".git/config -> /etc/passwd"];
+        let e = plan_protection("cfglink", &files, &[".git"]).unwrap_err();
+        assert!(
+            e.contains(".git/config") && e.contains("symbolic link, not followed"),
+            "{e}"
+        );
+        let big = format!(".git/config: [core]\n#{}\n", "x".repeat(1 << 20));
+        let e = plan_protection("big", &[&big], &[".git"]).unwrap_err();
+        assert!(e.contains("longer than 1048576 bytes"), "{e}");
     }
 
     #[test]

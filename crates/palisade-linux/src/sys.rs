@@ -605,20 +605,68 @@ pub fn entry_kind(dirfd: c_int, name: &std::ffi::CStr) -> SysResult<Option<libc:
     }
 }
 
-/// `renameat2(dirfd, from, dirfd, to, RENAME_NOREPLACE)`: never replaces an existing `to`.
-pub fn rename_noreplace(dirfd: c_int, from: &std::ffi::CStr, to: &std::ffi::CStr) -> SysResult<()> {
+/// `renameat2(from_dir, from, to_dir, to, RENAME_NOREPLACE)`: [`rename_noreplace`] between two
+/// directories.
+pub fn rename_noreplace_between(
+    from_dir: c_int,
+    from: &std::ffi::CStr,
+    to_dir: c_int,
+    to: &std::ffi::CStr,
+) -> SysResult<()> {
     // SAFETY: both names are NUL-terminated; renameat2 does not follow a symlink in either.
     check(unsafe {
         libc::syscall(
             libc::SYS_renameat2,
-            dirfd,
+            from_dir,
             from.as_ptr(),
-            dirfd,
+            to_dir,
             to.as_ptr(),
             libc::RENAME_NOREPLACE,
         )
     })
     .map(drop)
+}
+
+/// `mkdirat(dirfd, name, mode)`: fails with `EEXIST` on any existing entry, a symlink included.
+pub fn mkdirat(dirfd: c_int, name: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
+    // SAFETY: `name` is NUL-terminated.
+    check_int(unsafe { libc::mkdirat(dirfd, name.as_ptr(), mode) }).map(drop)
+}
+
+/// `fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW)`; an empty `name` is `dirfd` itself
+/// (`AT_EMPTY_PATH`, which works on an `O_PATH` descriptor).
+pub fn stat_nofollow(dirfd: c_int, name: &std::ffi::CStr) -> SysResult<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH;
+    // SAFETY: `name` is NUL-terminated and `st` a valid out-pointer.
+    check_int(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+/// `fchmodat(dirfd, name, mode, AT_SYMLINK_NOFOLLOW)`: a symlink is refused, never followed.
+pub fn chmod_nofollow(dirfd: c_int, name: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
+    // SAFETY: `name` is NUL-terminated.
+    check_int(unsafe { libc::fchmodat(dirfd, name.as_ptr(), mode, libc::AT_SYMLINK_NOFOLLOW) })
+        .map(drop)
+}
+
+/// `fchownat(dirfd, name, uid, gid, AT_SYMLINK_NOFOLLOW)`.
+pub fn chown_nofollow(dirfd: c_int, name: &std::ffi::CStr, uid: u32, gid: u32) -> SysResult<()> {
+    // SAFETY: `name` is NUL-terminated.
+    check_int(unsafe { libc::fchownat(dirfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
+        .map(drop)
+}
+
+/// `getrandom(buf, 0)`, the whole buffer.
+pub fn getrandom(buf: &mut [u8]) -> SysResult<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unfilled part of `buf`.
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        done += check(n as libc::c_long)? as usize;
+    }
+    Ok(())
 }
 
 /// `fstat(fd)` → `(st_dev, st_ino)`.

@@ -32,7 +32,7 @@ pub use sandbox::{Chunk, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, 
 /// forwarded to the sandbox instead of taken with their usual effect. A server uses neither.
 pub mod term {
     pub use palisade_linux::host::{
-        copy_winsize, dup_fd, open_dir, replace_file_at, ForwardedSignals, RawTerminal,
+        copy_winsize, dup_fd, open_directory, replace_file_at, ForwardedSignals, RawTerminal,
         SignalSource,
     };
 }

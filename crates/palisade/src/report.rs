@@ -36,6 +36,9 @@ pub enum Status {
     Cancelled,
     /// palisade failed; the program's result is unknown (or it never ran).
     SandboxError,
+    /// The program ended (`exit_code`, `signal` say how), but something it created at a protected
+    /// path could not be moved aside and is still in place: see `protected.blocked`. Exit 125.
+    ProtectionFailed,
 }
 
 /// A refused system call, with how often and by whom it was attempted.
@@ -146,6 +149,7 @@ impl Report {
             Status::Timeout | Status::CpuTimeout | Status::OutputLimit | Status::Oom => EXIT_LIMIT,
             Status::Cancelled => 128 + libc::SIGKILL,
             Status::SandboxError => self.exit_code.unwrap_or(EXIT_SANDBOX_ERROR),
+            Status::ProtectionFailed => EXIT_SANDBOX_ERROR,
         }
     }
 
@@ -278,17 +282,58 @@ impl Report {
         }
     }
 
-    /// Records the protected paths, and what was moved aside after the run.
+    /// Records the protected paths, and what was moved aside after the run. Something the code
+    /// created that is still in place fails the run: status `protection-failed`, whatever the
+    /// program's own result (kept in `exit_code` and `signal`).
     pub(crate) fn set_protected(
         &mut self,
         p: &palisade_linux::plan::Protection,
-        blocked: Vec<Blocked>,
+        disarmed: Vec<palisade_linux::host::Disarmed>,
     ) {
+        let armed: Vec<&str> = disarmed
+            .iter()
+            .filter(|d| d.moved_to.is_none())
+            .map(|d| d.path.as_str())
+            .collect();
+        if !armed.is_empty() {
+            let before = match (self.status, self.error.take()) {
+                (_, Some(e)) => format!("; before that: {e}"),
+                (Status::Ok | Status::Exit | Status::Signal, None) => String::new(),
+                (s, None) => format!(
+                    "; the run had ended with status {}",
+                    serde_json::to_value(s)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                ),
+            };
+            self.status = Status::ProtectionFailed;
+            self.error = Some(format!(
+                "created inside at a protected path and could NOT be moved aside, still in place: {}{before}",
+                armed.join(", ")
+            ));
+        }
         self.protected = Protected {
             read_only: p.read_only.clone(),
             pinned: p.pinned.clone(),
             watched: p.watched.clone(),
-            blocked,
+            derived: p
+                .derived
+                .iter()
+                .map(|d| Derived {
+                    path: d.path.clone(),
+                    from: d.from.clone(),
+                })
+                .collect(),
+            not_followed: p.not_followed.clone(),
+            blocked: disarmed
+                .into_iter()
+                .map(|d| Blocked {
+                    path: d.path,
+                    moved_to: d.moved_to,
+                    error: d.error,
+                })
+                .collect(),
         };
     }
 
@@ -466,6 +511,14 @@ impl Report {
                     self.error.as_deref().unwrap_or("unknown")
                 )
             }
+            Status::ProtectionFailed => format!(
+                "PROTECTION FAILED (exit 125; the program's {})",
+                match (self.exit_code, self.signal) {
+                    (Some(c), _) => format!("exit {c}"),
+                    (None, Some(s)) => format!("signal {s}"),
+                    _ => "result: none".to_owned(),
+                }
+            ),
         };
         let mut s = format!(
             "palisade: {what} · {:.1} ms · cpu {:.1} ms · rss {:.1} MiB · out {} B · err {} B",
@@ -516,17 +569,33 @@ pub struct Protected {
     pub read_only: Vec<String>,
     /// Directories on the way, made mount points so that they cannot be moved or removed.
     pub pinned: Vec<String>,
-    /// Did not exist at the start; looked at after the run.
+    /// Did not exist at the start (the first missing component of a protected path); looked at
+    /// after the run.
     pub watched: Vec<String>,
+    /// Protected as well because the repository's own files point there.
+    pub derived: Vec<Derived>,
+    /// Places the repository's files point at that palisade did not follow (outside the scratch
+    /// directory, …), with why: not protected.
+    pub not_followed: Vec<String>,
     /// Watched paths the code created, and where they were moved.
     pub blocked: Vec<Blocked>,
+}
+
+/// A protected path found in the repository's own files.
+#[derive(Debug, Clone, Serialize)]
+pub struct Derived {
+    pub path: String,
+    /// Where it was named, e.g. ``core.hooksPath in `.git/config` ``.
+    pub from: String,
 }
 
 /// A protected path the code created during the run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Blocked {
     pub path: String,
-    /// Relative to the scratch directory; `None` if the move failed (then `error` says why).
+    /// Relative to the scratch directory (in palisade's `.palisade-blocked-XXXXXXXX`
+    /// directory); `None` if the move failed: then `error` says why, the path is still in place,
+    /// and the status is `protection-failed`.
     pub moved_to: Option<String>,
     pub error: Option<String>,
 }
@@ -715,5 +784,98 @@ fn landlock_layer(state: Option<&LandlockState>) -> Layer {
         name: "landlock",
         enforced,
         detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_linux::host::Disarmed;
+    use palisade_linux::plan::Protection;
+
+    fn ended(code: i32) -> Report {
+        let o = Outcome {
+            termination: Termination::Exited(code),
+            limit_hit: None,
+            output_truncated: false,
+            wall: std::time::Duration::from_millis(5),
+            user_cpu: std::time::Duration::ZERO,
+            system_cpu: std::time::Duration::ZERO,
+            max_rss: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            cpu_watch_lost: false,
+            denied: Vec::new(),
+            cancelled: false,
+            supervisor_cpu: std::time::Duration::ZERO,
+            refusals_throttled: 0,
+        };
+        let ids = Ids {
+            uid: 1000,
+            gid: 1000,
+            host_uid: 1000,
+            host_gid: 1000,
+            privileged: false,
+        };
+        let landlock = LandlockState::Waived {
+            reason: "test".into(),
+        };
+        Report::from_outcome(&o, ids, &landlock, None, Default::default())
+    }
+
+    fn moved(path: &str) -> Disarmed {
+        Disarmed {
+            path: path.into(),
+            moved_to: Some(format!(".palisade-blocked-abcdefgh/{path}.blocked")),
+            error: None,
+        }
+    }
+
+    /// Moved aside: reported, and the program's result stands. Still in place: the run fails
+    /// (`protection-failed`, exit 125), the program's own code kept in `exit_code`.
+    #[test]
+    fn a_protected_path_left_in_place_fails_the_run() {
+        let p = Protection {
+            watched: vec![".envrc".into(), ".git".into()],
+            ..Protection::default()
+        };
+        let mut r = ended(3);
+        r.set_protected(&p, vec![moved(".envrc")]);
+        assert_eq!((r.status, r.exit_code_for_cli()), (Status::Exit, 3));
+        assert!(
+            r.summary().contains(
+                " · PROTECTED .envrc was created inside: moved to .palisade-blocked-abcdefgh/.envrc.blocked"
+            ),
+            "{}",
+            r.summary()
+        );
+        let mut r = ended(0);
+        let stuck = Disarmed {
+            path: ".git".into(),
+            moved_to: None,
+            error: Some("Operation not permitted (os error 1)".into()),
+        };
+        r.set_protected(&p, vec![moved(".envrc"), stuck]);
+        assert_eq!(r.status, Status::ProtectionFailed);
+        assert_eq!(
+            (r.exit_code, r.exit_code_for_cli()),
+            (Some(0), EXIT_SANDBOX_ERROR)
+        );
+        assert_eq!(
+            r.error.as_deref(),
+            Some("created inside at a protected path and could NOT be moved aside, still in place: .git")
+        );
+        let s = r.summary();
+        assert!(
+            s.starts_with("palisade: PROTECTION FAILED (exit 125; the program's exit 0) · ")
+                && s.contains(" · PROTECTED .git was created inside and could NOT be moved aside: Operation not permitted (os error 1)"),
+            "{s}"
+        );
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["status"], "protection-failed");
+        assert_eq!(
+            j["protected"]["blocked"][1]["moved_to"],
+            serde_json::Value::Null
+        );
     }
 }

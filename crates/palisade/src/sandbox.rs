@@ -558,6 +558,11 @@ impl Sandbox {
                 Report::from_error(&e, t0.elapsed(), scratch, policy.limits)
             }
         };
+        // The sandbox is gone (init's end kills every process in it): whatever appeared at a
+        // protected path that did not exist at the start is moved aside, never left to run later.
+        // First, before anything else the supervisor does for the report, so that nothing that
+        // could fail on the way (the proxy's log, a short supply of memory) can leave it armed.
+        let disarmed = palisade_linux::host::disarm_all(&protection);
         let mut cgroup = cgroup.into_inner();
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
         if let Some(c) = cgroup.as_mut() {
@@ -571,27 +576,7 @@ impl Sandbox {
         if let Some(e) = egress {
             report.set_network(e.finish(), &policy.network);
         }
-        // The sandbox is gone (init's end kills every process in it): whatever appeared at a
-        // protected path that did not exist at the start is moved aside, never left to run later.
-        let mut blocked = Vec::new();
-        if let Some(dir) = &protection.scratch {
-            for w in &protection.watched {
-                match palisade_linux::host::disarm(dir, w) {
-                    Ok(None) => {}
-                    Ok(Some(to)) => blocked.push(crate::report::Blocked {
-                        path: w.clone(),
-                        moved_to: Some(to),
-                        error: None,
-                    }),
-                    Err(e) => blocked.push(crate::report::Blocked {
-                        path: w.clone(),
-                        moved_to: None,
-                        error: Some(e.to_string()),
-                    }),
-                }
-            }
-        }
-        report.set_protected(&protection, blocked);
+        report.set_protected(&protection, disarmed);
         report
     }
 }
