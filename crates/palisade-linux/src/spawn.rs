@@ -56,6 +56,10 @@ pub enum Stdin {
     Bytes(Vec<u8>),
     /// A pipe whose write end the caller takes with [`Running::take_stdin`].
     Pipe,
+    /// A unix stream socket: the payload's fd 0, whose other end the caller takes with
+    /// [`Running::take_stdin`], both ways (a control channel to an agent of the caller's inside,
+    /// which can pass descriptors back over it).
+    Socket,
     /// The supervisor's own standard input (a front end's, e.g. the CLI's). A terminal is never
     /// handed over as it is: its input is relayed through a pipe, so the payload can neither write
     /// to the caller's terminal nor change its modes (give it a pty of its own for that).
@@ -502,6 +506,13 @@ pub fn spawn(
                 piped(&mut child_side)?
             }
             Stdin::Pipe => piped(&mut child_side)?,
+            Stdin::Socket => {
+                let (ours, theirs) = socketpair()?;
+                let raw = theirs.as_raw_fd();
+                child_side.push(theirs);
+                stdin_w = Some(ours);
+                raw
+            }
         };
         let s = [input, ow.as_raw_fd(), ew.as_raw_fd()];
         child_side.push(ow);
@@ -586,8 +597,12 @@ pub fn spawn(
     // SAFETY: clone3 returned a new pidfd that we own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop((msg_w, go_r, pty_child, child_side));
-    // Our ends of the pipes never block the supervisor's loop (see Running::wait).
-    for f in [&out_r, &err_r, &stdin_w].into_iter().flatten() {
+    // Our ends of the pipes never block the supervisor's loop (see Running::wait). A stdin end
+    // the caller takes (Stdin::Pipe, Stdin::Socket) stays blocking: the caller writes it from
+    // its own thread.
+    let loop_feeds = relay_from.is_some() || feeds_bytes;
+    let fed = stdin_w.as_ref().filter(|_| loop_feeds);
+    for f in [out_r.as_ref(), err_r.as_ref(), fed].into_iter().flatten() {
         sys::set_nonblocking(f.as_raw_fd()).map_err(|e| SetupError::Supervisor {
             op: "make the output pipes non-blocking",
             source: io::Error::from_raw_os_error(e),
@@ -601,7 +616,7 @@ pub fn spawn(
         stderr: err_r.map(File::from),
         pty: None,
         stdin_w: stdin_w.map(File::from),
-        loop_feeds_stdin: relay_from.is_some() || feeds_bytes,
+        loop_feeds_stdin: loop_feeds,
         stdin_bytes,
         relay_from,
         started,

@@ -69,6 +69,9 @@ pub enum Stdin {
     /// A pipe: take its write end with [`Run::take_stdin`] and write from your own thread;
     /// closing it is the payload's end of file.
     Pipe,
+    /// A unix stream socket as the payload's fd 0; take the other end with [`Run::take_stdin`]
+    /// (both ways; descriptors can be passed over it).
+    Socket,
     /// The caller's own standard input (for a command-line front end). A terminal is relayed
     /// through a pipe, never handed over: the payload cannot write to it or change its modes.
     Inherit,
@@ -80,6 +83,7 @@ impl From<Stdin> for palisade_linux::Stdin {
             Stdin::Null => palisade_linux::Stdin::Null,
             Stdin::Bytes(b) => palisade_linux::Stdin::Bytes(b),
             Stdin::Pipe => palisade_linux::Stdin::Pipe,
+            Stdin::Socket => palisade_linux::Stdin::Socket,
             Stdin::Inherit => palisade_linux::Stdin::Inherit,
         }
     }

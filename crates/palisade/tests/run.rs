@@ -254,10 +254,33 @@ fn stdin_as_bytes_or_a_pipe() {
     });
     let mut w = run.take_stdin().expect("the pipe's write end");
     assert!(run.take_stdin().is_none(), "the write end is given once");
-    w.write_all(b"through the pipe\n").unwrap();
+    // More than a pipe holds, from this thread: the end is blocking, as a caller expects.
+    w.write_all(&big).unwrap();
     drop(w);
     let out = run.wait_output();
-    assert_eq!(out.stdout, b"through the pipe\n");
+    assert!(
+        out.stdout == big,
+        "{} bytes back of {}",
+        out.stdout.len(),
+        big.len()
+    );
+
+    // A socket: both ways.
+    let echo = Sandbox::builder()
+        .command(["sh", "-c", "read line; echo \"got $line\" >&0"])
+        .build()
+        .unwrap();
+    let mut run = echo.start(Io {
+        stdin: Some(Stdin::Socket),
+        ..Io::default()
+    });
+    let mut s = run.take_stdin().expect("the socket's other end");
+    s.write_all(b"hello\n").unwrap();
+    let mut back = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut back).unwrap();
+    assert_eq!(back, "got hello\n");
+    drop(s);
+    assert_eq!(run.wait().status, Status::Ok);
 
     let ignores = Sandbox::builder().command(["true"]).build().unwrap();
     let out = ignores
