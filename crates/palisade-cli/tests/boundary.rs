@@ -926,7 +926,7 @@ fn run_policy(command: &str, binds: Vec<Bind>, unlandlocked: Option<Bind>) -> (R
     p.binds
         .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
     p.debug_unlandlocked_bind = unlandlocked;
-    let out = Sandbox::from_policy(p, false).unwrap().output();
+    let out = Sandbox::from_policy(p).unwrap().output();
     let r = Run {
         code: out.report.exit_code_for_cli(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -674,10 +674,10 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             data: c(format!("mode=0755,size={}", policy.limits.scratch_bytes)),
         }),
         Scratch::Host { path } => {
-            let (canon, meta) = resolve_host("--scratch", path)?;
+            let (canon, meta) = resolve_host("filesystem.scratch", path)?;
             if !meta.is_dir() {
                 return Err(SetupError::NotADirectory {
-                    field: "--scratch",
+                    field: "filesystem.scratch",
                     path: canon,
                 });
             }
@@ -702,8 +702,8 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         .collect();
     binds.sort_by_key(|(b, _)| b.target.as_str().matches('/').count());
     for (bind, landlocked) in binds {
-        let field = if bind.writable { "--rw" } else { "--ro" };
-        let (canon, meta) = resolve_host(field, &bind.source)?;
+        let (canon, meta) =
+            resolve_host(palisade_policy::Bind::field(bind.writable), &bind.source)?;
         let s = b.user_source(
             &canon,
             &meta,
@@ -1287,7 +1287,7 @@ mod tests {
         p.debug_unlandlocked_bind = Some(h.bind("exposed", "/exposed", true));
         p.network
             .allow
-            .push(NetRule::parse("--allow-net", "example.org:8443").unwrap());
+            .push(NetRule::parse("network.allow", "example.org:8443").unwrap());
         p.network.local_ports = vec![8000];
         p
     }
@@ -1372,7 +1372,9 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", dir.join(".envrc")).unwrap();
         let e = build(&p, ids(), &host).unwrap_err().to_string();
         assert!(
-            e.contains(".envrc") && e.contains("symbolic link") && e.contains("--unprotect .envrc"),
+            e.contains(".envrc")
+                && e.contains("symbolic link")
+                && e.contains("add `.envrc` to filesystem.unprotect"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
@@ -1639,7 +1641,9 @@ mod tests {
         let p = Policy::new(["true"]).unwrap();
         let e = build(&p, ids(), &h).unwrap_err().to_string();
         assert!(
-            e.contains("Landlock") && e.contains("lsm=") && e.contains("--allow-degraded landlock"),
+            e.contains("Landlock")
+                && e.contains("lsm=")
+                && e.contains("add `landlock` to layers.allow_degraded"),
             "{e}"
         );
         let h = FakeHost::new("nolandlock-sys", Err(libc::ENOSYS));
@@ -1735,7 +1739,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_bind_source_names_the_option() {
+    fn missing_bind_source_names_the_field() {
         let mut p = Policy::new(["true"]).unwrap();
         p.binds
             .push(Bind::parse("/nonexistent/palisade-test", true).unwrap());
@@ -1743,7 +1747,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--rw") && e.contains("/nonexistent/palisade-test"),
+            e.contains("filesystem.rw `/nonexistent/palisade-test`"),
             "{e}"
         );
     }

@@ -349,7 +349,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
         if let Scratch::Host { path } = &policy.scratch {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
                 SetupError::NotWritable {
-                    field: "--scratch",
+                    field: "filesystem.scratch",
                     path: path.clone(),
                     uid: euid,
                 }
@@ -357,7 +357,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
             // SAFETY: access() with a NUL-terminated path.
             if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
                 return Err(SetupError::NotWritable {
-                    field: "--scratch",
+                    field: "filesystem.scratch",
                     path: path.clone(),
                     uid: euid,
                 });
@@ -381,7 +381,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
     let (uid, gid, seen) = match &policy.scratch {
         Scratch::Ephemeral => (0, 0, None),
         Scratch::Host { path } => {
-            let (_, meta) = plan::resolve_host("--scratch", path)?;
+            let (_, meta) = plan::resolve_host("filesystem.scratch", path)?;
             (meta.uid(), meta.gid(), Some((meta.dev(), meta.ino())))
         }
     };

@@ -452,7 +452,7 @@ impl Report {
             (None, Some(why)) => Layer {
                 name: "cgroup-limits",
                 enforced: false,
-                detail: format!("waived with --allow-degraded cgroup: {why}"),
+                detail: format!("waived (layers.allow_degraded: cgroup): {why}"),
             },
             (None, None) => Layer {
                 name: "cgroup-limits",
@@ -777,7 +777,7 @@ fn landlock_layer(state: Option<&LandlockState>) -> Layer {
         }
         Some(LandlockState::Waived { reason }) => (
             false,
-            format!("waived with --allow-degraded landlock: {reason}; the mount view is the only filesystem wall"),
+            format!("waived (layers.allow_degraded: landlock): {reason}; the mount view is the only filesystem wall"),
         ),
     };
     Layer {

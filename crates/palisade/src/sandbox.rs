@@ -270,12 +270,13 @@ impl Sandbox {
         crate::Builder::default()
     }
 
-    /// A sandbox for a policy built elsewhere (validated again here).
-    pub fn from_policy(policy: Policy, keep: bool) -> Result<Sandbox, PolicyError> {
+    /// A sandbox for a policy built elsewhere (validated again here; bound it first with
+    /// [`Policy::check_within`] if someone else wrote it).
+    pub fn from_policy(policy: Policy) -> Result<Sandbox, PolicyError> {
         policy.validate()?;
         Ok(Sandbox {
+            keep: policy.keep_scratch,
             policy,
-            keep,
             stdin: Stdin::Null,
             cgroup_root: PathBuf::from(CGROUP_ROOT),
             net_notify: None,
@@ -407,7 +408,7 @@ impl Sandbox {
             let e = SetupError::Supervisor {
                 op: "check limits.scratch_size",
                 source: std::io::Error::other(
-                    "limits.scratch_size (--scratch-size) caps the ephemeral scratch tmpfs only; with a host scratch directory (filesystem.scratch / --scratch, or --keep) it cannot be enforced: drop it, or drop the host directory",
+                    "limits.scratch_size caps the ephemeral scratch tmpfs only; with a host scratch directory (filesystem.scratch, or filesystem.keep_scratch) it cannot be enforced: drop it, or drop the host directory",
                 ),
             };
             return Report::from_error(&e, t0.elapsed(), None, policy.limits);
@@ -450,8 +451,9 @@ impl Sandbox {
                     (None, Some(e.to_string()))
                 }
                 Err(e) => {
-                    let msg =
-                        format!("{e}; or pass --allow-degraded cgroup to run with rlimits only");
+                    let msg = format!(
+                        "{e}; or add `cgroup` to layers.allow_degraded to run with rlimits only"
+                    );
                     // Without user namespaces nothing can run whatever the cgroup: that is the
                     // error to give first (found by the VM matrix's no-userns guest, where an
                     // undelegated user was told only about the cgroup). `doctor` lists both.

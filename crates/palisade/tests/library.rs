@@ -205,7 +205,7 @@ fn without_a_cgroup_runs_are_refused_unless_waived_and_rlimit_cpu_still_holds() 
         out.report
             .error
             .as_deref()
-            .is_some_and(|e| e.contains("--allow-degraded cgroup")),
+            .is_some_and(|e| e.contains("add `cgroup` to layers.allow_degraded")),
         "{:?}",
         out.report.error
     );
