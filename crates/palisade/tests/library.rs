@@ -51,6 +51,55 @@ fn builder_rejects_bad_input_before_running() {
     assert!(e.to_string().contains("relative"), "{e}");
 }
 
+/// The builder's limits: checked when the sandbox is built, before anything runs, each error
+/// naming its field and value; the first bad setting is the one reported; and what a setter
+/// stores is what the policy gets. No sandbox runs here.
+#[test]
+fn builder_limits_are_checked_at_build_and_reach_the_policy() {
+    let refused = |b: palisade::Builder| b.command(["true"]).build().unwrap_err().to_string();
+    let e = refused(Sandbox::builder().timeout(Duration::ZERO));
+    assert!(e.contains("timeout") && e.contains('0'), "{e}");
+    let e = refused(Sandbox::builder().output_limit(0));
+    assert!(e.contains("output-limit"), "{e}");
+    let e = refused(Sandbox::builder().limits(palisade::policy::Limits {
+        cpu_milli: Some(5),
+        ..Default::default()
+    }));
+    assert!(e.contains("cpus") && e.contains('5'), "{e}");
+    let e = refused(Sandbox::builder().profile("no-such-profile"));
+    assert!(e.contains("no-such-profile"), "{e}");
+    // The first bad setting wins, whatever comes after it.
+    let e = refused(Sandbox::builder().env("1X", "y").ro("relative"));
+    assert!(e.contains("1X") && !e.contains("relative"), "{e}");
+    // A CPU time under 1 ms is rounded up to 1 ms, never to 0 (which would be refused).
+    let b = Sandbox::builder().cpu_time(Duration::from_nanos(1));
+    assert_eq!(b.current_limits().cpu_time_ms, Some(1));
+    let sandbox = Sandbox::builder()
+        .command(["true"])
+        .timeout(Duration::from_millis(1500))
+        .cpu_time(Duration::from_millis(700))
+        .output_limit(4096)
+        .env("A", "1")
+        .env("A", "2")
+        .build()
+        .unwrap();
+    let p = sandbox.policy();
+    assert_eq!(
+        (
+            p.limits.timeout_ms,
+            p.limits.cpu_time_ms,
+            p.limits.output_bytes
+        ),
+        (1500, Some(700), 4096)
+    );
+    let env: Vec<(&str, &str)> = p
+        .env
+        .iter()
+        .map(|v| (v.name.as_str(), v.value.as_str()))
+        .collect();
+    assert_eq!(env, [("A", "2")], "a later value replaces the earlier one");
+}
+
 /// clone3 from a process with other threads: the child must not touch any lock those threads
 /// may hold (allocator, glibc's set*id machinery). A deadlock shows up here as a timeout.
 #[test]
