@@ -30,7 +30,14 @@ fn serial() -> MutexGuard<'static, ()> {
 /// the wall time from the reading to the run's end, per spinning thread.
 struct CpuSampler {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<Seen>>,
+    thread: Option<std::thread::JoinHandle<Vec<Seen>>>,
+}
+
+impl Drop for CpuSampler {
+    /// Stops the thread if a test panicked before `finish`.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// What the sampler saw of one process.
@@ -86,13 +93,17 @@ impl CpuSampler {
             }
             procs.into_values().filter_map(|(_, s)| s).collect()
         });
-        CpuSampler { stop, thread }
+        CpuSampler {
+            stop,
+            thread: Some(thread),
+        }
     }
 
     /// Stops watching; what was seen of each process found.
-    fn finish(self) -> Vec<Seen> {
+    fn finish(mut self) -> Vec<Seen> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the CPU sampler panicked")
+        let thread = self.thread.take().expect("finished once");
+        thread.join().expect("the CPU sampler panicked")
     }
 }
 

@@ -352,7 +352,14 @@ fn probe() -> String {
 /// and it can have got at most the wall time since then per spinning thread.
 struct CpuSampler {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Option<Seen>>,
+    thread: Option<std::thread::JoinHandle<Option<Seen>>>,
+}
+
+impl Drop for CpuSampler {
+    /// Stops the thread if a test panicked before `finish`.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The sampler's last reading.
@@ -403,12 +410,16 @@ impl CpuSampler {
             }
             seen
         });
-        CpuSampler { stop, thread }
+        CpuSampler {
+            stop,
+            thread: Some(thread),
+        }
     }
 
-    fn finish(self) -> Option<Seen> {
+    fn finish(mut self) -> Option<Seen> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the CPU sampler panicked")
+        let thread = self.thread.take().expect("finished once");
+        thread.join().expect("the CPU sampler panicked")
     }
 }
 
