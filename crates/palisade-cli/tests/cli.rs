@@ -74,10 +74,12 @@ fn env_passes_values_by_name_only_when_asked() {
 
 #[test]
 fn json_report_describes_the_run() {
+    let t0 = std::time::Instant::now();
     let r = run(
         &["--json", "-"],
-        &["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
+        &["/bin/sh", "-c", "echo out; echo err >&2; sleep 0.2; exit 3"],
     );
+    let outside = t0.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(r.code, 3);
     let json_start = r.stdout.find('{').expect("a JSON report on stdout");
     assert_eq!(&r.stdout[..json_start], "out\n");
@@ -86,7 +88,20 @@ fn json_report_describes_the_run() {
     assert_eq!(j["exit_code"], 3);
     assert_eq!(j["stdout_bytes"], 4);
     assert_eq!(j["stderr_bytes"], 4);
-    assert!(j["wall_time_ms"].as_f64().unwrap() > 0.0);
+    // The run's wall time covers the payload's 200 ms sleep and lies within the time this test
+    // saw palisade take: both hold on a host however busy (monotonic clocks, no window).
+    let wall = j["wall_time_ms"].as_f64().unwrap();
+    assert!(
+        (200.0..=outside).contains(&wall),
+        "wall time {wall} ms for a run with a 200 ms sleep that took {outside} ms from outside"
+    );
+    // Its CPU time is the processes' (a shell, a sleep): no more than the wall time on every CPU.
+    let cpu = j["cpu_user_ms"].as_f64().unwrap() + j["cpu_system_ms"].as_f64().unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!(
+        cpu > 0.0 && cpu <= wall * cpus,
+        "{cpu} ms of CPU in {wall} ms"
+    );
     let layers = j["layers"].as_array().unwrap();
     let enforced = |n: &str| {
         layers
