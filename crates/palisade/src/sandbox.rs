@@ -354,7 +354,26 @@ impl Sandbox {
         let thread = std::thread::Builder::new()
             .name("palisade-run".into())
             .spawn(move || {
-                let report = sandbox.supervise(io, &out, &tx);
+                let limits = sandbox.policy.limits;
+                // A bug that panics here must still end the run with a report (built with
+                // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
+                // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
+                let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    sandbox.supervise(io, &out, &tx)
+                }))
+                .unwrap_or_else(|p| {
+                    out.close();
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    let e = SetupError::Supervisor {
+                        op: "supervise the run",
+                        source: std::io::Error::other(format!("palisade panicked: {what}")),
+                    };
+                    Report::from_error(&e, Duration::ZERO, None, limits)
+                });
                 *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
                 sh.done.notify_all();
                 if let Some(fd) = &sh.done_fd {
