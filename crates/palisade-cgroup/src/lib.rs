@@ -62,13 +62,34 @@ pub struct CpuUsage {
 /// Why a cgroup could not be used.
 #[derive(Debug, Error)]
 pub enum CgroupError {
-    #[error("no usable cgroup hierarchy with the memory and pids controllers under {}", root.display())]
+    #[error(
+        "no usable cgroup hierarchy with the memory and pids controllers under {}",
+        root.display()
+    )]
     NoHierarchy { root: PathBuf },
-    #[error("no cgroup delegated to uid {uid}: {}; as root, run `palisade cgroup-delegate --user <name>` once (on systemd hosts, run palisade inside a session with a delegated user slice)", tried.display())]
+    #[error(
+        "no cgroup delegated to uid {uid}: {}; as root, run `palisade cgroup-delegate --user \
+         <name>` once (on systemd hosts, run palisade inside a session with a delegated user \
+         slice)",
+        tried.display()
+    )]
     NotDelegated { uid: u32, tried: PathBuf },
-    #[error("palisade runs in cgroup {}, which is not delegated to uid {uid} (owned by the user and marked with the user.delegate or trusted.delegate attribute): on cgroup v2 a user's run cgroups must live under the user's own. On systemd hosts start palisade in a delegated scope: `systemd-run --user --scope -p Delegate=yes palisade run …`; elsewhere, as root, run `palisade cgroup-delegate --user <name>` once and start the user's palisade from a process moved into its leaf (as root: `echo PID > /sys/fs/cgroup/palisade/user-UID/palisade-procs/cgroup.procs`)", own.display())]
+    #[error(
+        "palisade runs in cgroup {}, which is not delegated to uid {uid} (owned by the user and \
+         marked with the user.delegate or trusted.delegate attribute): on cgroup v2 a user's run \
+         cgroups must live under the user's own. On systemd hosts start palisade in a delegated \
+         scope: `systemd-run --user --scope -p Delegate=yes palisade run …`; elsewhere, as root, \
+         run `palisade cgroup-delegate --user <name>` once and start the user's palisade from a \
+         process moved into its leaf (as root: `echo PID > \
+         /sys/fs/cgroup/palisade/user-UID/palisade-procs/cgroup.procs`)",
+        own.display()
+    )]
     NotDelegatedV2 { uid: u32, own: PathBuf },
-    #[error("cgroup {} does not offer the {missing} controller(s) to its children; enable them in the parent's cgroup.subtree_control (on systemd: `Delegate=memory pids cpu` for the unit)", path.display())]
+    #[error(
+        "cgroup {} does not offer the {missing} controller(s) to its children; enable them in the \
+         parent's cgroup.subtree_control (on systemd: `Delegate=memory pids cpu` for the unit)",
+        path.display()
+    )]
     MissingControllers { path: PathBuf, missing: String },
     #[error("cannot {op} {}: {source}", path.display())]
     Io {
@@ -147,8 +168,7 @@ pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
         match std::fs::remove_dir(path) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(16) => {
-                // EBUSY
+            Err(e) if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::BUSY) => {
                 last = Some(e);
                 std::thread::sleep(std::time::Duration::from_micros(100 * (i + 1).min(50)));
             }
@@ -260,5 +280,23 @@ mod tests {
         assert_eq!(stale_pid(&n), Some(std::process::id()));
         assert_eq!(stale_pid("user-1000"), None);
         assert_eq!(stale_pid("run-x-1"), None);
+    }
+
+    #[test]
+    fn error_messages_read_as_one_line_with_the_fix() {
+        let e = CgroupError::NotDelegatedV2 {
+            uid: 1000,
+            own: "/sys/fs/cgroup/user.slice".into(),
+        }
+        .to_string();
+        assert!(!e.contains('\n') && !e.contains("  "), "{e}");
+        assert!(
+            e.contains("run `palisade cgroup-delegate --user <name>` once"),
+            "{e}"
+        );
+        assert!(
+            e.contains("(as root: `echo PID > /sys/fs/cgroup/palisade/user-UID/palisade-procs/"),
+            "{e}"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! for its children.
 
 use crate::*;
+use rustix::io::Errno;
 
 /// The v2 manager: the palisade parent in the unified hierarchy.
 pub struct V2 {
@@ -11,7 +12,9 @@ pub struct V2 {
 fn unified(root: &Path) -> Option<PathBuf> {
     // A pure v2 host mounts the hierarchy at the root; a hybrid one at `unified/`.
     for p in [root.to_owned(), root.join("unified")] {
-        let ctrls = std::fs::read_to_string(p.join("cgroup.controllers")).ok()?;
+        let Ok(ctrls) = std::fs::read_to_string(p.join("cgroup.controllers")) else {
+            continue; // a hybrid host's root is a tmpfs of mount points
+        };
         let has = |c: &str| ctrls.split_whitespace().any(|x| x == c);
         if has("memory") && has("pids") {
             return Some(p);
@@ -173,7 +176,8 @@ impl V2 {
                 use std::io::Write;
                 match f.write_all(format!("{p}\n").as_bytes()) {
                     Ok(()) => {}
-                    Err(e) if p != ours && e.raw_os_error() == Some(libc_esrch()) => {}
+                    // The process exited meanwhile.
+                    Err(e) if p != ours && Errno::from_io_error(&e) == Some(Errno::SRCH) => {}
                     Err(e) => return Err(io_at("move a process into", &dst)(e)),
                 }
             }
@@ -222,11 +226,6 @@ impl V2 {
         }
         Ok(Some(vec![d]))
     }
-}
-
-/// ESRCH: the process to move is gone.
-const fn libc_esrch() -> i32 {
-    3
 }
 
 impl Manager for V2 {
@@ -298,11 +297,11 @@ impl RunCgroup for V2Run {
         )
     }
 
-    /// From `cpu.stat`, which every v2 cgroup has, with or without the cpu controller.
     fn cpu_quota_us(&self) -> Option<u64> {
         self.quota
     }
 
+    /// From `cpu.stat`, which every v2 cgroup has, with or without the cpu controller.
     fn cpu_used(&self) -> Option<std::time::Duration> {
         let stat = std::fs::read_to_string(self.dir.as_ref()?.join("cpu.stat")).ok()?;
         keyed(&stat, "usage_usec").map(std::time::Duration::from_micros)
@@ -395,6 +394,23 @@ mod tests {
         drop(run);
         std::fs::remove_dir_all(&r).unwrap();
     }
+    #[test]
+    fn a_hybrid_host_has_v2_under_unified() {
+        // The root of a hybrid host is a tmpfs of mount points, with no cgroup files of its own.
+        let r = std::env::temp_dir().join(format!("palisade-cg2h-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&r);
+        std::fs::create_dir_all(r.join("unified")).unwrap();
+        std::fs::write(r.join("unified/cgroup.controllers"), "").unwrap();
+        assert_eq!(
+            unified(&r),
+            None,
+            "an empty unified hierarchy is not v2 for palisade"
+        );
+        std::fs::write(r.join("unified/cgroup.controllers"), "cpu memory pids").unwrap();
+        assert_eq!(unified(&r), Some(r.join("unified")));
+        std::fs::remove_dir_all(&r).unwrap();
+    }
+
     /// A delegated cgroup as a temporary directory owned by the test's own user.
     fn fake_delegated(tag: &str, controllers: &str, procs: &str) -> (PathBuf, u32) {
         use std::os::unix::fs::MetadataExt;
