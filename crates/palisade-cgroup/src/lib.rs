@@ -4,13 +4,17 @@
 //! root, `palisade/user-UID/` once root has delegated it to a user with
 //! [`delegate`]). The sandbox's init joins it before the payload starts, so every process of the
 //! sandbox is inside; the limits hold for all of them together, and the accounting (peak memory, OOM
-//! kills) covers all of them. The cgroup is removed after the run; stale ones left by a killed
-//! supervisor are removed on the next start.
+//! kills) covers all of them. The cgroup is removed after the run. Run cgroups left by a killed
+//! supervisor are removed by a later one, once per process ([`Manager::clean_stale_once`]); who
+//! owns a run cgroup is decided by a lock its supervisor holds, not by a pid, so supervisors in
+//! different pid namespaces sharing one cgroupfs never take each other's runs for stale (the
+//! protocol, and why a lock: the `owner` module).
 //!
-//! Only file writes, no system calls of our own: the root of the hierarchies is injectable, so the
-//! writers are tested on a temporary directory.
+//! File writes plus two system calls through rustix (`flock`, `getrandom`); the root of the
+//! hierarchies is injectable, so the writers and the cleanup are tested on a temporary directory.
 #![forbid(unsafe_code)]
 
+mod owner;
 mod v1;
 mod v2;
 
@@ -119,10 +123,16 @@ pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
 pub trait Manager: Send + Sync {
     /// `"v1"` or `"v2"`, for the report.
     fn version(&self) -> &'static str;
-    /// Creates the cgroup of one run, named `name`, with `limits` written.
-    fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError>;
-    /// Removes run cgroups whose supervisor is gone (their name carries its pid).
-    fn clean_stale(&self);
+    /// Creates the cgroup of one run, with `limits` written, under a name of its own
+    /// (`run-PID-TOKEN-SEQ`), locked by this process until it is removed.
+    fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError>;
+    /// Removes the run cgroups whose supervisor is provably gone (nobody holds their lock), in
+    /// whatever pid namespace it ran, and returns them. Reads the whole palisade parent: on the
+    /// way to a run, call [`Manager::clean_stale_once`].
+    fn clean_stale(&self) -> Vec<PathBuf>;
+    /// [`Manager::clean_stale`] the first time it is called for this parent in this process;
+    /// nothing after that.
+    fn clean_stale_once(&self);
 }
 
 /// The cgroup of one run. Dropping it removes it (it must be empty by then).
@@ -142,49 +152,35 @@ pub trait RunCgroup: Send {
     /// The CPU quota written for this run (µs per period), if one was: a requested quota the host
     /// could not apply (no cpu controller for palisade) is `None`.
     fn cpu_quota_us(&self) -> Option<u64>;
-    /// Removes the cgroup; waits briefly for the kernel to finish freeing dead processes.
+    /// Removes the cgroup. One the kernel still reports busy a few milliseconds after its
+    /// processes are gone is not waited for: this process keeps it locked and retries at its next
+    /// run, or, if it exits first, the next supervisor's stale cleanup removes it.
     fn remove(&mut self) -> Result<(), CgroupError>;
 }
 
-/// The name of a run's cgroup: the supervisor's pid (for stale detection) and a counter.
-pub fn run_name(seq: u64) -> String {
-    format!("run-{}-{seq}", std::process::id())
-}
-
-pub(crate) fn stale_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("run-")?;
-    rest.split('-').next()?.parse().ok()
-}
-
-pub(crate) fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Removes a directory, retrying for a short while: right after the last process of a cgroup is
-/// reaped, the kernel may still report it busy.
-pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
-    let mut last = None;
-    for i in 0..200 {
-        match std::fs::remove_dir(path) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::BUSY) => {
-                last = Some(e);
-                std::thread::sleep(std::time::Duration::from_micros(100 * (i + 1).min(50)));
-            }
-            Err(e) => {
-                return Err(CgroupError::Io {
-                    op: "remove",
-                    path: path.to_owned(),
-                    source: e,
-                })
-            }
+/// Makes a run's directories with `make` (one per hierarchy, each locked) under a fresh name,
+/// starting over with another when a concurrent stale cleanup removed one between its creation
+/// and its lock.
+pub(crate) fn make_run<T>(
+    mut make: impl FnMut(&str) -> Result<T, owner::MakeError>,
+) -> Result<T, CgroupError> {
+    owner::retry_pending();
+    let mut name = String::new();
+    for _ in 0..owner::ATTEMPTS {
+        name = owner::next_name();
+        match make(&name) {
+            Ok(t) => return Ok(t),
+            Err(owner::MakeError::Failed(e)) => return Err(e),
+            Err(owner::MakeError::Raced) => {}
         }
     }
     Err(CgroupError::Io {
-        op: "remove",
-        path: path.to_owned(),
-        source: last.expect("set in the loop"),
+        op: "create",
+        path: PathBuf::from(name),
+        source: io::Error::other(format!(
+            "a concurrent stale cleanup removed it {} times in a row",
+            owner::ATTEMPTS
+        )),
     })
 }
 
@@ -273,14 +269,6 @@ pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), CgroupError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn run_names_carry_the_supervisor_pid() {
-        let n = run_name(7);
-        assert_eq!(stale_pid(&n), Some(std::process::id()));
-        assert_eq!(stale_pid("user-1000"), None);
-        assert_eq!(stale_pid("run-x-1"), None);
-    }
 
     #[test]
     fn error_messages_read_as_one_line_with_the_fix() {

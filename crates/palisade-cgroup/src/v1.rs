@@ -117,18 +117,27 @@ impl V1 {
     }
 }
 
-impl Manager for V1 {
-    fn version(&self) -> &'static str {
-        "v1"
+impl V1 {
+    /// The palisade parents this manager uses, each once (`cpu` and `cpuacct` may be one).
+    fn parents(&self) -> Vec<&Path> {
+        let mut v: Vec<&Path> = vec![&self.memory, &self.pids];
+        for p in [&self.cpuacct, &self.cpu].into_iter().flatten() {
+            if !v.contains(&p.as_path()) {
+                v.push(p);
+            }
+        }
+        v
     }
 
-    fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
+    /// The run's directories under `name`, made and locked, or the reason not.
+    fn make(&self, name: &str, cpu: bool) -> Result<V1Run, owner::MakeError> {
         let at = |p: &Option<PathBuf>| p.as_ref().map(|p| p.join(name));
-        let cpu = limits.cpu_quota_us.and(at(&self.cpu));
+        let cpu = if cpu { at(&self.cpu) } else { None };
         let mut run = V1Run {
             memory: self.memory.join(name),
             pids: self.pids.join(name),
             cpuacct: at(&self.cpuacct),
+            cpu: None,
             quota: None,
             made: Vec::new(),
         };
@@ -137,12 +146,23 @@ impl Manager for V1 {
             .chain([run.cpuacct.clone(), cpu.clone()])
             .flatten()
         {
-            if run.made.contains(&d) {
+            if run.made.iter().any(|o| o.path == d) {
                 continue; // cpu and cpuacct mounted together
             }
-            std::fs::create_dir(&d).map_err(io_at("create", &d))?;
-            run.made.push(d);
+            run.made.push(owner::make(&d)?);
         }
+        run.cpu = cpu;
+        Ok(run)
+    }
+}
+
+impl Manager for V1 {
+    fn version(&self) -> &'static str {
+        "v1"
+    }
+
+    fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
+        let mut run = make_run(|name| self.make(name, limits.cpu_quota_us.is_some()))?;
         let mem = limits.memory_bytes.to_string();
         write(&run.memory.join("memory.limit_in_bytes"), &mem)?;
         // Swap off for the sandbox: memory+swap capped at the same value where the kernel accounts
@@ -159,7 +179,7 @@ impl Manager for V1 {
             }
         }
         write(&run.pids.join("pids.max"), &limits.pids.to_string())?;
-        if let (Some(c), Some(q)) = (&cpu, limits.cpu_quota_us) {
+        if let (Some(c), Some(q)) = (&run.cpu, limits.cpu_quota_us) {
             write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
             write(&c.join("cpu.cfs_quota_us"), &q.to_string())?;
             run.quota = Some(q);
@@ -167,29 +187,15 @@ impl Manager for V1 {
         Ok(Box::new(run))
     }
 
-    fn clean_stale(&self) {
-        let mut parents: Vec<&PathBuf> = vec![&self.memory, &self.pids];
-        for p in [&self.cpuacct, &self.cpu].into_iter().flatten() {
-            if !parents.contains(&p) {
-                parents.push(p);
-            }
-        }
-        for parent in parents {
-            let Ok(rd) = std::fs::read_dir(parent) else {
-                continue;
-            };
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if let Some(pid) = stale_pid(&name) {
-                    // A dead supervisor's sandbox died with it (PDEATHSIG), so its cgroup is
-                    // empty; one that is not stays (one attempt, no retry: this is on every
-                    // start). Liveness is judged in our own pid namespace, so supervisors in
-                    // other pid namespaces need their own palisade parent.
-                    if !pid_alive(pid) {
-                        let _ = std::fs::remove_dir(e.path());
-                    }
-                }
-            }
+    fn clean_stale(&self) -> Vec<PathBuf> {
+        // v1 has no cgroup.kill: a dead supervisor's sandbox died with it (PDEATHSIG), so its
+        // cgroups are empty; one that is not stays, and is retried later.
+        owner::clean(&self.parents(), None)
+    }
+
+    fn clean_stale_once(&self) {
+        if owner::once(&self.memory) {
+            self.clean_stale();
         }
     }
 }
@@ -198,9 +204,11 @@ struct V1Run {
     memory: PathBuf,
     pids: PathBuf,
     cpuacct: Option<PathBuf>,
+    /// The cpu directory, where a quota was asked for and the host has the hierarchy.
+    cpu: Option<PathBuf>,
     quota: Option<u64>,
-    /// Every directory of the run, once each: joined, then removed.
-    made: Vec<PathBuf>,
+    /// Every directory of the run, once each, locked: joined, then removed.
+    made: Vec<owner::Owned>,
 }
 
 /// A nanosecond count in a cpuacct file.
@@ -211,7 +219,7 @@ fn ns(file: &Path) -> Option<Duration> {
 impl RunCgroup for V1Run {
     fn join(&self, pid: i32) -> Result<(), CgroupError> {
         for d in &self.made {
-            write(&d.join("cgroup.procs"), &pid.to_string())?;
+            write(&d.path.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
@@ -220,7 +228,7 @@ impl RunCgroup for V1Run {
         self.made
             .iter()
             .map(|d| {
-                let p = d.join("tasks");
+                let p = d.path.join("tasks");
                 std::fs::OpenOptions::new()
                     .write(true)
                     .open(&p)
@@ -265,10 +273,15 @@ impl RunCgroup for V1Run {
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {
-        let mut first = None;
+        // The same processes are in every hierarchy: once one directory is still busy after the
+        // short wait, the others are too, and are kept for later at once.
+        let (mut first, mut wait) = (None, true);
         for d in self.made.drain(..) {
-            if let Err(e) = rmdir_retry(&d) {
-                first.get_or_insert(e);
+            match owner::remove(d, wait) {
+                Ok(gone) => wait &= gone,
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
             }
         }
         first.map_or(Ok(()), Err)
@@ -307,6 +320,18 @@ mod tests {
         r
     }
 
+    /// The name of the one run cgroup under `parent`.
+    fn only_run(parent: &Path) -> String {
+        let names: Vec<String> = std::fs::read_dir(parent)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("run-"))
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        names[0].clone()
+    }
+
     const LIMITS: CgroupLimits = CgroupLimits {
         memory_bytes: 64 << 20,
         pids: 32,
@@ -319,11 +344,12 @@ mod tests {
         let m = V1::detect(&root, 0).unwrap().expect("fake v1 detected");
         // create() makes the directories; the writes then create plain files in the temp dir
         // (a real cgroupfs has them already).
-        let name = "run-1-1";
-        let run = m.create(name, &LIMITS).unwrap();
-        let mem = root.join("memory/palisade").join(name);
-        let pids = root.join("pids/palisade").join(name);
-        let acct = root.join("cpuacct/palisade").join(name);
+        let run = m.create(&LIMITS).unwrap();
+        let name = only_run(&root.join("memory/palisade"));
+        assert!(owner::is_run_name(&name), "{name}");
+        let mem = root.join("memory/palisade").join(&name);
+        let pids = root.join("pids/palisade").join(&name);
+        let acct = root.join("cpuacct/palisade").join(&name);
         assert_eq!(
             std::fs::read_to_string(mem.join("memory.limit_in_bytes")).unwrap(),
             "67108864"
@@ -369,8 +395,10 @@ mod tests {
             cpu_quota_us: Some(50_000),
             ..LIMITS
         };
-        let run = m.create("run-1-2", &quota).unwrap();
-        let d = root.join("cpuacct/palisade/run-1-2");
+        let run = m.create(&quota).unwrap();
+        let d = root
+            .join("cpuacct/palisade")
+            .join(only_run(&root.join("cpuacct/palisade")));
         assert_eq!(
             std::fs::read_to_string(d.join("cpu.cfs_quota_us")).unwrap(),
             "50000"
@@ -405,6 +433,53 @@ mod tests {
         }
         let e = V1::detect(&root, 1000).err().expect("cpuacct missing");
         assert!(e.to_string().contains("cpuacct/palisade/user-1000"), "{e}");
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn stale_cleanup_takes_only_runs_whose_owner_is_gone() {
+        let root = fake_root("stale", true);
+        let m = V1::detect(&root, 0).unwrap().expect("fake v1 detected");
+        let quota = CgroupLimits {
+            cpu_quota_us: Some(50_000),
+            ..LIMITS
+        };
+        let live = m.create(&quota).unwrap();
+        let live_name = only_run(&root.join("memory/palisade"));
+        // A dead supervisor's run: its directories in each hierarchy, unlocked, empty (its
+        // sandbox died with it). And an earlier version's name, which is not ours to judge.
+        let dead = "run-4242-00000000deadbeef-0";
+        for h in ["memory", "pids", "cpu,cpuacct"] {
+            std::fs::create_dir(root.join(h).join("palisade").join(dead)).unwrap();
+            std::fs::create_dir(root.join(h).join("palisade/run-4242-0")).unwrap();
+        }
+        let mut removed = m.clean_stale();
+        removed.sort();
+        // The cpu,cpuacct hierarchy is reached through its `cpuacct` link.
+        let mut want: Vec<PathBuf> = ["cpuacct", "memory", "pids"]
+            .iter()
+            .map(|h| root.join(h).join("palisade").join(dead))
+            .collect();
+        want.sort();
+        assert_eq!(removed, want);
+        for h in ["memory", "pids", "cpu,cpuacct"] {
+            let p = root.join(h).join("palisade");
+            assert!(
+                p.join(&live_name).is_dir(),
+                "the live run lost its {h} cgroup"
+            );
+            assert!(p.join("run-4242-0").is_dir());
+        }
+        // Once per process and parent: the second call does nothing, even with a new leftover.
+        std::fs::create_dir(root.join("memory/palisade").join(dead)).unwrap();
+        m.clean_stale_once();
+        m.clean_stale_once();
+        let left = root.join("memory/palisade").join(dead).exists();
+        assert!(!left, "the first clean_stale_once did not clean");
+        std::fs::create_dir(root.join("memory/palisade").join(dead)).unwrap();
+        m.clean_stale_once();
+        assert!(root.join("memory/palisade").join(dead).exists());
+        drop(live);
         std::fs::remove_dir_all(root).unwrap();
     }
 }

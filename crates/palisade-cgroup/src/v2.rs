@@ -233,20 +233,20 @@ impl Manager for V2 {
         "v2"
     }
 
-    fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
-        let dir = self.base.join(name);
-        std::fs::create_dir(&dir).map_err(io_at("create", &dir))?;
+    fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
+        let dir = make_run(|name| owner::make(&self.base.join(name)))?;
+        let path = dir.path.clone();
         let mut run = V2Run {
-            dir: Some(dir.clone()),
+            dir: Some(dir),
             quota: None,
         };
-        write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
-        let swap = dir.join("memory.swap.max");
+        write(&path.join("memory.max"), &limits.memory_bytes.to_string())?;
+        let swap = path.join("memory.swap.max");
         if swap.exists() {
             write(&swap, "0")?;
         }
-        write(&dir.join("pids.max"), &limits.pids.to_string())?;
-        let cpu_max = dir.join("cpu.max");
+        write(&path.join("pids.max"), &limits.pids.to_string())?;
+        let cpu_max = path.join("cpu.max");
         if let (Some(q), true) = (limits.cpu_quota_us, cpu_max.exists()) {
             write(&cpu_max, &format!("{q} {CPU_PERIOD_US}"))?;
             run.quota = Some(q);
@@ -254,35 +254,37 @@ impl Manager for V2 {
         Ok(Box::new(run))
     }
 
-    fn clean_stale(&self) {
-        let Ok(rd) = std::fs::read_dir(&self.base) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = stale_pid(&name) {
-                if !pid_alive(pid) {
-                    let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
-                    let _ = std::fs::remove_dir(e.path());
-                }
-            }
+    fn clean_stale(&self) -> Vec<PathBuf> {
+        owner::clean(&[&self.base], Some("cgroup.kill"))
+    }
+
+    fn clean_stale_once(&self) {
+        if owner::once(&self.base) {
+            self.clean_stale();
         }
     }
 }
 
 struct V2Run {
-    dir: Option<PathBuf>,
+    /// The run's directory, locked; `None` once removed.
+    dir: Option<owner::Owned>,
     quota: Option<u64>,
+}
+
+impl V2Run {
+    fn dir(&self) -> Option<&Path> {
+        self.dir.as_ref().map(|d| d.path.as_path())
+    }
 }
 
 impl RunCgroup for V2Run {
     fn join(&self, pid: i32) -> Result<(), CgroupError> {
-        let dir = self.dir.as_ref().expect("not removed");
+        let dir = self.dir().expect("not removed");
         write(&dir.join("cgroup.procs"), &pid.to_string())
     }
 
     fn stats(&self) -> CgroupStats {
-        let Some(dir) = &self.dir else {
+        let Some(dir) = self.dir() else {
             return CgroupStats::default();
         };
         let stat = std::fs::read_to_string(dir.join("cpu.stat")).unwrap_or_default();
@@ -303,15 +305,15 @@ impl RunCgroup for V2Run {
 
     /// From `cpu.stat`, which every v2 cgroup has, with or without the cpu controller.
     fn cpu_used(&self) -> Option<std::time::Duration> {
-        let stat = std::fs::read_to_string(self.dir.as_ref()?.join("cpu.stat")).ok()?;
+        let stat = std::fs::read_to_string(self.dir()?.join("cpu.stat")).ok()?;
         keyed(&stat, "usage_usec").map(std::time::Duration::from_micros)
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {
         match self.dir.take() {
             Some(d) => {
-                let _ = std::fs::write(d.join("cgroup.kill"), "1");
-                rmdir_retry(&d)
+                let _ = std::fs::write(d.path.join("cgroup.kill"), "1");
+                owner::remove(d, true).map(|_| ())
             }
             None => Ok(()),
         }
@@ -361,25 +363,28 @@ mod tests {
             "+memory +pids +cpu"
         );
         let run = m
-            .create(
-                "run-1-1",
-                &CgroupLimits {
-                    memory_bytes: 1 << 26,
-                    pids: 32,
-                    cpu_quota_us: None,
-                },
-            )
+            .create(&CgroupLimits {
+                memory_bytes: 1 << 26,
+                pids: 32,
+                cpu_quota_us: None,
+            })
             .unwrap();
+        let names: Vec<String> = std::fs::read_dir(r.join("palisade"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("run-"))
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(owner::is_run_name(&names[0]), "{names:?}");
+        let d = r.join("palisade").join(&names[0]);
         assert_eq!(
-            std::fs::read_to_string(r.join("palisade/run-1-1/memory.max")).unwrap(),
+            std::fs::read_to_string(d.join("memory.max")).unwrap(),
             "67108864"
         );
-        assert_eq!(
-            std::fs::read_to_string(r.join("palisade/run-1-1/pids.max")).unwrap(),
-            "32"
-        );
+        assert_eq!(std::fs::read_to_string(d.join("pids.max")).unwrap(), "32");
         std::fs::write(
-            r.join("palisade/run-1-1/cpu.stat"),
+            d.join("cpu.stat"),
             "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\nnr_periods 0\n",
         )
         .unwrap();
@@ -391,6 +396,11 @@ mod tests {
                 system: std::time::Duration::from_micros(500)
             })
         );
+        // A stale run (nobody holds it) goes, with a kill first; the live one stays.
+        let dead = r.join("palisade/run-9-00000000deadbeef-3");
+        std::fs::create_dir(&dead).unwrap();
+        assert_eq!(m.clean_stale(), vec![dead.clone()]);
+        assert!(d.is_dir());
         drop(run);
         std::fs::remove_dir_all(&r).unwrap();
     }

@@ -1,14 +1,13 @@
 //! The library entry point: build a policy, run it, get a [`Report`].
 
 use crate::report::Report;
-use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
+use palisade_cgroup::{CgroupLimits, RunCgroup};
 use palisade_linux::{CpuWatch, Running, SetupError, Sinks, Stdin};
 use palisade_policy::Degradable;
 use palisade_policy::{Policy, PolicyError, Scratch};
 use std::cell::RefCell;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory.
@@ -150,15 +149,13 @@ impl Sandbox {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
             };
-            m.clean_stale();
+            m.clean_stale_once();
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 pids: policy.limits.pids,
                 cpu_quota_us: policy.limits.cpu_quota_us(),
             };
-            let c = m
-                .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)
-                .map_err(std::io::Error::other)?;
+            let c = m.create(&limits).map_err(std::io::Error::other)?;
             let files = c.self_join_files().map_err(std::io::Error::other)?;
             if files.is_empty() {
                 c.join(pid).map_err(std::io::Error::other)?;
@@ -285,9 +282,6 @@ impl Sandbox {
 
 /// Root of the cgroup hierarchies.
 pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
-/// Distinguishes the cgroups of one supervisor's runs.
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn make_temp_dir() -> std::io::Result<PathBuf> {
     let base = std::env::var_os("TMPDIR")
