@@ -10,6 +10,9 @@
 //! different pid namespaces sharing one cgroupfs never take each other's runs for stale (the
 //! protocol, and why a lock: the `owner` module).
 //!
+//! What a run's cgroup does not hold within its memory ceiling on a given host (socket buffers on
+//! cgroup v1, say) is listed by [`RunCgroup::gaps`], for the report.
+//!
 //! File writes plus two system calls through rustix (`flock`, `getrandom`); the root of the
 //! hierarchies is injectable, so the writers and the cleanup are tested on a temporary directory.
 #![forbid(unsafe_code)]
@@ -54,6 +57,26 @@ pub struct CgroupStats {
     /// CPU time of every process that ever ran in the cgroup, those the kernel reaped itself at a
     /// kill included.
     pub cpu: Option<CpuUsage>,
+    /// Peak of the socket buffers (TCP, UDP) where the kernel keeps them in a counter of their own,
+    /// outside `memory_peak`: cgroup v1's `memory.kmem.tcp`. `None` on v2, where they are part of
+    /// `memory_peak`, and where they are not accounted at all (see [`RunCgroup::gaps`]).
+    pub socket_memory_peak: Option<u64>,
+}
+
+/// Something the run's cgroup does not hold within its memory ceiling on this host: what escapes,
+/// and what bounds it instead. For the report, so that a limit is never claimed wider than it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    /// What escapes the memory ceiling, e.g. `socket buffers`.
+    pub what: &'static str,
+    /// What bounds it instead, and why the cgroup cannot.
+    pub bound: String,
+}
+
+impl std::fmt::Display for Gap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.bound)
+    }
 }
 
 /// CPU time a cgroup accounted.
@@ -152,6 +175,9 @@ pub trait RunCgroup: Send {
     /// The CPU quota written for this run (µs per period), if one was: a requested quota the host
     /// could not apply (no cpu controller for palisade) is `None`.
     fn cpu_quota_us(&self) -> Option<u64>;
+    /// What this run's cgroup does not hold within its memory ceiling on this host, each with what
+    /// bounds it instead; empty where the ceiling covers everything it is documented to.
+    fn gaps(&self) -> &[Gap];
     /// Removes the cgroup. One the kernel still reports busy a few milliseconds after its
     /// processes are gone is not waited for: this process keeps it locked and retries at its next
     /// run, or, if it exits first, the next supervisor's stale cleanup removes it.
@@ -182,6 +208,42 @@ pub(crate) fn make_run<T>(
             owner::ATTEMPTS
         )),
     })
+}
+
+/// What the kernel's boot options take out of every memory cgroup, from the `/proc/cmdline` text:
+/// `cgroup.memory=nosocket` (socket buffers) and `cgroup.memory=nokmem` (kernel memory).
+pub(crate) fn boot_gaps(cmdline: &str) -> Vec<Gap> {
+    let opts: Vec<&str> = cmdline
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("cgroup.memory="))
+        .flat_map(|v| v.split(','))
+        .collect();
+    let mut v = Vec::new();
+    if opts.contains(&"nosocket") {
+        v.push(Gap {
+            what: "socket buffers",
+            bound: "not charged to any memory cgroup (the kernel was booted with \
+                    cgroup.memory=nosocket): only the host-wide net.ipv4.tcp_mem and udp_mem \
+                    bound them"
+                .into(),
+        });
+    }
+    if opts.contains(&"nokmem") {
+        v.push(Gap {
+            what: "kernel memory",
+            bound: "pipe and unix socket buffers, page tables and the kernel objects the code \
+                    makes are not charged to the memory cgroup (the kernel was booted with \
+                    cgroup.memory=nokmem)"
+                .into(),
+        });
+    }
+    v
+}
+
+/// [`boot_gaps`] of this host, read once.
+pub(crate) fn host_boot_gaps() -> &'static [Gap] {
+    static GAPS: std::sync::OnceLock<Vec<Gap>> = std::sync::OnceLock::new();
+    GAPS.get_or_init(|| boot_gaps(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default()))
 }
 
 /// Finds the manager for this host and caller under `root` (normally `/sys/fs/cgroup`): v2 when
@@ -246,6 +308,7 @@ pub(crate) fn read_stats(
         pids_peak: read_number(pids_peak),
         cpu_quota_us,
         cpu,
+        socket_memory_peak: None,
     }
 }
 
@@ -269,6 +332,27 @@ pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), CgroupError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_options_that_take_memory_out_of_cgroups_are_gaps() {
+        assert_eq!(boot_gaps("quiet console=ttyS0 psi=1"), vec![]);
+        let g = boot_gaps("quiet cgroup.memory=nokmem,nosocket ro");
+        let what: Vec<&str> = g.iter().map(|g| g.what).collect();
+        assert_eq!(what, ["socket buffers", "kernel memory"]);
+        assert!(
+            g[0].to_string().contains("cgroup.memory=nosocket"),
+            "{}",
+            g[0]
+        );
+        assert_eq!(
+            boot_gaps("cgroup.memory=nosocket")[0].what,
+            "socket buffers"
+        );
+        assert_eq!(
+            boot_gaps("xcgroup.memory=nosocket cgroup.memory=nobpf"),
+            vec![]
+        );
+    }
 
     #[test]
     fn error_messages_read_as_one_line_with_the_fix() {

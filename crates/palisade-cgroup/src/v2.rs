@@ -1,5 +1,9 @@
 //! cgroup v2: one unified hierarchy; the palisade parent enables the memory and pids controllers
 //! for its children.
+//!
+//! Socket buffers (TCP, UDP) are charged to the socket's memory cgroup by the kernel's design and
+//! count against `memory.max` with everything else, unless the kernel was booted with
+//! `cgroup.memory=nosocket` (then [`RunCgroup::gaps`] says so).
 
 use crate::*;
 use rustix::io::Errno;
@@ -307,6 +311,10 @@ impl RunCgroup for V2Run {
     fn cpu_used(&self) -> Option<std::time::Duration> {
         let stat = std::fs::read_to_string(self.dir()?.join("cpu.stat")).ok()?;
         keyed(&stat, "usage_usec").map(std::time::Duration::from_micros)
+    }
+
+    fn gaps(&self) -> &[Gap] {
+        host_boot_gaps()
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {
