@@ -429,34 +429,42 @@ fn udp_pin(memory: &str, room: u64) -> (serde_json::Value, Option<u64>, Run) {
 
 #[test]
 fn socket_buffers_are_held_to_the_memory_ceiling() {
-    // F9: on cgroup v1 the sandbox pinned 1 GB of UDP receive buffers under --memory 64MiB. Now
-    // v1 counts them against a ceiling of their own of the same size (memory.kmem.tcp), and v2
-    // charges them to memory.max with everything else: either way they stay under 64 MiB, or the
-    // run is an OOM kill.
+    // F9: on cgroup v1 the sandbox pinned 1 GB of UDP receive buffers under --memory 64MiB, and
+    // the report said 4.9 MB. Now v1 counts them against a ceiling of their own of the same size
+    // (memory.kmem.tcp), so they stay under 64 MiB; v2 charges them to the run with everything
+    // else, so the report's peak covers them, or the run is an OOM kill. (v2 charges a buffer
+    // received in softirq even past memory.max, and the next allocation in the cgroup then
+    // reclaims or kills: a bound of 64 MiB is not v2's promise, accounting and the kill are.)
     let (j, held, r) = udp_pin("64MiB", 512 << 20);
+    eprintln!(
+        "64 MiB ceiling, cgroup {}: status {}, held {held:?}, peak {}",
+        j["cgroup"], j["status"], j["memory_peak_bytes"]
+    );
     match j["status"].as_str() {
         Some("oom") => assert!(j["oom_kills"].as_u64().unwrap() >= 1, "{j}"),
         Some("ok") => {
             let held = held.unwrap_or_else(|| panic!("no udp-pin line: {}", r.stdout));
-            assert!(
-                held <= 64 << 20,
-                "{held} bytes of socket buffers under a 64 MiB ceiling ({} cgroup)",
-                j["cgroup"]
-            );
             if j["cgroup"] == "v2" {
                 let peak = j["memory_peak_bytes"].as_u64().unwrap();
                 assert!(peak >= held, "peak {peak} below the {held} bytes held");
+            } else {
+                assert_eq!(j["cgroup"], "v1", "{j}");
+                assert!(
+                    held <= 64 << 20,
+                    "{held} bytes of socket buffers under a 64 MiB ceiling"
+                );
             }
         }
         _ => panic!("{}\n{}", r.stdout, r.stderr),
     }
-    // Control: the same code under a larger ceiling holds more than the small one allowed, so it
-    // was the ceiling that stopped it above, not the code or the host's socket limits.
-    let (j, held, r) = udp_pin("256MiB", 512 << 20);
+    // Control: the same code, able to hold 192 MiB under a 512 MiB ceiling, holds more than the
+    // small ceiling allowed, so it was the ceiling that stopped it above, not the code or the
+    // host's socket limits.
+    let (j, held, r) = udp_pin("512MiB", 192 << 20);
     assert_eq!(j["status"], "ok", "{}\n{}", r.stdout, r.stderr);
     let held = held.unwrap_or_else(|| panic!("no udp-pin line: {}", r.stdout));
     assert!(
-        held > 64 << 20 && held <= 256 << 20,
-        "{held} bytes held under a 256 MiB ceiling"
+        held > 64 << 20 && held <= 512 << 20,
+        "{held} bytes held under a 512 MiB ceiling"
     );
 }
