@@ -109,6 +109,9 @@ pub struct Report {
     pub limits: palisade_policy::Limits,
     /// Peak memory of the whole sandbox (cgroup accounting), in bytes.
     pub memory_peak_bytes: Option<u64>,
+    /// Peak of the socket buffers the sandbox held (cgroup v1, where they are counted apart from
+    /// `memory_peak_bytes` and held to a ceiling of their own).
+    pub socket_memory_peak_bytes: Option<u64>,
     /// Processes the OOM killer killed in the sandbox.
     pub oom_kills: u64,
     /// Most processes and threads alive at once in the sandbox (cgroup accounting).
@@ -264,6 +267,7 @@ impl Report {
             output_truncated: false,
             limits: limits.resolved(),
             memory_peak_bytes: None,
+            socket_memory_peak_bytes: None,
             oom_kills: 0,
             pids_peak: None,
             cpus: None,
@@ -389,7 +393,9 @@ impl Report {
         version: Option<&'static str>,
         stats: palisade_cgroup::CgroupStats,
         waived: Option<String>,
+        gaps: &[palisade_cgroup::Gap],
     ) {
+        self.socket_memory_peak_bytes = stats.socket_memory_peak;
         self.cgroup = version;
         self.memory_peak_bytes = stats.memory_peak;
         self.oom_kills = stats.oom_kills;
@@ -444,7 +450,7 @@ impl Report {
                 name: "cgroup-limits",
                 enforced: true,
                 detail: format!(
-                    "cgroup {v}: memory {} bytes (swap off), pids {}, {}",
+                    "cgroup {v}: memory {} bytes (swap off), pids {}, {}{}",
                     self.limits.memory_bytes,
                     self.limits.pids,
                     match self.cpus {
@@ -453,7 +459,10 @@ impl Report {
                             "no cpu controller for palisade on this host: no cpu quota".to_owned()
                         }
                         None => "no cpu quota (--cpus sets one)".to_owned(),
-                    }
+                    },
+                    gaps.iter()
+                        .map(|g| format!("; not held within the memory ceiling here: {g}"))
+                        .collect::<String>()
                 ),
             },
             (None, Some(why)) => Layer {
@@ -967,13 +976,14 @@ mod tests {
                 user: ms(750),
                 system: ms(250),
             }),
+            socket_memory_peak: None,
         }
     }
 
     /// `from_outcome` then `set_cgroup`, as `Sandbox::run` calls them.
     fn report(o: &Outcome, s: CgroupStats) -> Report {
         let mut r = Report::from_outcome(o, ids(), &landlock(), None, limits());
-        r.set_cgroup(Some("v1"), s, None);
+        r.set_cgroup(Some("v1"), s, None, &[]);
         r
     }
 
@@ -1020,6 +1030,7 @@ mod tests {
             "output_truncated": false,
             "limits": limits(),
             "memory_peak_bytes": 32 << 20,
+            "socket_memory_peak_bytes": null,
             "oom_kills": 0,
             "pids_peak": 3,
             "cpus": null,
@@ -1213,7 +1224,12 @@ mod tests {
             ..outcome(None, Termination::Signaled(sig))
         };
         let mut r = Report::from_outcome(&o, ids(), &landlock(), None, limits());
-        r.set_cgroup(None, CgroupStats::default(), Some("no cgroup here".into()));
+        r.set_cgroup(
+            None,
+            CgroupStats::default(),
+            Some("no cgroup here".into()),
+            &[],
+        );
         r
     }
 

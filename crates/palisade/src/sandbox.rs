@@ -8,7 +8,7 @@
 //! kills the sandbox and releases everything it held.
 
 use crate::report::Report;
-use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
+use palisade_cgroup::{CgroupLimits, RunCgroup};
 use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
@@ -18,7 +18,6 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -493,15 +492,13 @@ impl Sandbox {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
             };
-            m.clean_stale();
+            m.clean_stale_once();
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 pids: policy.limits.pids,
                 cpu_quota_us: policy.limits.cpu_quota_us(),
             };
-            let c = m
-                .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)
-                .map_err(std::io::Error::other)?;
+            let c = m.create(&limits).map_err(std::io::Error::other)?;
             let files = c.self_join_files().map_err(std::io::Error::other)?;
             if files.is_empty() {
                 c.join(pid).map_err(std::io::Error::other)?;
@@ -594,7 +591,11 @@ impl Sandbox {
             let _ = c.remove();
         }
         let version = cgroup.as_ref().and(manager.as_ref()).map(|m| m.version());
-        report.set_cgroup(version, stats, waived);
+        let gaps = cgroup
+            .as_ref()
+            .map(|c| c.gaps().to_vec())
+            .unwrap_or_default();
+        report.set_cgroup(version, stats, waived, &gaps);
         if policy.allow_ptrace {
             report.note_ptrace_allowed();
         }
@@ -632,9 +633,6 @@ fn failed_run(sandbox: &Sandbox, e: std::io::Error) -> Run {
 
 /// Root of the cgroup hierarchies.
 pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
-/// Distinguishes the cgroups of one supervisor's runs.
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn make_temp_dir() -> std::io::Result<PathBuf> {
     let base = std::env::var_os("TMPDIR")
