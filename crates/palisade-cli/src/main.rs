@@ -370,7 +370,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     if a.net_log || !a.quiet {
         let all = a.net_log;
         sandbox = sandbox.on_net_event(std::sync::Arc::new(move |e: &palisade::NetEvent| {
-            if all || e.decision != "allowed" {
+            if all || e.decision != palisade::NetDecision::Allowed {
                 eprintln!(
                     "palisade: net: {} {} {}:{} ({}: {})",
                     e.decision, e.via, e.host, e.port, e.reason, e.detail
