@@ -1,6 +1,6 @@
 //! The policy-file parser on arbitrary input: it must never panic, and what it accepts must be a
 //! policy that validates and renders to a file it accepts again.
-//! Run: `cargo +nightly fuzz run policy_file` (from the repository root; needs cargo-fuzz).
+//! Run: `scripts/fuzz.sh policy_file` (or `cargo +nightly fuzz run policy_file`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

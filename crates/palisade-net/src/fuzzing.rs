@@ -56,12 +56,17 @@ pub fn proxy_request(data: &[u8]) {
     else {
         return;
     };
+    if palisade_policy::net::Host::parse(&host).is_err() {
+        return; // refused as a bad request
+    }
     let Ok(Some(checked)) = wire::http_host(&head) else {
         return; // refused before anything goes upstream
     };
     assert!(wire::same_host(&checked, &host), "{checked} / {host}");
     let sent = wire::forward_head(&head, &authority, &path);
-    let again = wire::parse_head(&sent)
+    // Room for the two lines the proxy may add (`Host`, `Connection: close`).
+    let mut room = vec![httparse::EMPTY_HEADER; wire::MAX_HEADERS + 2];
+    let again = wire::parse_head_in(&sent, &mut room)
         .unwrap_or_else(|e| panic!("the forwarded head does not parse ({e}): {sent:?}"))
         .unwrap_or_else(|| panic!("the forwarded head is incomplete: {sent:?}"));
     assert_eq!(again.len, sent.len(), "{sent:?}");

@@ -35,7 +35,7 @@ mod relay;
 mod serve;
 mod wire;
 
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 
 use palisade_policy::net::{Network, Refusal};

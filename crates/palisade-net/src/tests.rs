@@ -412,3 +412,85 @@ fn first_bytes_that_a_lenient_server_would_read_as_another_host_never_reach_it()
         String::from_utf8_lossy(&srv.all())
     );
 }
+
+/// The fuzz targets' entry points on their seeds, on every input a fuzz run found, and on
+/// mutations of both: what `scripts/fuzz.sh` does with libFuzzer, in every `cargo test` (no
+/// cargo-fuzz or nightly needed), deterministically.
+#[test]
+fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
+    macro_rules! files {
+        ($($p:literal),* $(,)?) => {
+            vec![$(&include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/", $p))[..]),*]
+        };
+    }
+    type Target = fn(&[u8]);
+    let targets: [(&str, Target, Vec<&[u8]>); 4] = [
+        (
+            "first_bytes",
+            fuzzing::first_bytes,
+            files![
+                "seeds/first_bytes/tls-sni",
+                "seeds/first_bytes/tls-no-sni",
+                "seeds/first_bytes/http-get",
+                "seeds/first_bytes/http-absolute",
+                "seeds/first_bytes/http-bare-lf",
+                "seeds/first_bytes/ssh",
+                "regressions/first_bytes/long-method-then-space",
+            ],
+        ),
+        (
+            "proxy_request",
+            fuzzing::proxy_request,
+            files![
+                "seeds/proxy_request/connect",
+                "seeds/proxy_request/forward",
+                "seeds/proxy_request/forward-no-host",
+                "regressions/proxy_request/userinfo-in-v6-authority",
+                "regressions/proxy_request/a-hundred-headers-and-connection-close",
+            ],
+        ),
+        (
+            "dns_query",
+            fuzzing::dns_query,
+            files!["seeds/dns_query/a", "seeds/dns_query/aaaa"],
+        ),
+        (
+            "dns_reply",
+            fuzzing::dns_reply,
+            files![
+                "seeds/dns_reply/a-via-cname",
+                "seeds/dns_reply/aaaa-via-cname"
+            ],
+        ),
+    ];
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for (name, run, seeds) in targets {
+        for seed in &seeds {
+            run(seed);
+        }
+        for _ in 0..20_000 {
+            let mut m = seeds[next() as usize % seeds.len()].to_vec();
+            for _ in 0..=next() % 4 {
+                let at = next() as usize % (m.len() + 1);
+                match next() % 4 {
+                    0 if at < m.len() => m[at] = next() as u8,
+                    1 => m.insert(at, next() as u8),
+                    2 => m.truncate(at),
+                    _ => {
+                        let other = seeds[next() as usize % seeds.len()];
+                        m.splice(at..at, other.iter().copied().take(next() as usize % 64));
+                    }
+                }
+            }
+            let shown = m.clone();
+            let caught = std::panic::catch_unwind(|| run(&m));
+            assert!(caught.is_ok(), "{name} on {:?}", Untrusted::new(&shown));
+        }
+    }
+}

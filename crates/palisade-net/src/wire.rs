@@ -14,7 +14,7 @@ use std::fmt;
 const QUOTED: usize = 128;
 /// Most header lines in a request head; a head with more is refused.
 pub(crate) const MAX_HEADERS: usize = 100;
-/// Most letters of an HTTP method: anything longer that is all letters is not HTTP.
+/// Most characters of an HTTP method: a longer word is not taken for one.
 const MAX_METHOD: usize = 32;
 
 /// What the first bytes of a connection are.
@@ -69,9 +69,11 @@ impl Sniffed {
 /// Whether `buf` holds enough to classify it: `None` means read more.
 ///
 /// An HTTP request is anything that starts (after empty lines, which servers skip: RFC 9112 §2.2)
-/// with letters and then whitespace: servers may split the request line on any whitespace
-/// (§3), and a lower-case method is still routed by its `Host`. Such bytes must then be one
-/// well-formed HTTP/1.x head, or [`Sniffed::Http`] holds [`HostError::Malformed`].
+/// with a method-like word (letters, `-`, `_`: `GET`, `get`, `VERSION-CONTROL`) and then
+/// whitespace: servers may split the request line on any whitespace (§3), and any method is
+/// still routed by its `Host`. Such bytes must then be one well-formed HTTP/1.x head, or
+/// [`Sniffed::Http`] holds [`HostError::Malformed`]. Digits and dots end the word, so an SSH
+/// banner (`SSH-2.0-…`) is not a request.
 pub(crate) fn sniff(buf: &[u8]) -> Option<Sniffed> {
     let blank = buf
         .iter()
@@ -82,9 +84,15 @@ pub(crate) fn sniff(buf: &[u8]) -> Option<Sniffed> {
     if blank == 0 && first == 0x16 {
         return tls_server_name(buf).map(Sniffed::Tls);
     }
-    let letters = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+    let letters = rest
+        .iter()
+        .take_while(|b| b.is_ascii_alphabetic() || matches!(b, b'-' | b'_'))
+        .count();
+    if letters > MAX_METHOD {
+        return Some(Sniffed::Other);
+    }
     if letters == rest.len() {
-        return (letters > MAX_METHOD).then_some(Sniffed::Other);
+        return None;
     }
     if letters == 0 || !matches!(rest[letters], b' ' | b'\t' | 0x0b | 0x0c) {
         return Some(Sniffed::Other);
@@ -123,13 +131,21 @@ impl Head {
 /// or too many headers) when it is not an HTTP/1.x head. Like lenient servers, it takes a bare LF
 /// as a line end, so a `Host` after one is seen as the server would see it.
 pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
+    parse_head_in(buf, &mut [httparse::EMPTY_HEADER; MAX_HEADERS])
+}
+
+/// [`parse_head`] with room for `headers.len()` header lines.
+pub(crate) fn parse_head_in<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+) -> Result<Option<Head>, String> {
+    let max = headers.len();
+    let mut req = httparse::Request::new(headers);
     let len = match req.parse(buf) {
         Ok(httparse::Status::Partial) => return Ok(None),
         Ok(httparse::Status::Complete(n)) => n,
         Err(httparse::Error::TooManyHeaders) => {
-            return Err(format!("more than {MAX_HEADERS} header lines"))
+            return Err(format!("more than {max} header lines"))
         }
         Err(e) => return Err(e.to_string()),
     };
@@ -510,9 +526,13 @@ mod tests {
             host("b.example")
         );
         assert_eq!(s("\r\n"), None);
-        // A lower-case method is a request too.
+        // A lower-case method, or one with a dash, is a request too.
         assert_eq!(
             s("get / HTTP/1.1\r\nHost: b.example\r\n\r\n"),
+            host("b.example")
+        );
+        assert_eq!(
+            s("VERSION-CONTROL / HTTP/1.1\r\nHost: b.example\r\n\r\n"),
             host("b.example")
         );
         // Whatever a lenient server might take for a request, and we cannot parse, is refused.
@@ -547,6 +567,9 @@ mod tests {
             Some(Sniffed::Other)
         );
         assert_eq!(s(&"A".repeat(MAX_METHOD + 1)), Some(Sniffed::Other));
+        // ... and stays other whatever follows (the fuzz target found a head that did not).
+        let long = format!("{} / HTTP/1.1\r\n\r\n", "A".repeat(MAX_METHOD + 1));
+        assert_eq!(s(&long), Some(Sniffed::Other));
         assert_eq!(s("GET"), None);
         assert_eq!(s("GET / HTTP/1.1\r\nHost: b.example\r\n"), None);
     }
