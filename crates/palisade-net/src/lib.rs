@@ -344,6 +344,33 @@ struct Names {
 /// A running proxy for one sandbox; [`Egress::finish`] stops it and returns the log. Dropping it
 /// without `finish` stops it too: its threads are joined and its listeners closed (they keep the
 /// sandbox's network namespace alive).
+///
+/// ```
+/// use palisade_net::{Decision, Egress, Role};
+/// use palisade_policy::net::{NetRule, Network};
+/// use std::io::{Read, Write};
+///
+/// // palisade binds its listeners inside the sandbox's network namespace; any will do here.
+/// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+/// let addr = listener.local_addr()?;
+/// let allow = vec![NetRule::parse("--allow-net", "example.org")?];
+/// let net = Network { allow, ..Network::default() };
+/// let egress = Egress::start(net, vec![(Role::HttpProxy, listener.into())], None)?;
+///
+/// let mut client = std::net::TcpStream::connect(addr)?;
+/// client.write_all(b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")?;
+/// let mut answer = String::new();
+/// client.read_to_string(&mut answer)?;
+/// assert!(answer.starts_with("HTTP/1.1 403 Forbidden"));
+///
+/// let log = egress.finish();
+/// assert_eq!(log.events[0].decision, Decision::Denied);
+/// assert_eq!(
+///     log.events[0].to_string(),
+///     "denied http-connect other.test:443 (not-allowed: other.test is not on the allow-list)"
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Egress {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
