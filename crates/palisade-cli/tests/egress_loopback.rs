@@ -743,3 +743,23 @@ print("asked")
     assert_eq!(r["network"]["denied"], 300);
     assert_eq!(r["network"]["notify_suppressed"], 200);
 }
+
+#[test]
+fn the_cpu_time_the_proxy_spends_for_the_sandbox_is_reported() {
+    let srv = Server::start();
+    let p = srv.port;
+    // 32 MiB relayed: about 25 ms of the supervisor's CPU at the relay's 0.8 s per GiB.
+    let r = py(
+        &allow(p),
+        &format!("{HELPERS}\nprint('got', len(get('http://example.org:{p}/bytes/33554432')))"),
+    );
+    assert!(
+        r.stdout.contains("got 33554432"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    let net = &r.report()["network"];
+    let ms = net["supervisor_cpu_ms"].as_u64().unwrap();
+    assert!(ms >= 1, "{net}");
+}
