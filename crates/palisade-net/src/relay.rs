@@ -47,8 +47,8 @@ pub(crate) fn is_stopping(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|i| i.is::<Stopping>())
 }
 
-/// Waits until one of `fds` is ready for its events, `deadline` passes, or the proxy stops.
-/// `revents` of each entry are left for the caller.
+/// Waits until one of `fds` is ready for its events, `deadline` passes, or the proxy stops (which
+/// wins over the other two). `revents` of each entry are left for the caller.
 pub(crate) fn wait<'a>(sh: &'a Shared, fds: &mut [PollFd<'a>], deadline: Option<Instant>) -> Wake {
     let stop_at = fds.len();
     let mut all: Vec<PollFd<'a>> = fds.to_vec();
@@ -57,10 +57,8 @@ pub(crate) fn wait<'a>(sh: &'a Shared, fds: &mut [PollFd<'a>], deadline: Option<
         let timeout = match deadline {
             None => None,
             Some(d) => {
+                // Past the deadline, poll once without waiting: the stop signal still counts.
                 let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Wake::Deadline;
-                }
                 Some(Timespec {
                     tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX),
                     tv_nsec: left.subsec_nanos().into(),
@@ -68,7 +66,8 @@ pub(crate) fn wait<'a>(sh: &'a Shared, fds: &mut [PollFd<'a>], deadline: Option<
             }
         };
         match poll(&mut all, timeout.as_ref()) {
-            Ok(0) => continue, // the deadline check above decides
+            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return Wake::Deadline,
+            Ok(0) => continue,
             Ok(_) => {
                 if !all[stop_at].revents().is_empty() {
                     return Wake::Stop;
@@ -227,6 +226,9 @@ impl Drop for CpuMeter<'_> {
 
 /// Most bytes moved in one step of a relay, and the pipe size asked for.
 const STEP: usize = 1 << 20;
+/// Most steps (each up to [`STEP`] bytes) one direction takes before the relay looks at the stop
+/// signal and the other direction again.
+const ROUND: usize = 16;
 /// The buffer of a relay that cannot splice.
 const COPY_BUF: usize = 64 * 1024;
 
@@ -282,12 +284,16 @@ impl<'a> Flow<'a> {
         }
     }
 
-    /// Moves what can be moved without waiting; true if anything happened.
+    /// Moves what can be moved without waiting, up to [`ROUND`] steps; true if anything
+    /// happened.
     fn step(&mut self) -> bool {
         use rustix::pipe::{splice, SpliceFlags};
         let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
         let mut moved = false;
-        while !self.done {
+        for _ in 0..ROUND {
+            if self.done {
+                break;
+            }
             if self.at < self.buf.len() {
                 let mut to = self.to;
                 match to.write(&self.buf[self.at..]) {
@@ -373,7 +379,7 @@ pub(crate) fn relay(
     let mut up = Flow::new(client, upstream, first, out);
     let mut down = Flow::new(upstream, client, Vec::new(), inn);
     loop {
-        while up.step() | down.step() {}
+        let moved = up.step() | down.step();
         if up.done && down.done {
             return;
         }
@@ -386,7 +392,8 @@ pub(crate) fn relay(
             .filter(|(_, ev)| !ev.is_empty())
             .map(|(s, ev)| PollFd::new(s, ev))
             .collect();
-        let woke = wait(sh, &mut fds, None);
+        // After progress, only look (more may be ready, and the stop signal counts); else wait.
+        let woke = wait(sh, &mut fds, moved.then(Instant::now));
         meter.tick();
         if woke == Wake::Stop {
             return;

@@ -494,3 +494,27 @@ fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
         }
     }
 }
+
+#[test]
+fn stopping_ends_a_relay_that_never_runs_dry() {
+    let srv = Server::start(0);
+    let (e, addr) = proxy(to(&srv), Limits::default(), None);
+    let (c, status) = connect(addr, &format!("127.0.0.1:{}", srv.port));
+    assert_eq!(status, "HTTP/1.1 200 Connection established");
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'z'; 1 << 16];
+        let mut sent = 0u64;
+        while w.write_all(&chunk).is_ok() {
+            sent += chunk.len() as u64;
+        }
+        sent
+    });
+    wait_until("the relay runs", || {
+        e.shared.log.lock().unwrap().allowed == 1
+    });
+    let log = returns("finish", move || e.finish());
+    let sent = writer.join().unwrap();
+    assert!(sent > 0);
+    assert_eq!(log.events[0].decision, Decision::Allowed);
+}
