@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
             time_per=$2
             shift
             ;;
-        -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         -*) echo "scripts/fuzz.sh: unknown option '$1' (accepted: --quick, --time SECONDS, target names)" >&2; exit 2 ;;
         *) targets+=("$1") ;;
     esac
