@@ -348,6 +348,8 @@ impl Report {
         log: palisade_net::NetLog,
         net: &palisade_policy::net::Network,
     ) {
+        // The proxy's CPU is the supervisor's too.
+        self.supervisor_cpu_ms += log.supervisor_cpu_ms as f64;
         let rules = net.allow.len();
         let resolver = match net.dns_server {
             Some(a) => format!("DNS server {a} (--dns-server)"),
@@ -359,6 +361,9 @@ impl Report {
             allowed: log.allowed,
             denied: log.denied,
             dropped: log.dropped,
+            refused_connections: log.refused_connections,
+            notify_suppressed: log.notify_suppressed,
+            supervisor_cpu_ms: log.supervisor_cpu_ms,
         };
         if let Some(l) = self
             .layers
@@ -627,6 +632,12 @@ pub struct Network {
     pub denied: u64,
     /// Decisions past the kept maximum, counted only.
     pub dropped: u64,
+    /// Connections the proxy closed at once, past its cap on open connections.
+    pub refused_connections: u64,
+    /// Decisions not passed to the `on_net_event` callback (not printed): past its cap.
+    pub notify_suppressed: u64,
+    /// CPU time the supervisor's proxy threads spent on this sandbox, in milliseconds.
+    pub supervisor_cpu_ms: u64,
 }
 
 impl Default for Network {
@@ -637,6 +648,9 @@ impl Default for Network {
             allowed: 0,
             denied: 0,
             dropped: 0,
+            refused_connections: 0,
+            notify_suppressed: 0,
+            supervisor_cpu_ms: 0,
         }
     }
 }

@@ -561,7 +561,8 @@ impl Sandbox {
             .as_ref()
             .and_then(|c| c.cpu_quota_us())
             .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
-        let proxy_cpu = || Duration::ZERO;
+        // The proxy's threads' CPU for this sandbox, charged to its CPU-time limit with the rest.
+        let proxy_cpu = || egress.as_ref().map_or(Duration::ZERO, |e| e.cpu_used());
         let watch = Watch {
             output,
             cpu: manager.as_ref().map(|_| CpuWatch {
