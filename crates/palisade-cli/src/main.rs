@@ -844,7 +844,7 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
         eprintln!("{}", Untrusted::new(&line).max(SUMMARY_MAX));
         if report.network.notify_suppressed > 0 {
             eprintln!(
-                "palisade: net: {} more decisions not printed (the report lists them)",
+                "palisade: {} more net decisions not printed (the report lists them)",
                 report.network.notify_suppressed
             );
         }

@@ -733,6 +733,10 @@ print("asked")
         .filter(|l| l.starts_with("palisade: net: "))
         .collect();
     assert_eq!(net_lines.len(), 100, "{text}");
+    assert!(
+        text.contains("palisade: 200 more net decisions not printed"),
+        "{text}"
+    );
     for l in text.lines().filter(|l| l.contains("FORGED")) {
         assert!(
             l.starts_with("palisade: net: denied dns \\n\\x1b[2K\\rpalisade: ok"),
