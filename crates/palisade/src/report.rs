@@ -135,6 +135,10 @@ pub struct Report {
     /// Protected paths under a host scratch directory: what was kept read-only, and anything the
     /// code created at a protected path, moved aside after the run.
     pub protected: Protected,
+    /// With a workspace (`filesystem.workspace`): the change set the run left, its summary, and
+    /// what `--apply` did with it. Absent from the JSON for other runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::workspace::WorkspaceReport>,
     /// The supervisor lost the cgroup's CPU accounting during the run (see `cpu-time-limit`).
     #[serde(skip)]
     pub(crate) cpu_watch_lost: bool,
@@ -280,7 +284,27 @@ impl Report {
             denied_syscalls: Vec::new(),
             network: Network::default(),
             protected: Protected::default(),
+            workspace: None,
         }
+    }
+
+    /// Records what became of a workspace's changes. Changes that could not be kept fail the
+    /// run: status `sandbox-error`, with the program's own result in the message.
+    pub(crate) fn set_workspace(&mut self, ws: crate::workspace::WorkspaceReport) {
+        if let Some(e) = &ws.error {
+            let result = match (self.status, self.exit_code, self.signal) {
+                (Status::SandboxError, ..) => String::new(),
+                (_, Some(c), _) => format!(" (the program had ended: exit {c})"),
+                (_, _, Some(s)) => format!(" (the program had ended: signal {s})"),
+                _ => String::new(),
+            };
+            let before = self.error.take().map(|b| format!("; before that: {b}"));
+            self.status = Status::SandboxError;
+            self.exit_code = Some(EXIT_SANDBOX_ERROR);
+            self.error_kind = Some("workspace");
+            self.error = Some(format!("{e}{result}{}", before.unwrap_or_default()));
+        }
+        self.workspace = Some(ws);
     }
 
     /// Records the protected paths, and what was moved aside after the run. Something the code
@@ -543,6 +567,39 @@ impl Report {
                 " · net {} allowed, {} denied",
                 self.network.allowed, self.network.denied
             ));
+        }
+        if let Some(w) = &self.workspace {
+            match &w.change_set {
+                Some(id) => {
+                    let sm = &w.summary;
+                    s.push_str(&format!(
+                        " · workspace {id}: {} change(s) ({} added, {} modified, {} deleted), {} B",
+                        sm.entries,
+                        sm.added,
+                        sm.modified,
+                        sm.deleted + sm.replaced,
+                        sm.bytes
+                    ));
+                    let held = sm.refused + sm.conflicts + sm.protected + sm.risky;
+                    if held > 0 {
+                        s.push_str(&format!(
+                            ", {held} to review (refused, conflicting, protected or risky)"
+                        ));
+                    }
+                    match (&w.applied, &w.apply_error) {
+                        (Some(a), _) => s.push_str(&format!(", APPLIED {} entries", a.entries)),
+                        (None, Some(e)) => s.push_str(&format!(
+                            ", not applied: {}",
+                            e.lines().next().unwrap_or("")
+                        )),
+                        _ => s.push_str(&format!(
+                            "; review: palisade diff {id}, then palisade apply {id}"
+                        )),
+                    }
+                }
+                None if w.error.is_none() => s.push_str(" · workspace: no change"),
+                None => {}
+            }
         }
         for b in &self.protected.blocked {
             match &b.moved_to {
