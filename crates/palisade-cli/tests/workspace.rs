@@ -671,6 +671,18 @@ fn bad_input_is_refused_with_the_cause_and_nothing_changes() {
     );
     assert_eq!(std::fs::read_dir(p.path()).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&aside);
+    // A store inside the workspace (the code would see it), or one others may write.
+    let inside = TempDir(p.path().join("store"));
+    let r = ws_run(&inside, p.path(), "true", &[]);
+    assert_eq!(r.code, 125, "{}", r.stderr);
+    assert!(r.stderr.contains("inside the workspace"), "{}", r.stderr);
+    let open = TempDir::new("ws-open-store");
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let r = ws_run(&open, p.path(), "echo x > y", &[]);
+    assert_eq!(r.code, 125, "{}", r.stderr);
+    assert!(r.stderr.contains("writable by no one else"), "{}", r.stderr);
+    let l = cli(&open, &["changes", "--list"]);
+    assert_eq!(l.code, 125, "{}", l.stderr);
     // --apply without a workspace.
     let r = cli(
         &store,

@@ -734,6 +734,12 @@ pub fn symlinkat(target: &std::ffi::CStr, dirfd: c_int, name: &std::ffi::CStr) -
     check_int(unsafe { libc::symlinkat(target.as_ptr(), dirfd, name.as_ptr()) }).map(drop)
 }
 
+/// `syncfs(fd)`: flushes the whole file system `fd` is on.
+pub fn syncfs(fd: c_int) -> SysResult<()> {
+    // SAFETY: integer argument only.
+    check_int(unsafe { libc::syncfs(fd) }).map(drop)
+}
+
 /// `fchmod(fd, mode)` on an open file or directory.
 pub fn fchmod(fd: c_int, mode: libc::mode_t) -> SysResult<()> {
     // SAFETY: changes the mode of the file `fd` is open on.

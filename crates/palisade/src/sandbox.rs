@@ -641,6 +641,10 @@ impl Sandbox {
                 })
             }
         };
+        store.check().map_err(|e| SetupError::Supervisor {
+            op: "check where the workspace's changes will be kept",
+            source: std::io::Error::other(e.to_string()),
+        })?;
         // The nearest existing ancestor, canonical: where the store is or will be.
         let mut at = store.path().to_path_buf();
         let canon = loop {
@@ -651,6 +655,21 @@ impl Sandbox {
                 break at;
             }
         };
+        // Inside the workspace, the code would see the other change sets (and its changes could
+        // add to the store).
+        if let Some(dir) = policy.scratch.host_path() {
+            let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+            if canon.starts_with(&dir) {
+                return Err(SetupError::HostPath {
+                    field: "filesystem.workspace",
+                    path: dir,
+                    source: std::io::Error::other(format!(
+                        "the change sets are kept in {}, inside the workspace: keep them elsewhere (palisade: PALISADE_CHANGES_DIR)",
+                        store.path().display()
+                    )),
+                });
+            }
+        }
         for b in policy.binds.iter().filter(|b| b.writable) {
             let src = b.source.canonicalize().unwrap_or_else(|_| b.source.clone());
             if canon.starts_with(&src) || src.starts_with(&canon) && store.path().starts_with(&src)

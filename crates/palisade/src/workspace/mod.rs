@@ -787,7 +787,29 @@ impl Store {
                 .map_err(|e| self.err(e))?;
         }
         let canon = self.dir.canonicalize().map_err(|e| self.err(e))?;
-        Dir::open_path(&canon).map_err(|e| self.err(e))
+        let d = Dir::open_path(&canon).map_err(|e| self.err(e))?;
+        // Only its owner may put a change set there: `apply` writes where a change set says.
+        let st = d.stat_self().map_err(|e| self.err(e))?;
+        if st.uid != palisade_linux::host::euid() || st.mode & 0o022 != 0 {
+            return Err(self.err(io::Error::other(format!(
+                "owned by uid {} with mode {:o}: a store must be this user's own and writable by no one else (another user could plant change sets in it)",
+                st.uid, st.mode
+            ))));
+        }
+        Ok(d)
+    }
+
+    /// Checks an existing store the way every use of it does (this user's own, writable by no
+    /// one else); a store not made yet passes.
+    pub fn check(&self) -> Result<(), WorkspaceError> {
+        match self.open_dir(false) {
+            Err(WorkspaceError::Store { source, .. })
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                Ok(())
+            }
+            r => r.map(drop),
+        }
     }
 
     /// The change set `id`.
