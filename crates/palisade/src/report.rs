@@ -1150,6 +1150,42 @@ mod tests {
     }
 
     #[test]
+    fn a_workspace_whose_changes_were_lost_fails_the_run_and_keeps_the_programs_result() {
+        use crate::workspace::WorkspaceReport;
+        let mut r = report(&outcome(None, Termination::Exited(0)), stats());
+        r.set_workspace(WorkspaceReport {
+            dir: "/p".into(),
+            change_set: Some("20261204-000000-abcdef".into()),
+            ..WorkspaceReport::default()
+        });
+        assert_eq!((r.status, r.exit_code_for_cli()), (Status::Ok, 0));
+        assert!(
+            r.summary().contains("workspace 20261204-000000-abcdef"),
+            "{}",
+            r.summary()
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["workspace"]["change_set"], "20261204-000000-abcdef");
+        let mut r = report(&outcome(None, Termination::Exited(0)), stats());
+        r.set_workspace(WorkspaceReport {
+            dir: "/p".into(),
+            error: Some("the workspace's changes could not be kept: disk full".into()),
+            ..WorkspaceReport::default()
+        });
+        assert_eq!(r.status, Status::SandboxError);
+        assert_eq!(r.exit_code_for_cli(), EXIT_SANDBOX_ERROR);
+        assert_eq!(r.error_kind, Some("workspace"));
+        assert_eq!(
+            r.error.as_deref(),
+            Some("the workspace's changes could not be kept: disk full (the program had ended: exit 0)")
+        );
+        // Without a workspace the report has no such key at all.
+        let plain =
+            serde_json::to_value(report(&outcome(None, Termination::Exited(0)), stats())).unwrap();
+        assert!(plain.get("workspace").is_none());
+    }
+
+    #[test]
     fn a_non_zero_exit_code_is_exit_and_passes_through() {
         let mut o = outcome(None, Termination::Exited(3));
         o.denied = vec![
