@@ -619,11 +619,6 @@ impl Sandbox {
         // First, before anything else the supervisor does for the report, so that nothing that
         // could fail on the way (the proxy's log, a short supply of memory) can leave it armed.
         let disarmed = palisade_linux::host::disarm_all(&protection);
-        // The workspace's upper layer, now that nothing of the sandbox can write it any more.
-        if let (Some((tmpfs, base)), Some(store)) = (ws_layer, &store) {
-            let ws = self.keep_changes(tmpfs, &base, store, started_ns, &policy, &report);
-            report.set_workspace(ws);
-        }
         let mut cgroup = cgroup.into_inner();
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
         if let Some(c) = cgroup.as_mut() {
@@ -642,6 +637,13 @@ impl Sandbox {
             report.set_network(e.finish(), &policy.network);
         }
         report.set_protected(&protection, disarmed);
+        // The workspace's upper layer, now that nothing of the sandbox can write it any more, and
+        // the run's status is final (an OOM kill is known only from the cgroup), which the change
+        // set records and `--apply on-success` reads.
+        if let (Some((tmpfs, base)), Some(store)) = (ws_layer, &store) {
+            let ws = self.keep_changes(tmpfs, &base, store, started_ns, &policy, &report);
+            report.set_workspace(ws);
+        }
         report
     }
 }

@@ -72,7 +72,7 @@ fn pick(e: &Entry, o: &ApplyOptions) -> Pick {
 }
 
 /// Why `e` is held back under `o` (beyond conflicts), if it is.
-fn hold(e: &Entry, o: &ApplyOptions, protected: &[String]) -> Option<String> {
+fn hold(e: &Entry, o: &ApplyOptions, protected: &[String], parent: bool) -> Option<String> {
     let target = e.target.as_deref().map(decode_path);
     if let Some(None) = target {
         return Some("a link target that palisade did not write".into());
@@ -98,10 +98,13 @@ fn hold(e: &Entry, o: &ApplyOptions, protected: &[String]) -> Option<String> {
         (EntryKind::None, _) => return Some("refused: an entry of no kind".into()),
         _ => {}
     }
+    // Named: a path given is this entry or holds it, and lies in the zone itself; for a new
+    // directory on the way to a named path, that path.
     let named_within = |zone: &dyn Fn(&str) -> bool| {
-        o.paths
-            .iter()
-            .any(|a| is_under(&e.path, a) && zone(a.as_str()))
+        o.paths.iter().any(|a| {
+            let covers = is_under(&e.path, a) || (parent && is_under(a, &e.path));
+            covers && zone(a.as_str())
+        })
     };
     if let Some(p) = protected_by(&e.path, protected) {
         if !named_within(&|a| is_under(a, p)) {
@@ -343,7 +346,7 @@ impl ChangeSet {
                 }
                 Pick::Yes | Pick::Parent => {}
             }
-            if let Some(why) = hold(&e, o, &self.meta.protected) {
+            if let Some(why) = hold(&e, o, &self.meta.protected, matches!(picked, Pick::Parent)) {
                 hold_it(&e.path, why, &mut count);
                 continue;
             }
