@@ -83,6 +83,8 @@ fn project(tag: &str) -> TempDir {
     let p = d.path();
     std::fs::create_dir_all(p.join("src/deep")).unwrap();
     std::fs::create_dir_all(p.join("docs")).unwrap();
+    std::fs::create_dir_all(p.join("lib/inner")).unwrap();
+    std::fs::write(p.join("lib/inner/x.txt"), "inner\n").unwrap();
     std::fs::write(p.join("README"), "line 1\nline 2\nline 3\nline 4\nline 5\n").unwrap();
     std::fs::write(p.join("src/main.py"), "print('a')\nprint('b')\n").unwrap();
     std::fs::write(p.join("src/deep/util.py"), "X = 1\n").unwrap();
@@ -90,6 +92,7 @@ fn project(tag: &str) -> TempDir {
     std::fs::write(p.join("docs/a.md"), "# a\n").unwrap();
     std::fs::write(p.join("docs/b.md"), "# b\n").unwrap();
     std::fs::write(p.join("run.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(p.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(p.join("gone.txt"), "bye\n").unwrap();
     std::os::unix::fs::symlink("README", p.join("readme-link")).unwrap();
     d
@@ -121,6 +124,8 @@ chmod 755 src/deep/util.py
 chmod 644 run.sh
 ln -s src/main.py main-link
 rm -r docs && mkdir docs && echo '# only' > docs/only.md
+rm src/deep/util.py && mkdir src/deep/util.py && echo inner > src/deep/util.py/x
+rm -r lib/inner && echo flat > lib/inner
 printf 'no newline' > tail.txt";
 
 #[test]
@@ -143,7 +148,9 @@ fn the_project_is_untouched_until_apply_and_then_has_exactly_the_changes() {
     let id = change_set(&r);
     let rep = r.report();
     let s = &rep["workspace"]["summary"];
-    assert_eq!(s["replaced"], 1, "{s}");
+    // docs (deleted and recreated), src/deep/util.py (a file made a directory), lib/inner (a
+    // directory made a file).
+    assert_eq!(s["replaced"], 3, "{s}");
     assert_eq!(s["deleted"], 2, "gone.txt and src/old.txt: {s}");
     assert_eq!(s["renamed"], 1, "{s}");
     assert!(s["first_paths"].as_array().unwrap().len() > 5, "{s}");
@@ -167,7 +174,9 @@ fn the_project_is_untouched_until_apply_and_then_has_exactly_the_changes() {
             .unwrap_or_else(|| panic!("{p}: {v}"))
     };
     assert_eq!(find("docs")["change"], "replaced");
-    assert_eq!(find("src/deep/util.py")["change"], "mode");
+    assert_eq!(find("src/deep/util.py")["change"], "replaced");
+    assert_eq!(find("lib/inner")["change"], "replaced");
+    assert_eq!(find("run.sh")["change"], "mode");
     assert_eq!(find("main-link")["target"], "src/main.py");
     let list = cli(&store, &["changes", "--list"]);
     assert!(list.stdout.contains(&id), "{}", list.stdout);

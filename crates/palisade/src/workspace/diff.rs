@@ -501,6 +501,19 @@ impl ChangeSet {
                 _ => (None, false),
             };
             match (e.kind, e.change.clone()) {
+                (EntryKind::Dir, Change::Replaced) => {
+                    // A directory where a file or link was: that one goes first.
+                    if let Some(b) = e.base.filter(|b| b.kind != EntryKind::Dir) {
+                        let old = old_side(&b)?;
+                        let gone = Side {
+                            path: &path,
+                            mode: old.mode,
+                            body: None,
+                            large: false,
+                        };
+                        file_diff(out, &old, &gone, &mut stats).map_err(io)?;
+                    }
+                }
                 (EntryKind::Dir, _) => {}
                 (EntryKind::None, Change::Deleted) => {
                     if let Some(b) = e.base.filter(|b| b.kind != EntryKind::Dir) {
