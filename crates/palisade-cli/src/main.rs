@@ -891,6 +891,16 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
             );
         }
     } else {
+        // Even when quiet: where the workspace's changes are, or that they were lost.
+        if let Some(w) = &report.workspace {
+            if let Some(id) = &w.change_set {
+                eprintln!(
+                    "palisade: workspace change set {id}: {} change(s){}",
+                    w.summary.entries,
+                    if w.applied.is_some() { ", applied" } else { "" }
+                );
+            }
+        }
         // Even when quiet: something the code left to run later was found and moved aside.
         for b in &report.protected.blocked {
             let line = format!(

@@ -146,6 +146,12 @@ fn the_project_is_untouched_until_apply_and_then_has_exactly_the_changes() {
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     assert_eq!(tree(p.path()), before, "the project changed during the run");
     let id = change_set(&r);
+    // Even with -q the id is said: without it the changes are hard to find.
+    assert!(
+        r.stderr.contains(&format!("workspace change set {id}")),
+        "{}",
+        r.stderr
+    );
     let rep = r.report();
     let s = &rep["workspace"]["summary"];
     // docs (deleted and recreated), src/deep/util.py (a file made a directory), lib/inner (a
@@ -273,6 +279,7 @@ ln -s ../../etc/passwd up-link
 ln README hard
 mkfifo fifo
 cp run.sh suid && ! chmod 4755 suid
+! mknod dev c 1 3
 echo 'echo owned' > .bashrc
 mkdir -p .git/hooks && echo 'echo owned' > .git/hooks/pre-commit
 echo fine > fine.txt";
