@@ -144,7 +144,7 @@ pub fn changes(a: ChangesArgs) -> anyhow::Result<i32> {
                 age(l.created),
                 size(l.bytes),
                 l.summary.entries,
-                l.run.status,
+                Untrusted::new(&l.run.status),
                 match &l.applied {
                     Some(x) => format!(", applied {} ago", age(x.at)),
                     None => String::new(),
@@ -182,7 +182,7 @@ pub fn changes(a: ChangesArgs) -> anyhow::Result<i32> {
         "change set {} · {} · run {}{} · {} change(s), {} of new contents{}",
         m.id,
         shown(&m.dir),
-        m.run.status,
+        Untrusted::new(&m.run.status),
         m.run
             .exit_code
             .map_or(String::new(), |c| format!(" (exit {c})")),
