@@ -742,3 +742,41 @@ fn applied_files_belong_to_the_projects_owner() {
         );
     }
 }
+
+/// What the code made unreadable (mode 000) is still read into the change set, complete, and
+/// applied with that mode: the supervisor opens up the sandbox's own dead layer, never the
+/// project.
+#[test]
+fn what_the_code_made_unreadable_is_kept_and_applied_as_it_was() {
+    let store = TempDir::new("ws-000-store");
+    let p = project("ws-000");
+    let r = ws_run(
+        &store,
+        p.path(),
+        "echo s > secret && chmod 000 secret && mkdir d && echo x > d/f && chmod 000 d",
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let rep = r.report();
+    assert!(rep["workspace"]["incomplete"].is_null(), "{rep}");
+    assert_eq!(rep["workspace"]["summary"]["entries"], 3, "{rep}");
+    let id = change_set(&r);
+    let a = cli(&store, &["apply", &id]);
+    assert_eq!(a.code, 0, "{}", a.stderr);
+    let mode = |f: &str| {
+        std::fs::symlink_metadata(p.path().join(f))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!((mode("secret"), mode("d")), (0, 0));
+    std::fs::set_permissions(p.path().join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(std::fs::read(p.path().join("d/f")).unwrap(), b"x\n");
+    std::fs::set_permissions(
+        p.path().join("secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(p.path().join("secret")).unwrap(), b"s\n");
+}

@@ -327,6 +327,13 @@ impl Dir {
         sys::unlinkat(self.fd.as_raw_fd(), &c, flags).map_err(os)
     }
 
+    /// Sets the mode of the entry `name` (`fchmodat` with `AT_SYMLINK_NOFOLLOW`: a link is
+    /// refused, never followed).
+    pub fn chmod(&self, name: &[u8], mode: u32) -> io::Result<()> {
+        let c = component(name)?;
+        sys::chmod_nofollow(self.fd.as_raw_fd(), &c, mode as libc::mode_t).map_err(os)
+    }
+
     /// Sets the owner of the entry `name` (a link itself, never what it points at).
     pub fn chown(&self, name: &[u8], uid: u32, gid: u32) -> io::Result<()> {
         let c = component(name)?;

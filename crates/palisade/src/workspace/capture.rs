@@ -320,13 +320,38 @@ impl Walker<'_> {
             if self.incomplete.is_some() && self.budget == 0 {
                 break;
             }
+            // What cannot be read of one entry makes the change set incomplete (kept, shown, not
+            // applicable), never lost.
+            match self.one(upper, base, rel, &name, depth) {
+                Ok(()) => {}
+                Err(WalkError::Layer(m)) => {
+                    let p = palisade_policy::untrusted::escape(join(rel, &name), 200);
+                    self.incomplete.get_or_insert(format!("{p}: {m}"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// One entry of the upper layer (and what is under it).
+    fn one(
+        &mut self,
+        upper: &Dir,
+        base: Option<&Dir>,
+        rel: &[u8],
+        name: &[u8],
+        depth: usize,
+    ) -> Result<(), WalkError> {
+        let name = name.to_vec();
+        {
             let path_b = join(rel, &name);
             let path = encode_path(&path_b);
             let Some(us) = upper
                 .stat(&name)
                 .map_err(|e| WalkError::Layer(e.to_string()))?
             else {
-                continue;
+                return Ok(());
             };
             let bs = match base {
                 Some(b) => b
@@ -360,11 +385,11 @@ impl Walker<'_> {
                     Change::Added
                 };
                 self.emit(e)?;
-                continue;
+                return Ok(());
             }
             if us.is_whiteout() {
                 let Some(b) = bs else {
-                    continue; // Nothing of the project's to delete.
+                    return Ok(()); // Nothing of the project's to delete.
                 };
                 e.change = Change::Deleted;
                 e.kind = EntryKind::None;
@@ -377,8 +402,11 @@ impl Walker<'_> {
                     self.deleted_files.push((path.clone(), b.size));
                 }
                 self.emit(e)?;
-                continue;
+                return Ok(());
             }
+            // An entry the code made unreadable to its owner (chmod 000) is opened up: the
+            // layer is the sandbox's own tmpfs, dead now; its recorded mode stays the code's.
+            readable(upper, &name, &us);
             match us.kind {
                 Kind::Dir => {
                     let sub = upper
@@ -426,16 +454,17 @@ impl Walker<'_> {
                     }
                     match &bs {
                         Some(b) if b.kind == Kind::File => {
+                            // A project file that cannot be read counts as different.
                             let same = b.size == us.size
                                 && same_contents(upper, base.expect("base"), &name)
-                                    .map_err(|e| WalkError::Layer(e.to_string()))?;
+                                    .unwrap_or(false);
                             if same && b.mode == us.mode && e.refused.is_none() {
-                                continue;
+                                return Ok(());
                             }
                             e.change = if same { Change::Mode } else { Change::Modified };
                             if same && e.refused.is_none() {
                                 self.emit(e)?;
-                                continue;
+                                return Ok(());
                             }
                         }
                         Some(b) if b.kind == Kind::Dir => {
@@ -470,7 +499,7 @@ impl Walker<'_> {
                                 .readlink(&name, MAX_PATH)
                                 .map_err(|e| WalkError::Layer(e.to_string()))?;
                             if bt == t {
-                                continue;
+                                return Ok(());
                             }
                             e.change = Change::Modified;
                         }
@@ -520,6 +549,19 @@ impl Walker<'_> {
             }
         }
         out
+    }
+}
+
+/// Gives the owner read (and search, for a directory) on an entry of the upper layer that lacks
+/// them, so that an unprivileged supervisor can read what the code made unreadable.
+fn readable(upper: &Dir, name: &[u8], st: &palisade_linux::fs::Stat) {
+    let need = match st.kind {
+        Kind::Dir => 0o500,
+        Kind::File => 0o400,
+        _ => return,
+    };
+    if st.mode & need != need {
+        let _ = upper.chmod(name, st.mode | need);
     }
 }
 
