@@ -780,3 +780,49 @@ fn what_the_code_made_unreadable_is_kept_and_applied_as_it_was() {
     .unwrap();
     assert_eq!(std::fs::read(p.path().join("secret")).unwrap(), b"s\n");
 }
+
+/// A change set applied in parts: a path inside new directories brings those directories with
+/// only that path in them; the rest follows later, into the directories already there.
+#[test]
+fn a_change_set_applies_in_parts() {
+    let store = TempDir::new("ws-parts-store");
+    let p = project("ws-parts");
+    let r = ws_run(
+        &store,
+        p.path(),
+        "mkdir -p new/a && echo x > new/a/x && echo y > new/a/y && echo b > new/b && echo m >> README",
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let id = change_set(&r);
+    let a = cli(&store, &["apply", &id, "new/a/x"]);
+    assert_eq!(a.code, 0, "{}", a.stderr);
+    let names = |d: &str| {
+        let mut v: Vec<String> = std::fs::read_dir(p.path().join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("new"), ["a"]);
+    assert_eq!(names("new/a"), ["x"]);
+    assert!(!std::fs::read_to_string(p.path().join("README"))
+        .unwrap()
+        .contains('m'));
+    // What was applied is a conflict now; the rest goes in by name or by leaving it out.
+    let again = cli(&store, &["apply", &id]);
+    assert_eq!(again.code, 1, "{}", again.stderr);
+    assert!(again.stderr.contains("new/a/x"), "{}", again.stderr);
+    let rest = cli(&store, &["apply", &id, "--exclude", "new/a/x"]);
+    assert_eq!(rest.code, 0, "{}", rest.stderr);
+    assert_eq!(names("new"), ["a", "b"]);
+    assert_eq!(names("new/a"), ["x", "y"]);
+    assert!(std::fs::read_to_string(p.path().join("README"))
+        .unwrap()
+        .ends_with("m\n"));
+    // A path that names nothing in the change set is an error, and nothing changes.
+    let none = cli(&store, &["apply", &id, "no/such/path"]);
+    assert_eq!(none.code, 125, "{}", none.stderr);
+    assert!(none.stderr.contains("names no change"), "{}", none.stderr);
+}

@@ -196,6 +196,11 @@ fn conflict(
         None => None,
     };
     let Some(was) = &e.base else {
+        // A new directory already there (an earlier apply of part of this change set made it):
+        // what goes in it is checked entry by entry.
+        if e.kind == EntryKind::Dir && now.is_some_and(|n| n.kind == Kind::Dir) {
+            return Ok(None);
+        }
         return Ok(
             now.map(|_| "exists in the project now: the run's version would replace it".into())
         );
@@ -702,6 +707,21 @@ impl Writer {
                 } else {
                     top.unlink(name, false).map_err(io)?;
                 }
+            }
+            (Change::Added, EntryKind::Dir)
+                if self
+                    .top()
+                    .stat(name)
+                    .map_err(io)?
+                    .is_some_and(|s| s.kind == Kind::Dir) =>
+            {
+                // Already there (see `conflict`): filled in place.
+                let d = self.top().open_dir(name).map_err(io)?;
+                self.frames.push(Frame {
+                    path: name.clone(),
+                    dir: d,
+                    place: None,
+                });
             }
             (Change::Added | Change::Replaced, EntryKind::Dir) => {
                 let top = self.top();
