@@ -16,6 +16,8 @@ use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
+mod changes;
+
 /// A kernel-enforced sandbox for code nobody has read.
 #[derive(Parser, Debug)]
 #[command(name = "palisade", version, about)]
@@ -52,6 +54,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PolicyCmd,
     },
+    /// Show what a workspace run changed (docs/workspace.md): `changes ID`, or `changes --list`.
+    Changes(changes::ChangesArgs),
+    /// Show a change set as a unified diff in git's format (`git apply` takes it).
+    Diff(changes::DiffArgs),
+    /// Apply a change set (or the named paths of it) to its project directory.
+    Apply(changes::ApplyArgs),
+    /// Remove a change set without applying it.
+    Discard(changes::DiscardArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -96,10 +106,22 @@ struct RunArgs {
     /// without asking (git config and hooks, shell and editor settings, a virtual environment).
     /// Protected paths keep the known places of the second kind read-only, or move what the code
     /// created there aside after the run; no list names them all. Review what changed before
-    /// using it. A copy-on-write workspace (--workspace, planned) will be the recommended way to
-    /// give code a project.
-    #[arg(long, value_name = "DIR")]
+    /// using it. --workspace is the recommended way to give code a project: it sees the same
+    /// directory writable, and nothing reaches it until you review the changes and apply them.
+    #[arg(long, value_name = "DIR", conflicts_with = "workspace")]
     scratch: Option<PathBuf>,
+    /// Host directory seen at /workspace through a copy-on-write overlay: the code changes a
+    /// copy, DIR itself is never written during the run, and what changed is kept as a change
+    /// set (its id is in the summary and the report) to review with `palisade changes ID` and
+    /// `palisade diff ID`, then apply with `palisade apply ID` (docs/workspace.md). Its changes
+    /// are capped by --scratch-size and count against --memory while it runs.
+    #[arg(long, value_name = "DIR", conflicts_with = "keep")]
+    workspace: Option<PathBuf>,
+    /// With --workspace: apply the change set after the run: never (default: keep it for
+    /// review), on-success (exit 0), always. Refused, protected, risky or conflicting changes
+    /// hold all of it back, for review.
+    #[arg(long, value_name = "WHEN", default_value = "never")]
+    apply: String,
     /// Use a host temporary directory as scratch and keep it after the run (its path is reported).
     #[arg(long, conflicts_with = "scratch")]
     keep: bool,
@@ -241,6 +263,10 @@ fn main() {
                 EXIT_SANDBOX_ERROR
             }
         },
+        Cmd::Changes(a) => changes::exit(changes::changes(a)),
+        Cmd::Diff(a) => changes::exit(changes::diff(a)),
+        Cmd::Apply(a) => changes::exit(changes::apply(a)),
+        Cmd::Discard(a) => changes::exit(changes::discard(a)),
         Cmd::CgroupDelegate { user } => match delegate(&user) {
             Ok(()) => 0,
             Err(e) => {
@@ -257,6 +283,7 @@ fn main() {
 const OPTIONS: &[(&str, &str)] = &[
     ("profiles", "--profile"),
     ("filesystem.scratch", "--scratch"),
+    ("filesystem.workspace", "--workspace"),
     ("filesystem.keep_scratch", "--keep"),
     ("filesystem.ro", "--ro"),
     ("filesystem.rw", "--rw"),
@@ -281,6 +308,7 @@ const OPTIONS: &[(&str, &str)] = &[
     ("limits.cpus", "--cpus"),
     ("layers.allow_degraded", "--allow-degraded"),
     ("layers.allow_ptrace", "--allow-ptrace"),
+    ("apply", "--apply"),
     ("tty", "--tty"),
 ];
 
@@ -356,6 +384,7 @@ fn options(a: &RunArgs, tty: bool) -> anyhow::Result<PolicyOverlay> {
     let mut o = PolicyOverlay {
         profiles: a.profile.clone(),
         scratch: a.scratch.clone(),
+        workspace: a.workspace.clone(),
         keep_scratch: a.keep.then_some(true),
         allow_ptrace: a.allow_ptrace.then_some(true),
         local_ports: a.allow_local_port.clone(),
@@ -556,6 +585,19 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let b = builder(&a, tty)?;
     let mut sandbox = b.build()?;
+    let apply = palisade::workspace::ApplyMode::parse(&a.apply).map_err(option_error)?;
+    if let palisade::policy::Scratch::Workspace { .. } = &sandbox.policy().scratch {
+        sandbox = sandbox.with_workspace(palisade::WorkspaceOptions {
+            store: Some(changes::store()?),
+            apply,
+            ..Default::default()
+        });
+    } else if apply != palisade::workspace::ApplyMode::Never {
+        anyhow::bail!(
+            "--apply {}: applies a workspace's changes; give --workspace DIR",
+            a.apply
+        );
+    }
     // Where the report goes, settled before anything runs: a path the code could replace while
     // it runs is refused now, not followed later.
     let report_to = ReportTarget::open(&a, sandbox.policy())?;
@@ -849,6 +891,16 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
             );
         }
     } else {
+        // Even when quiet: where the workspace's changes are, or that they were lost.
+        if let Some(w) = &report.workspace {
+            if let Some(id) = &w.change_set {
+                eprintln!(
+                    "palisade: workspace change set {id}: {} change(s){}",
+                    w.summary.entries,
+                    if w.applied.is_some() { ", applied" } else { "" }
+                );
+            }
+        }
         // Even when quiet: something the code left to run later was found and moved aside.
         for b in &report.protected.blocked {
             let line = format!(
@@ -903,7 +955,9 @@ mod tests {
             assert!(longs.iter().any(|l| l == option), "{option}");
             let in_schema = match field.split_once('.') {
                 Some((t, f)) => schema["properties"][t]["properties"].get(f).is_some(),
-                None => schema["properties"].get(*field).is_some() || *field == "tty",
+                None => {
+                    schema["properties"].get(*field).is_some() || ["tty", "apply"].contains(field)
+                }
             };
             assert!(in_schema, "{field}");
         }

@@ -299,8 +299,13 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     // 7. The view: binds read-only, recursive, nosuid, nodev; /proc (needs the old root still
     //    attached: the kernel only allows a new procfs where one is already fully visible); /dev;
     //    /tmp; scratch; the policy's binds.
+    //    A workspace's tmpfs goes to the supervisor here (Op::SendDir), before the payload exists.
     for (i, op) in plan.ops.iter().enumerate() {
-        run_op(plan, op).map_err(|e| (Step::Op, i as u32, e))?;
+        let r = match op {
+            Op::SendDir { path, tag } => send_dir(fds.go, path, *tag),
+            _ => run_op(plan, op),
+        };
+        r.map_err(|e| (Step::Op, i as u32, e))?;
     }
 
     // 8. pivot_root onto the new root with the old one stacked beneath, then detach the old one:
@@ -382,6 +387,19 @@ fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
 fn errno() -> i32 {
     // SAFETY: reading the calling thread's errno slot.
     unsafe { *libc::__errno_location() }
+}
+
+/// Opens the directory `path` and sends it on `sock` with `tag`; init's copy is closed at once.
+fn send_dir(sock: c_int, path: &std::ffi::CStr, tag: u8) -> SysResult<()> {
+    let fd = sys::openat(
+        libc::AT_FDCWD,
+        path,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
+    let r = sys::send_fds(sock, tag, &[fd]);
+    sys::close(fd);
+    r
 }
 
 fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
@@ -486,6 +504,18 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
             close(tree);
             Ok(())
         }
+        Op::Overlay { path, data } => mount(
+            Some(c"overlay"),
+            path,
+            Some(c"overlay"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(data),
+        ),
+        Op::UserXattr { path } => xattr_roundtrip(path, c"user.palisade-check"),
+        // Handled by the caller, which holds the supervisor's socket.
+        Op::SendDir { .. } => Err(libc::EINVAL),
+        Op::Detach { path } => umount2(path, libc::MNT_DETACH),
+        Op::Rmdir { path } => rmdir(path),
         Op::UserNsLimits => {
             for &(file, value, required) in USERNS_LIMITS {
                 let fd = match openat(libc::AT_FDCWD, file, libc::O_WRONLY, 0) {

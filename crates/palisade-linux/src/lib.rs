@@ -17,6 +17,7 @@
 
 mod child;
 mod error;
+pub mod fs;
 pub mod host;
 pub mod landlock;
 pub mod output;

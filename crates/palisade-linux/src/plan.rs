@@ -115,6 +115,32 @@ pub enum Op {
         path: CString,
         optional: bool,
     },
+    /// An overlay file system on `path`; `data` holds its options (layers relative to the new
+    /// root, which is init's working directory).
+    Overlay {
+        path: CString,
+        data: CString,
+    },
+    /// Fails unless the file system at `path` keeps `user.*` extended attributes (overlayfs
+    /// mounted in a user namespace records opaque directories in them).
+    UserXattr {
+        path: CString,
+    },
+    /// Opens the directory `path` and sends it to the supervisor, tagged `tag`, over init's
+    /// socket; init keeps no copy.
+    SendDir {
+        path: CString,
+        tag: u8,
+    },
+    /// Detaches the mount on `path` (`MNT_DETACH`): what still uses it (an overlay's private
+    /// clone of a layer, the supervisor's descriptor) keeps it alive; the view no longer shows it.
+    Detach {
+        path: CString,
+    },
+    /// Removes the empty directory `path`.
+    Rmdir {
+        path: CString,
+    },
     /// This user namespace's own ceilings (`/proc/sys/user/*`): no nested namespaces, few
     /// inotify instances and watches, no fanotify. The kernel charges these counts to the
     /// namespace's owner too (the invoking user, or the run's host id for root launches): the
@@ -181,7 +207,31 @@ pub struct Plan {
     pub sockets: Vec<SockSpec>,
     /// The protected paths under a host scratch directory.
     pub protection: Protection,
+    /// With a workspace: the directory its changes are made against, as the plan opened it.
+    pub workspace: Option<WorkspaceBase>,
 }
+
+/// The host directory under a copy-on-write workspace (see [`WORKSPACE_TAG`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceBase {
+    /// Canonical host path.
+    pub path: PathBuf,
+    /// Device and inode seen when the plan was made (the child checks the same).
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// The tag with which init sends the supervisor the root of a workspace's private tmpfs (the
+/// overlay's upper and work directories live there): the supervisor reads the changes from it
+/// after the run, when nothing of the sandbox is left to write it.
+pub const WORKSPACE_TAG: u8 = b'w';
+
+/// Scaffolding of a workspace in the new root, removed from the view before the payload starts.
+const WS_DIR: &str = ".palisade-workspace";
+
+/// Most files and directories a workspace's changes may hold (the upper layer's `nr_inodes`): a
+/// bound on what the supervisor walks after the run.
+pub const WORKSPACE_MAX_INODES: u64 = 1_000_000;
 
 /// What became of the policy's protected paths under a host scratch directory (relative paths).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -667,6 +717,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
     });
     let mut scratch_source = None;
     let mut protection = Protection::default();
+    let mut workspace_base = None;
     match &policy.scratch {
         Scratch::Ephemeral => b.ops.push(Op::Tmpfs {
             path: rel(SCRATCH_DIR),
@@ -689,6 +740,21 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
                 attrs: rw,
             });
             protection = protect(&mut b, &canon, &policy.protected, ids, ro, rw)?;
+        }
+        Scratch::Workspace { path } => {
+            let (canon, meta) = resolve_host("filesystem.workspace", path)?;
+            if !meta.is_dir() {
+                return Err(SetupError::NotADirectory {
+                    field: "filesystem.workspace",
+                    path: canon,
+                });
+            }
+            workspace(&mut b, &canon, &meta, ids, policy.limits.scratch_bytes, ro);
+            workspace_base = Some(WorkspaceBase {
+                path: canon,
+                dev: meta.dev(),
+                ino: meta.ino(),
+            });
         }
     }
     b.rule(SCRATCH_DIR, FULL, true);
@@ -783,7 +849,69 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         landlock,
         sockets: sockets(policy),
         protection,
+        workspace: workspace_base,
     })
+}
+
+/// The steps of a copy-on-write workspace on [`SCRATCH_DIR`] (docs/workspace.md): a private tmpfs
+/// of `cap` bytes holds the overlay's upper and work directories; the host directory `canon` is
+/// bound read-only (idmapped for a root launch, like a host scratch) as the lower layer; the
+/// overlay is mounted with `userxattr` (the only way a user namespace may mount it; it also
+/// turns off `redirect_dir` and `metacopy`, so the upper layer holds whole files and plain
+/// whiteouts, nothing that points elsewhere), `index=off`. The tmpfs goes to the supervisor, then
+/// the scaffolding leaves the view: the payload sees the merged tree and nothing else, and the
+/// host directory is never written.
+fn workspace(
+    b: &mut Builder<'_>,
+    canon: &Path,
+    meta: &std::fs::Metadata,
+    ids: Ids,
+    cap: u64,
+    ro: u64,
+) {
+    let at = |x: &str| c(format!("{WS_DIR}/{x}"));
+    b.ops.push(Op::Mkdir {
+        path: c(WS_DIR),
+        mode: 0o700,
+    });
+    b.ops.push(Op::Tmpfs {
+        path: c(WS_DIR),
+        flags: libc::MS_NOSUID | libc::MS_NODEV,
+        data: c(format!(
+            "mode=0700,size={cap},nr_inodes={WORKSPACE_MAX_INODES}"
+        )),
+    });
+    // The upper directory is the merged root: it takes the host directory's mode.
+    b.ops.push(Op::Mkdir {
+        path: at("upper"),
+        mode: meta.mode() & 0o777,
+    });
+    for d in ["work", "lower"] {
+        b.ops.push(Op::Mkdir {
+            path: at(d),
+            mode: 0o700,
+        });
+    }
+    b.ops.push(Op::UserXattr { path: at("work") });
+    let s = b.user_source(canon, meta, ids.privileged, ids.privileged);
+    b.ops.push(Op::Bind {
+        source: s,
+        path: at("lower"),
+        attrs: ro,
+    });
+    b.ops.push(Op::Overlay {
+        path: rel(SCRATCH_DIR),
+        data: c(format!(
+            "lowerdir={WS_DIR}/lower,upperdir={WS_DIR}/upper,workdir={WS_DIR}/work,userxattr,index=off,metacopy=off"
+        )),
+    });
+    b.ops.push(Op::SendDir {
+        path: c(WS_DIR),
+        tag: WORKSPACE_TAG,
+    });
+    b.ops.push(Op::Detach { path: at("lower") });
+    b.ops.push(Op::Detach { path: c(WS_DIR) });
+    b.ops.push(Op::Rmdir { path: c(WS_DIR) });
 }
 
 /// Plans the protected paths under the host scratch `canon` (docs/policy.md, "Protected
@@ -1205,6 +1333,11 @@ pub fn describe(plan: &Plan, i: usize) -> String {
         ),
         Some(Op::ReadOnly { path, .. }) => format!("make {} read-only", show(path)),
         Some(Op::UserNsLimits) => "set the sandbox user namespace's ceilings (/proc/sys/user/*)".into(),
+        Some(Op::Overlay { .. }) => "mount the workspace's overlay on /workspace (overlayfs in a user namespace needs Linux 5.11 or later, and a host directory on a file system overlayfs takes as a lower layer: not another overlay's upper layer, not NFS without its options, not FUSE before 5.11)".into(),
+        Some(Op::UserXattr { .. }) => "check that the workspace's tmpfs keeps user.* extended attributes, which overlayfs needs in a user namespace (tmpfs has them from Linux 6.6 on)".into(),
+        Some(Op::SendDir { .. }) => "hand the workspace's upper layer to the supervisor".into(),
+        Some(Op::Detach { path }) => format!("detach the scaffolding mount {}", show(path)),
+        Some(Op::Rmdir { path }) => format!("remove the scaffolding directory {}", show(path)),
         None => format!("step {i}"),
     }
 }

@@ -192,6 +192,9 @@ pub struct Running {
     egress: Vec<(plan::SockSpec, OwnedFd)>,
     /// CPU the spawning thread spent setting the sandbox up.
     setup_cpu: Duration,
+    /// With a workspace: the root of its private tmpfs (see [`plan::WORKSPACE_TAG`]), and the
+    /// host directory under it.
+    workspace: Option<(OwnedFd, plan::WorkspaceBase)>,
 }
 
 /// Kills a running sandbox from any thread; see [`Running::killer`].
@@ -381,8 +384,8 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
     // so files written there land on disk owned by that owner, never by ROOT_MAPPED_ID.
     let (uid, gid, seen) = match &policy.scratch {
         Scratch::Ephemeral => (0, 0, None),
-        Scratch::Host { path } => {
-            let (_, meta) = plan::resolve_host("filesystem.scratch", path)?;
+        Scratch::Host { path } | Scratch::Workspace { path } => {
+            let (_, meta) = plan::resolve_host(policy.scratch.field(), path)?;
             (meta.uid(), meta.gid(), Some((meta.dev(), meta.ino())))
         }
     };
@@ -632,6 +635,7 @@ pub fn spawn(
         done: false,
         egress: Vec::new(),
         setup_cpu: Duration::ZERO,
+        workspace: None,
     };
 
     // e. The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
@@ -707,8 +711,24 @@ pub fn spawn(
     }
     let m = Msg::from_bytes(&b);
     if m.kind == child::MSG_STARTED {
-        // Init sent the egress listeners while it set up, before the payload existed.
         let mut got = [-1 as c_int; sys::MAX_FDS];
+        // A workspace's tmpfs, sent while init built the view.
+        if let Some(base) = &plan.workspace {
+            match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
+                Ok((plan::WORKSPACE_TAG, 1)) => {
+                    // SAFETY: the kernel just installed this descriptor in our table; we own it.
+                    let fd = unsafe { OwnedFd::from_raw_fd(got[0]) };
+                    running.workspace = Some((fd, base.clone()));
+                }
+                _ => {
+                    return Err(SetupError::Supervisor {
+                        op: "receive the workspace's upper layer",
+                        source: io::Error::from_raw_os_error(libc::EPROTO),
+                    })
+                }
+            }
+        }
+        // Init sent the egress listeners while it set up, before the payload existed.
         for chunk in plan.sockets.chunks(sys::MAX_FDS) {
             match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
                 Ok((b'n', n)) if n == chunk.len() => {
@@ -909,6 +929,13 @@ impl Running {
     /// Whether Landlock is enforced for this run (with which ABI and rights), or why not.
     pub fn landlock(&self) -> &LandlockState {
         &self.landlock
+    }
+
+    /// Takes the workspace's private tmpfs (its `upper` directory holds the changes) and the host
+    /// directory under it. Read it only once [`Running::wait`] has returned: until then the
+    /// sandbox writes it.
+    pub fn take_workspace(&mut self) -> Option<(OwnedFd, plan::WorkspaceBase)> {
+        self.workspace.take()
     }
 
     /// Takes the egress proxy's listeners (bound inside the sandbox's network namespace), for the

@@ -44,7 +44,6 @@
 
 use crate::file::{fmt_ms, fmt_size};
 use crate::net::{NetRule, Network, Pattern, DEFAULT_PORTS};
-use crate::Scratch;
 use crate::{layer, Bind, Degradable, EnvName, Limits, Policy, PolicyError, PolicyOverlay};
 use serde::Serialize;
 use std::fmt::Display;
@@ -177,10 +176,7 @@ impl Bounds {
     pub fn from_policy(p: &Policy) -> Bounds {
         Bounds {
             limits: p.limits.resolved(),
-            scratch: match &p.scratch {
-                Scratch::Host { path } => Some(path.clone()),
-                Scratch::Ephemeral => None,
-            },
+            scratch: p.scratch.host_path().map(|x| x.to_path_buf()),
             keep_scratch: p.keep_scratch,
             paths: p
                 .binds
@@ -299,11 +295,11 @@ impl Policy {
             }
         }
 
-        if let Scratch::Host { path } = &self.scratch {
+        if let Some(path) = self.scratch.host_path() {
             let fits = b.scratch.as_deref().is_some_and(|pre| under(path, pre));
             if !fits {
                 return Err(beyond(
-                    "filesystem.scratch",
+                    self.scratch.field(),
                     path.display(),
                     match &b.scratch {
                         Some(pre) => format!(
@@ -471,7 +467,7 @@ mod tests {
     use super::*;
     use crate::net::Pin;
     use crate::protect::ProtectedPath;
-    use crate::{EnvVar, LimitsOverlay};
+    use crate::{EnvVar, LimitsOverlay, Scratch};
 
     fn rule(s: &str) -> NetRule {
         NetRule::parse("t", s).unwrap()

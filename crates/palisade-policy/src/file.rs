@@ -81,6 +81,7 @@ struct Raw<B> {
 #[serde(deny_unknown_fields)]
 struct RawFs {
     scratch: Option<V>,
+    workspace: Option<V>,
     keep_scratch: Option<V>,
     ro: Option<V>,
     rw: Option<V>,
@@ -367,6 +368,24 @@ impl Src<'_> {
                 }
                 f.scratch = Some(PathBuf::from(s));
             }
+            if let Some(v) = &fs.workspace {
+                let s = src.string("filesystem.workspace", v)?;
+                if !s.starts_with('/') {
+                    return Err(src.err(
+                        v.span(),
+                        format!(
+                            "invalid filesystem.workspace `{s}`: expected an absolute path of a host directory"
+                        ),
+                    ));
+                }
+                if fs.scratch.is_some() {
+                    return Err(src.err(
+                        v.span(),
+                        "filesystem.workspace: give filesystem.scratch or filesystem.workspace, not both (both are mounted at /workspace)".to_owned(),
+                    ));
+                }
+                f.workspace = Some(PathBuf::from(s));
+            }
             if let Some(v) = &fs.keep_scratch {
                 f.keep_scratch = Some(src.bool("filesystem.keep_scratch", v)?);
             }
@@ -568,6 +587,9 @@ impl PolicyFile {
             Scratch::Host { path } => {
                 s.push_str(&format!("scratch = {}\n", q(&path.display().to_string())))
             }
+            Scratch::Workspace { path } => {
+                s.push_str(&format!("workspace = {}\n", q(&path.display().to_string())))
+            }
             Scratch::Ephemeral => s.push_str("# scratch: a fresh tmpfs (no host directory)\n"),
         }
         s.push_str(&format!("keep_scratch = {}\n", p.keep_scratch));
@@ -696,6 +718,7 @@ pub fn json_schema() -> serde_json::Value {
         "hostname": {"type": "string", "description": "host name inside (RFC 1123), default `sandbox`"},
         "filesystem": table(json!({
             "scratch": {"type": "string", "description": "absolute path of a host directory mounted read-write at /workspace; absent: a fresh tmpfs"},
+            "workspace": {"type": "string", "description": "absolute path of a host directory seen at /workspace through a copy-on-write overlay: never written during the run; the changes are kept as a change set to review and apply (docs/workspace.md)"},
             "keep_scratch": {"type": "boolean", "description": "use a host temporary directory as scratch and keep it"},
             "ro": strings("host paths visible read-only: HOST or HOST:INSIDE"),
             "rw": strings("host paths visible read-write: HOST or HOST:INSIDE"),
@@ -722,7 +745,7 @@ pub fn json_schema() -> serde_json::Value {
             "file_size": size("largest file written (default 1GiB)"),
             "output": size("stdout plus stderr (default 64MiB)"),
             "tmp_size": size("/tmp tmpfs size (default 256MiB)"),
-            "scratch_size": size("ephemeral scratch tmpfs size (default 1GiB)"),
+            "scratch_size": size("ephemeral scratch tmpfs size, and the most a workspace's changes may hold (default 1GiB)"),
             "cpus": {"type": ["number", "string"], "description": "CPU quota, e.g. 0.5 or 2 (default: none)", "examples": [0.5]},
         })),
         "layers": table(json!({
@@ -1048,6 +1071,39 @@ allow_ptrace = true
         assert_eq!(
             committed, generated,
             "docs/policy.schema.json is stale: run `palisade policy schema > docs/policy.schema.json`"
+        );
+    }
+
+    /// `filesystem.workspace`: read, rendered back, and refused beside `filesystem.scratch`.
+    #[test]
+    fn a_workspace_reads_renders_and_excludes_a_scratch() {
+        let f = PolicyFile::parse("w.toml", "[filesystem]\nworkspace = \"/srv/proj\"\n").unwrap();
+        assert_eq!(f.overlay.workspace, Some(PathBuf::from("/srv/proj")));
+        let mut p = Policy::new(["true"]).unwrap();
+        layer(&mut p, &[&f.overlay]).unwrap();
+        assert_eq!(
+            p.scratch,
+            Scratch::Workspace {
+                path: "/srv/proj".into()
+            }
+        );
+        let (read, back, shown) = read_render_read(&PolicyFile::render(&p)).unwrap();
+        p.limits = p.limits.resolved();
+        assert_eq!((&read, &back), (&p, &p), "{shown}");
+        assert!(shown.contains("workspace = \"/srv/proj\""), "{shown}");
+        let e = err("[filesystem]\nscratch = \"/a\"\nworkspace = \"/b\"\n");
+        assert_eq!((e.line, e.column), (3, 13));
+        assert!(e.message.contains("not both"), "{}", e.message);
+        let e = err("[filesystem]\nworkspace = \"b\"\n");
+        assert_eq!(
+            e.message,
+            "invalid filesystem.workspace `b`: expected an absolute path of a host directory"
+        );
+        // A kept scratch means nothing for a workspace, whose changes are kept anyway.
+        p.keep_scratch = true;
+        assert_eq!(
+            p.validate().unwrap_err().field(),
+            Some("filesystem.keep_scratch")
         );
     }
 

@@ -179,6 +179,31 @@ pub enum Scratch {
         /// Absolute host path of an existing directory.
         path: PathBuf,
     },
+    /// A host directory seen writable through a copy-on-write overlay: the directory itself is
+    /// never written during the run; what the code changes is kept after it as a change set to
+    /// review and apply (docs/workspace.md).
+    Workspace {
+        /// Absolute host path of an existing directory.
+        path: PathBuf,
+    },
+}
+
+impl Scratch {
+    /// The host directory, for a host scratch or a workspace.
+    pub fn host_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Scratch::Ephemeral => None,
+            Scratch::Host { path } | Scratch::Workspace { path } => Some(path),
+        }
+    }
+
+    /// The policy field that sets it: `filesystem.scratch` or `filesystem.workspace`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Scratch::Workspace { .. } => "filesystem.workspace",
+            _ => "filesystem.scratch",
+        }
+    }
 }
 
 /// A host path made visible inside the sandbox.
@@ -357,14 +382,21 @@ impl Policy {
                 "arguments without NUL bytes",
             ));
         }
-        if let Scratch::Host { path } = &self.scratch {
+        if let Some(path) = self.scratch.host_path() {
             if !path.is_absolute() {
                 return Err(PolicyError::invalid(
-                    "filesystem.scratch",
+                    self.scratch.field(),
                     &path.display().to_string(),
                     "an absolute path of an existing host directory",
                 ));
             }
+        }
+        if self.keep_scratch && matches!(self.scratch, Scratch::Workspace { .. }) {
+            return Err(PolicyError::invalid(
+                "filesystem.keep_scratch",
+                "true",
+                "false with filesystem.workspace (the workspace's changes are kept anyway, as a change set)",
+            ));
         }
         let h = &self.hostname;
         let ok_label = |l: &str| {

@@ -31,6 +31,9 @@ pub struct PolicyOverlay {
     pub hostname: Option<String>,
     /// A host directory as scratch (`filesystem.scratch`).
     pub scratch: Option<PathBuf>,
+    /// A host directory as a copy-on-write workspace (`filesystem.workspace`); replaces a
+    /// scratch set before it, as `scratch` replaces a workspace.
+    pub workspace: Option<PathBuf>,
     pub keep_scratch: Option<bool>,
     /// `filesystem.ro` and `filesystem.rw`.
     pub binds: Vec<Bind>,
@@ -106,6 +109,9 @@ impl PolicyOverlay {
         }
         if let Some(s) = &self.scratch {
             p.scratch = Scratch::Host { path: s.clone() };
+        }
+        if let Some(w) = &self.workspace {
+            p.scratch = Scratch::Workspace { path: w.clone() };
         }
         if let Some(k) = self.keep_scratch {
             p.keep_scratch = k;

@@ -87,6 +87,14 @@ impl Builder {
         self.with(|o| o.scratch = Some(dir))
     }
 
+    /// A host directory seen at /workspace through a copy-on-write overlay: the code changes a
+    /// copy; the directory is never written during the run, and what changed is kept as a change
+    /// set to review and apply ([`crate::workspace`]).
+    pub fn workspace(self, dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        self.with(|o| o.workspace = Some(dir))
+    }
+
     /// Keep the ephemeral scratch: a host temporary directory is used and left behind.
     pub fn keep_scratch(self, keep: bool) -> Self {
         self.with(|o| o.keep_scratch = Some(keep))
@@ -321,6 +329,7 @@ impl Builder {
             cgroup_root: self
                 .cgroup_root
                 .unwrap_or_else(|| PathBuf::from(CGROUP_ROOT)),
+            workspace: Default::default(),
         })
     }
 

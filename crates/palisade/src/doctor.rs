@@ -73,6 +73,29 @@ pub fn run_checks(cgroup_root: &Path) -> Vec<Check> {
         )
     });
 
+    // The copy-on-write workspace (--workspace): overlayfs mounted in the sandbox's user
+    // namespace (5.11), its upper layer on a tmpfs that keeps user.* extended attributes (6.6).
+    let overlay = std::fs::read_to_string("/proc/filesystems")
+        .is_ok_and(|f| f.lines().any(|l| l.ends_with("\toverlay")));
+    v.push(if (maj, min) >= (6, 6) {
+        check(
+            "workspace",
+            Ok,
+            format!(
+                "--workspace: overlayfs in the sandbox's user namespace over a tmpfs upper layer{}",
+                if overlay { "" } else { " (the overlay module is not loaded yet; the kernel loads it on first use if it has it)" }
+            ),
+            None,
+        )
+    } else {
+        check(
+            "workspace",
+            Warn,
+            format!("Linux {release}: --workspace is refused here (its upper layer needs user.* extended attributes on tmpfs, Linux 6.6 or later); every other run works"),
+            Some("upgrade the kernel to 6.6 or later to use --workspace; meanwhile give the code a copy of the project with --scratch"),
+        )
+    });
+
     // User namespaces: the sysctls that gate them, then a real attempt.
     let max = sysctl("user/max_user_namespaces");
     let apparmor = sysctl("kernel/apparmor_restrict_unprivileged_userns");

@@ -18,6 +18,7 @@ mod builder;
 pub mod doctor;
 mod report;
 mod sandbox;
+pub mod workspace;
 
 pub use builder::Builder;
 pub use palisade_linux::SetupError;
@@ -28,7 +29,9 @@ pub use palisade_policy as policy;
 pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
-pub use sandbox::{Chunk, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream};
+pub use sandbox::{
+    Chunk, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, WorkspaceOptions,
+};
 
 /// A front end's own terminal and signals (the CLI's): raw mode restored on drop, and signals
 /// forwarded to the sandbox instead of taken with their usual effect. A server uses neither.

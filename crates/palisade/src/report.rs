@@ -138,6 +138,10 @@ pub struct Report {
     /// Protected paths under a host scratch directory: what was kept read-only, and anything the
     /// code created at a protected path, moved aside after the run.
     pub protected: Protected,
+    /// With a workspace (`filesystem.workspace`): the change set the run left, its summary, and
+    /// what `--apply` did with it. Absent from the JSON for other runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::workspace::WorkspaceReport>,
     /// The supervisor lost the cgroup's CPU accounting during the run (see `cpu-time-limit`).
     #[serde(skip)]
     pub(crate) cpu_watch_lost: bool,
@@ -284,7 +288,27 @@ impl Report {
             denied_syscalls: Vec::new(),
             network: Network::default(),
             protected: Protected::default(),
+            workspace: None,
         }
+    }
+
+    /// Records what became of a workspace's changes. Changes that could not be kept fail the
+    /// run: status `sandbox-error`, with the program's own result in the message.
+    pub(crate) fn set_workspace(&mut self, ws: crate::workspace::WorkspaceReport) {
+        if let Some(e) = &ws.error {
+            let result = match (self.status, self.exit_code, self.signal) {
+                (Status::SandboxError, ..) => String::new(),
+                (_, Some(c), _) => format!(" (the program had ended: exit {c})"),
+                (_, _, Some(s)) => format!(" (the program had ended: signal {s})"),
+                _ => String::new(),
+            };
+            let before = self.error.take().map(|b| format!("; before that: {b}"));
+            self.status = Status::SandboxError;
+            self.exit_code = Some(EXIT_SANDBOX_ERROR);
+            self.error_kind = Some("workspace");
+            self.error = Some(format!("{e}{result}{}", before.unwrap_or_default()));
+        }
+        self.workspace = Some(ws);
     }
 
     /// Records the protected paths, and what was moved aside after the run. Something the code
@@ -557,6 +581,39 @@ impl Report {
                 " · net {} allowed, {} denied",
                 self.network.allowed, self.network.denied
             ));
+        }
+        if let Some(w) = &self.workspace {
+            match &w.change_set {
+                Some(id) => {
+                    let sm = &w.summary;
+                    s.push_str(&format!(
+                        " · workspace {id}: {} change(s) ({} added, {} modified, {} deleted), {} B",
+                        sm.entries,
+                        sm.added,
+                        sm.modified,
+                        sm.deleted + sm.replaced,
+                        sm.bytes
+                    ));
+                    let held = sm.refused + sm.conflicts + sm.protected + sm.risky;
+                    if held > 0 {
+                        s.push_str(&format!(
+                            ", {held} to review (refused, conflicting, protected or risky)"
+                        ));
+                    }
+                    match (&w.applied, &w.apply_error) {
+                        (Some(a), _) => s.push_str(&format!(", APPLIED {} entries", a.entries)),
+                        (None, Some(e)) => s.push_str(&format!(
+                            ", not applied: {}",
+                            e.lines().next().unwrap_or("")
+                        )),
+                        _ => s.push_str(&format!(
+                            "; review: palisade diff {id}, then palisade apply {id}"
+                        )),
+                    }
+                }
+                None if w.error.is_none() => s.push_str(" · workspace: no change"),
+                None => {}
+            }
         }
         for b in &self.protected.blocked {
             match &b.moved_to {
@@ -1090,6 +1147,42 @@ mod tests {
             }),
         );
         assert_eq!(value(&r), want);
+    }
+
+    #[test]
+    fn a_workspace_whose_changes_were_lost_fails_the_run_and_keeps_the_programs_result() {
+        use crate::workspace::WorkspaceReport;
+        let mut r = report(&outcome(None, Termination::Exited(0)), stats());
+        r.set_workspace(WorkspaceReport {
+            dir: "/p".into(),
+            change_set: Some("20261204-000000-abcdef".into()),
+            ..WorkspaceReport::default()
+        });
+        assert_eq!((r.status, r.exit_code_for_cli()), (Status::Ok, 0));
+        assert!(
+            r.summary().contains("workspace 20261204-000000-abcdef"),
+            "{}",
+            r.summary()
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["workspace"]["change_set"], "20261204-000000-abcdef");
+        let mut r = report(&outcome(None, Termination::Exited(0)), stats());
+        r.set_workspace(WorkspaceReport {
+            dir: "/p".into(),
+            error: Some("the workspace's changes could not be kept: disk full".into()),
+            ..WorkspaceReport::default()
+        });
+        assert_eq!(r.status, Status::SandboxError);
+        assert_eq!(r.exit_code_for_cli(), EXIT_SANDBOX_ERROR);
+        assert_eq!(r.error_kind, Some("workspace"));
+        assert_eq!(
+            r.error.as_deref(),
+            Some("the workspace's changes could not be kept: disk full (the program had ended: exit 0)")
+        );
+        // Without a workspace the report has no such key at all.
+        let plain =
+            serde_json::to_value(report(&outcome(None, Termination::Exited(0)), stats())).unwrap();
+        assert!(plain.get("workspace").is_none());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! kills the sandbox and releases everything it held.
 
 use crate::report::Report;
+use crate::workspace::{ApplyMode, Retention, Store, WorkspaceReport};
 use palisade_cgroup::{CgroupLimits, RunCgroup};
 use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
@@ -30,6 +31,18 @@ pub struct Sandbox {
     pub(crate) stdin: Stdin,
     pub(crate) cgroup_root: PathBuf,
     pub(crate) net_notify: Option<NetNotify>,
+    pub(crate) workspace: WorkspaceOptions,
+}
+
+/// What a sandbox with a workspace (`filesystem.workspace`) does with its changes.
+#[derive(Debug, Clone, Default)]
+pub struct WorkspaceOptions {
+    /// Where change sets are kept; `None`: [`Store::default_dir`].
+    pub store: Option<Store>,
+    /// Apply the change set after the run (`run --apply`).
+    pub apply: ApplyMode,
+    /// How many change sets the store keeps.
+    pub retention: Retention,
 }
 
 /// Called with each egress decision as it happens (from the proxy's threads).
@@ -279,7 +292,14 @@ impl Sandbox {
             stdin: Stdin::Null,
             cgroup_root: PathBuf::from(CGROUP_ROOT),
             net_notify: None,
+            workspace: WorkspaceOptions::default(),
         })
+    }
+
+    /// How a workspace's changes are kept and applied (see [`crate::workspace`]).
+    pub fn with_workspace(mut self, o: WorkspaceOptions) -> Self {
+        self.workspace = o;
+        self
     }
 
     /// Calls `f` with each egress decision as it happens (e.g. to print denials at once).
@@ -458,8 +478,20 @@ impl Sandbox {
         };
         let scratch = match &policy.scratch {
             Scratch::Host { path } => Some(path.display().to_string()),
-            Scratch::Ephemeral => None,
+            Scratch::Ephemeral | Scratch::Workspace { .. } => None,
         };
+        // A workspace: where its change set will be kept, settled (and refused if the sandbox
+        // could write there) before anything runs.
+        let store = match &policy.scratch {
+            Scratch::Workspace { .. } => match self.workspace_store(&policy) {
+                Ok(s) => Some(s),
+                Err(e) => return fail(&e, scratch),
+            },
+            _ => None,
+        };
+        // The file-system clock at the start: a project file changed at or after it was changed
+        // during the run (a conflict for the change set).
+        let started_ns = palisade_linux::fs::coarse_now_ns();
         // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
         // one, refuse, unless the user waived it by name.
         let (manager, waived) =
@@ -549,6 +581,7 @@ impl Sandbox {
         if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
             palisade_linux::host::copy_winsize(t, pty);
         }
+        let ws_layer = running.take_workspace();
         let ids = running.ids();
         let landlock = running.landlock().clone();
         let protection = running.protection().clone();
@@ -604,7 +637,142 @@ impl Sandbox {
             report.set_network(e.finish(), &policy.network);
         }
         report.set_protected(&protection, disarmed);
+        // The workspace's upper layer, now that nothing of the sandbox can write it any more, and
+        // the run's status is final (an OOM kill is known only from the cgroup), which the change
+        // set records and `--apply on-success` reads.
+        if let (Some((tmpfs, base)), Some(store)) = (ws_layer, &store) {
+            let ws = self.keep_changes(tmpfs, &base, store, started_ns, &policy, &report);
+            report.set_workspace(ws);
+        }
         report
+    }
+}
+
+impl Sandbox {
+    /// The store a workspace run keeps its change set in: the caller's, or the default one;
+    /// refused when the sandbox could write there (a writable bind over it).
+    fn workspace_store(&self, policy: &Policy) -> Result<Store, SetupError> {
+        let store = match (&self.workspace.store, Store::default_dir()) {
+            (Some(s), _) => s.clone(),
+            (None, Some(d)) => Store::new(d),
+            (None, None) => {
+                return Err(SetupError::Supervisor {
+                    op: "choose where to keep the workspace's changes",
+                    source: std::io::Error::other(
+                        "no HOME or XDG_STATE_HOME to keep change sets under; give a store (palisade: PALISADE_CHANGES_DIR)",
+                    ),
+                })
+            }
+        };
+        store.check().map_err(|e| SetupError::Supervisor {
+            op: "check where the workspace's changes will be kept",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        // The nearest existing ancestor, canonical: where the store is or will be.
+        let mut at = store.path().to_path_buf();
+        let canon = loop {
+            if let Ok(c) = at.canonicalize() {
+                break c;
+            }
+            if !at.pop() {
+                break at;
+            }
+        };
+        // Inside the workspace, the code would see the other change sets (and its changes could
+        // add to the store).
+        if let Some(dir) = policy.scratch.host_path() {
+            let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+            if canon.starts_with(&dir) {
+                return Err(SetupError::HostPath {
+                    field: "filesystem.workspace",
+                    path: dir,
+                    source: std::io::Error::other(format!(
+                        "the change sets are kept in {}, inside the workspace: keep them elsewhere (palisade: PALISADE_CHANGES_DIR)",
+                        store.path().display()
+                    )),
+                });
+            }
+        }
+        for b in policy.binds.iter().filter(|b| b.writable) {
+            let src = b.source.canonicalize().unwrap_or_else(|_| b.source.clone());
+            if canon.starts_with(&src) || src.starts_with(&canon) && store.path().starts_with(&src)
+            {
+                return Err(SetupError::HostPath {
+                    field: "filesystem.rw",
+                    path: b.source.clone(),
+                    source: std::io::Error::other(format!(
+                        "the workspace's change sets are kept in {}, which this writable bind would let the code change; bind something else",
+                        store.path().display()
+                    )),
+                });
+            }
+        }
+        Ok(store)
+    }
+
+    /// Reads the upper layer into a change set, prunes the store, and applies it if asked.
+    fn keep_changes(
+        &self,
+        tmpfs: std::os::fd::OwnedFd,
+        base: &palisade_linux::plan::WorkspaceBase,
+        store: &Store,
+        started_ns: i128,
+        policy: &Policy,
+        report: &Report,
+    ) -> WorkspaceReport {
+        use crate::workspace::{self, ApplyOptions, RunResult};
+        let status = serde_json::to_value(report.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let mut ws = WorkspaceReport {
+            dir: base.path.display().to_string(),
+            store: Some(store.path().display().to_string()),
+            apply: self.workspace.apply,
+            ..WorkspaceReport::default()
+        };
+        let input = workspace::capture::CaptureInput {
+            store,
+            tmpfs,
+            base,
+            started_ns,
+            run: RunResult {
+                status,
+                exit_code: report.exit_code,
+            },
+            protected: &policy.protected,
+            cap: policy.limits.scratch_bytes,
+        };
+        let meta = match workspace::capture(input) {
+            Ok(Some(m)) => m,
+            Ok(None) => return ws,
+            Err(e) => {
+                ws.error = Some(e.to_string());
+                return ws;
+            }
+        };
+        ws.change_set = Some(meta.id.clone());
+        ws.summary = meta.summary.clone();
+        ws.renames = meta.renames.clone();
+        ws.incomplete = meta.incomplete.clone();
+        if let Ok(p) = store.prune(&self.workspace.retention, Some(&meta.id)) {
+            ws.pruned = p;
+        }
+        let wanted = match self.workspace.apply {
+            ApplyMode::Never => false,
+            ApplyMode::OnSuccess => report.status == crate::Status::Ok,
+            ApplyMode::Always => true,
+        };
+        if wanted {
+            match store
+                .get(&meta.id)
+                .and_then(|cs| cs.apply(&ApplyOptions::default()))
+            {
+                Ok(a) => ws.applied = Some(a),
+                Err(e) => ws.apply_error = Some(e.to_string()),
+            }
+        }
+        ws
     }
 }
 
