@@ -1,0 +1,129 @@
+//! Start-up through the library, measured (a benchmark, not a test: nothing is asserted).
+//!
+//! ```sh
+//! cargo run --release -p palisade --example startup_bench -- [--memory MB] [--runs N] [--threads T]
+//! ```
+//!
+//! `--memory MB` first allocates and touches that much memory in this process, the way a
+//! long-running server holds its heap: a spawner that copies the caller's page tables
+//! (the in-process engine's fork-like `clone3`) pays for it on every start. Prints, as one JSON
+//! line: the median and 90th percentile of the time `start` takes (until the payload has
+//! exec'd) and of a whole run of `/bin/true`, runs per second over all threads, and CPU per run
+//! (this process and its reaped children, from `/proc/self/stat`).
+
+use palisade::{Io, Sandbox, Status};
+use std::time::{Duration, Instant};
+
+struct Args {
+    memory_mb: usize,
+    runs: usize,
+    threads: usize,
+    command: Vec<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        memory_mb: 0,
+        runs: 200,
+        threads: 1,
+        command: vec!["/bin/true".into()],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        let mut num = |name: &str| -> usize {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} takes a number"))
+        };
+        match x.as_str() {
+            "--memory" => a.memory_mb = num("--memory"),
+            "--runs" => a.runs = num("--runs"),
+            "--threads" => a.threads = num("--threads").max(1),
+            "--" => {
+                a.command = it.by_ref().collect();
+                break;
+            }
+            other => panic!("unknown option {other}"),
+        }
+    }
+    a
+}
+
+/// CPU time of this process and of its children it has reaped, in clock ticks.
+fn cpu_ticks() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let after = &s[s.rfind(')').expect("a comm field") + 2..];
+    // After the comm: state is field 0, utime 11, stime 12, cutime 13, cstime 14.
+    after
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|v| v.parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i].as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let a = args();
+    // The caller's memory: allocated and touched, page by page, and kept alive to the end.
+    let mut heap: Vec<u8> = Vec::with_capacity(a.memory_mb << 20);
+    heap.resize(a.memory_mb << 20, 0);
+    for i in (0..heap.len()).step_by(4096) {
+        heap[i] = (i >> 12) as u8 | 1;
+    }
+    let sandbox = Sandbox::builder()
+        .command(a.command.clone())
+        .build()
+        .expect("a valid policy");
+    // Warm-up: lazily opened files, the allocator, the kernel's caches.
+    for _ in 0..10 {
+        let out = sandbox.output();
+        assert_eq!(out.report.status, Status::Ok, "{:?}", out.report.error);
+    }
+    let per_thread = a.runs.div_ceil(a.threads);
+    let cpu0 = cpu_ticks();
+    let t0 = Instant::now();
+    let results: Vec<(Vec<Duration>, Vec<Duration>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..a.threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let (mut starts, mut totals) = (Vec::new(), Vec::new());
+                    for _ in 0..per_thread {
+                        let t = Instant::now();
+                        let run = sandbox.start(Io::default());
+                        starts.push(t.elapsed());
+                        let out = run.wait_output();
+                        totals.push(t.elapsed());
+                        assert_eq!(out.report.status, Status::Ok, "{:?}", out.report.error);
+                    }
+                    (starts, totals)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a run thread")).collect()
+    });
+    let wall = t0.elapsed();
+    let ticks = cpu_ticks() - cpu0;
+    let n = per_thread * a.threads;
+    let mut starts: Vec<Duration> = results.iter().flat_map(|r| r.0.clone()).collect();
+    let mut totals: Vec<Duration> = results.iter().flat_map(|r| r.1.clone()).collect();
+    let hz = 100.0; // USER_HZ
+    println!(
+        "{{\"memory_mb\": {}, \"threads\": {}, \"runs\": {}, \"start_median_ms\": {:.3}, \"start_p90_ms\": {:.3}, \"run_median_ms\": {:.3}, \"run_p90_ms\": {:.3}, \"runs_per_s\": {:.1}, \"cpu_ms_per_run\": {:.3}}}",
+        a.memory_mb,
+        a.threads,
+        n,
+        percentile(&mut starts, 0.5),
+        percentile(&mut starts, 0.9),
+        percentile(&mut totals, 0.5),
+        percentile(&mut totals, 0.9),
+        n as f64 / wall.as_secs_f64(),
+        ticks as f64 * 1000.0 / hz / n as f64,
+    );
+    std::hint::black_box(&heap);
+}
