@@ -76,10 +76,11 @@ pub enum Step {
     EgressSocket,
     Dumpable,
     PreparePayload,
+    Engine,
 }
 
 impl Step {
-    const ALL: [Step; 26] = [
+    const ALL: [Step; 27] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -106,6 +107,7 @@ impl Step {
         Step::EgressSocket,
         Step::Dumpable,
         Step::PreparePayload,
+        Step::Engine,
     ];
 
     /// The step of a `MSG_SETUP_ERROR` record.
@@ -142,6 +144,7 @@ impl Step {
             Step::EgressSocket => "egress-socket",
             Step::Dumpable => "dumpable",
             Step::PreparePayload => "prepare-payload",
+            Step::Engine => "engine",
         }
     }
 }

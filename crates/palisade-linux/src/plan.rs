@@ -148,6 +148,27 @@ pub struct Exec {
     pub envp_ptrs: Vec<*const c_char>,
 }
 
+impl Exec {
+    /// The program's candidate paths, arguments and environment, with the NULL-terminated pointer
+    /// arrays `execve` takes built over them.
+    pub fn new(candidates: Vec<CString>, argv: Vec<CString>, envp: Vec<CString>) -> Exec {
+        let ptrs = |v: &[CString]| -> Vec<*const c_char> {
+            v.iter()
+                .map(|a| a.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
+        Exec {
+            candidates,
+            argv,
+            envp,
+            argv_ptrs,
+            envp_ptrs,
+        }
+    }
+}
+
 // SAFETY: the raw pointers point into the CStrings owned by the same struct, whose heap buffers
 // never move; the struct is only read after construction.
 unsafe impl Send for Exec {}
@@ -284,7 +305,7 @@ pub fn sockets(policy: &Policy) -> Vec<SockSpec> {
 }
 
 /// Size of the payload's start-up stack: it only runs until exec.
-const PAYLOAD_STACK: usize = 256 * 1024;
+pub const PAYLOAD_STACK: usize = 256 * 1024;
 
 /// What the plan needs to know of the host; a trait so that tests can describe a host.
 pub trait HostFs {
@@ -1174,17 +1195,7 @@ fn exec_plan(policy: &Policy) -> Result<Exec, SetupError> {
     }
     let argv: Vec<CString> = policy.command.iter().map(c).collect();
     let envp: Vec<CString> = env.iter().map(|(n, v)| c(format!("{n}={v}"))).collect();
-    let mut argv_ptrs: Vec<*const c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut envp_ptrs: Vec<*const c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-    envp_ptrs.push(std::ptr::null());
-    Ok(Exec {
-        candidates,
-        argv,
-        envp,
-        argv_ptrs,
-        envp_ptrs,
-    })
+    Ok(Exec::new(candidates, argv, envp))
 }
 
 /// A human description of op `i`, for error messages.

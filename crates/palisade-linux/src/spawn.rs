@@ -5,6 +5,7 @@
 //! kills the sandbox. Nothing here is global: one process can hold many of them at once.
 
 use crate::child::{self, ChildFds, Msg, Step};
+use crate::engine::Engine;
 use crate::error::SetupError;
 use crate::landlock::LandlockState;
 use crate::output::{OutputQueue, Stream};
@@ -192,6 +193,8 @@ pub struct Running {
     egress: Vec<(plan::SockSpec, OwnedFd)>,
     /// CPU the spawning thread spent setting the sandbox up.
     setup_cpu: Duration,
+    /// Which engine started it (`in-process`, `exec`, `template`).
+    engine: &'static str,
 }
 
 /// Kills a running sandbox from any thread; see [`Running::killer`].
@@ -443,6 +446,16 @@ pub fn spawn(
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
 ) -> Result<Running, SetupError> {
+    spawn_with(policy, stdin, before_start, &Engine::InProcess)
+}
+
+/// [`spawn`] with the sandbox's init started by `engine`.
+pub fn spawn_with(
+    policy: &Policy,
+    stdin: Stdin,
+    before_start: Option<BeforeStart<'_>>,
+    engine: &Engine,
+) -> Result<Running, SetupError> {
     let setup_cpu0 = sys::thread_cpu_time();
     let (ids, scratch_seen, lease) = choose_ids(policy)?;
     // a. The plan: every path resolved and checked, every string converted; nothing on the host
@@ -583,20 +596,63 @@ pub fn spawn(
         None
     };
     let started = Instant::now();
-    // SAFETY: the child branch calls child::init, which is async-signal-safe (see its module doc)
-    // and never returns.
-    let cloned = unsafe { sys::clone3(NAMESPACES) };
-    let (pid, pidfd) = match cloned {
-        Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
-        Ok(sys::Forked::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => {
-            drop(switched);
-            return Err(namespaces_error(e));
+    let (pid, pidfd) = match engine {
+        Engine::InProcess => {
+            // SAFETY: the child branch calls child::init, which is async-signal-safe (see its
+            // module doc) and never returns.
+            let cloned = unsafe { sys::clone3(NAMESPACES) };
+            match cloned {
+                Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
+                Ok(sys::Forked::Parent { pid, pidfd }) => {
+                    // SAFETY: clone3 returned a new pidfd that we own.
+                    (pid, unsafe { OwnedFd::from_raw_fd(pidfd) })
+                }
+                Err(e) => {
+                    drop(switched);
+                    return Err(namespaces_error(e));
+                }
+            }
+        }
+        Engine::Exec(prog) => {
+            // The init program gets the payload's streams on 0, 1, 2 already, and the same
+            // numbers for everything else it keeps.
+            let sent = ChildFds {
+                stdio: [0, 1, 2],
+                msg: fds.msg,
+                go: fds.go,
+                pty_sock: fds.pty_sock,
+                keep: fds.keep.clone(),
+            };
+            let started = crate::engine::exec_in_namespaces(
+                prog,
+                NAMESPACES,
+                "init",
+                crate::engine::INIT_ARGV0,
+                &[fds.go, fds.msg],
+                fds.stdio,
+                &fds.keep,
+            );
+            let s = match started {
+                Ok(s) => s,
+                Err(("clone", e)) => {
+                    drop(switched);
+                    return Err(namespaces_error(e));
+                }
+                Err((op, e)) => {
+                    drop(switched);
+                    return Err(SetupError::Supervisor {
+                        op,
+                        source: io::Error::from_raw_os_error(e),
+                    });
+                }
+            };
+            // Its first read: the descriptors and the plan. If it is already gone, its own
+            // error is on the message pipe, read below.
+            let _ = sys::send_all(go_w.as_raw_fd(), &crate::engine::init_message(&sent, &plan));
+            (s.pid, s.pidfd)
         }
     };
     drop(switched);
-    // SAFETY: clone3 returned a new pidfd that we own.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop((msg_w, go_r, pty_child, child_side));
     // Our ends of the pipes never block the supervisor's loop (see Running::wait). A stdin end
     // the caller takes (Stdin::Pipe, Stdin::Socket) stays blocking: the caller writes it from
@@ -632,6 +688,7 @@ pub fn spawn(
         done: false,
         egress: Vec::new(),
         setup_cpu: Duration::ZERO,
+        engine: engine.name(),
     };
 
     // e. The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
@@ -877,6 +934,11 @@ struct Input {
 }
 
 impl Running {
+    /// Which engine started the sandbox: `in-process`, `exec` or `template`.
+    pub fn engine(&self) -> &'static str {
+        self.engine
+    }
+
     /// The sandbox init's pid on the host.
     pub fn pid(&self) -> i32 {
         self.pid

@@ -261,6 +261,24 @@ pub fn write_all(fd: c_int, mut buf: &[u8]) -> SysResult<()> {
     Ok(())
 }
 
+/// Sends all of `buf` on a socket, retrying on `EINTR` and short sends; a peer that is gone is
+/// `EPIPE`, never a `SIGPIPE`.
+pub fn send_all(fd: c_int, mut buf: &[u8]) -> SysResult<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a valid slice for its length.
+        let r = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[r as usize..];
+    }
+    Ok(())
+}
+
 /// Reads into `buf` until it is full or end of file; returns the bytes read.
 pub fn read_full(fd: c_int, buf: &mut [u8]) -> SysResult<usize> {
     let mut n = 0;
@@ -715,6 +733,126 @@ pub fn capset_empty() -> SysResult<()> {
     // SAFETY: version 3 takes a header and two data records, both valid for the call.
     check(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) })
         .map(drop)
+}
+
+/// The calling thread's capability sets: (effective, permitted, inheritable), 64 bits each.
+pub fn capget() -> SysResult<(u64, u64, u64)> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: version 3 takes a header and two data records, which the kernel fills in.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &hdr as *const CapHeader,
+            data.as_mut_ptr(),
+        )
+    })?;
+    let join = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | u64::from(f(&data[1])) << 32;
+    Ok((
+        join(|d| d.effective),
+        join(|d| d.permitted),
+        join(|d| d.inheritable),
+    ))
+}
+
+/// Sets the calling thread's capability sets (effective, permitted, inheritable).
+pub fn capset(effective: u64, permitted: u64, inheritable: u64) -> SysResult<()> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let half = |v: u64, hi: bool| if hi { (v >> 32) as u32 } else { v as u32 };
+    let data = [false, true].map(|hi| CapData {
+        effective: half(effective, hi),
+        permitted: half(permitted, hi),
+        inheritable: half(inheritable, hi),
+    });
+    // SAFETY: version 3 takes a header and two data records, both valid for the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) })
+        .map(drop)
+}
+
+/// The capabilities of the calling thread's bounding set, as a mask.
+pub fn bounding_set() -> u64 {
+    let mut m = 0u64;
+    for cap in 0..64 {
+        match prctl(libc::PR_CAPBSET_READ, cap) {
+            Ok(1) => m |= 1 << cap,
+            Ok(_) => {}
+            Err(_) => break, // EINVAL past the kernel's last capability
+        }
+    }
+    m
+}
+
+/// Makes every capability the thread holds (and its bounding set allows) ambient, so that it
+/// survives an `execve` of a program without file capabilities: inheritable first (the kernel
+/// requires a capability there before it can be ambient), then each one raised. Returns the
+/// ambient set. Raw system calls only (used between `clone` and `execve`).
+pub fn raise_ambient_all() -> SysResult<u64> {
+    let (eff, perm, _) = capget()?;
+    let want = perm & bounding_set();
+    capset(eff, perm, want)?;
+    for cap in 0..64 {
+        if want & (1 << cap) != 0 {
+            prctl3(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE as _, cap)?;
+        }
+    }
+    Ok(want)
+}
+
+/// `execveat(dirfd, "", argv, envp, AT_EMPTY_PATH)`: executes the file `dirfd` is open on (an
+/// `O_PATH` descriptor is enough), so no path is looked up again. Returns only on failure.
+///
+/// # Safety
+/// `argv` and `envp` must be NULL-terminated arrays of NUL-terminated strings, alive until the
+/// call returns.
+pub unsafe fn execveat_fd(
+    dirfd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> Errno {
+    // SAFETY: the path is an empty NUL-terminated string; the arrays are upheld by the caller.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            dirfd,
+            c"".as_ptr(),
+            argv,
+            envp,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    errno()
+}
+
+/// `fcntl(fd, F_SETFD, 0)`: the descriptor stays open across `execve`.
+pub fn clear_cloexec(fd: c_int) -> SysResult<()> {
+    // SAFETY: F_SETFD with an integer argument on a descriptor of this process.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
+}
+
+/// `dup2(from, to)`.
+pub fn dup2(from: c_int, to: c_int) -> SysResult<()> {
+    // SAFETY: duplicates one descriptor of this process onto another number.
+    check_int(unsafe { libc::dup2(from, to) }).map(drop)
+}
+
+/// Closes every descriptor from 3 up that is not in `keep` (sorted ascending, each ≥ 3).
+pub fn close_all_but(keep: &[c_int]) -> SysResult<()> {
+    let mut next: u32 = 3;
+    for &fd in keep {
+        if fd as u32 > next {
+            close_range(next, fd as u32 - 1, 0)?;
+        }
+        next = next.max(fd as u32 + 1);
+    }
+    close_range(next, u32::MAX, 0)
 }
 
 /// `setgroups(0, NULL)` as a raw system call (see `setresuid`).

@@ -71,8 +71,7 @@ fn percentile(v: &mut [Duration], p: f64) -> f64 {
 fn main() {
     let a = args();
     // The caller's memory: allocated and touched, page by page, and kept alive to the end.
-    let mut heap: Vec<u8> = Vec::with_capacity(a.memory_mb << 20);
-    heap.resize(a.memory_mb << 20, 0);
+    let mut heap: Vec<u8> = vec![0; a.memory_mb << 20];
     for i in (0..heap.len()).step_by(4096) {
         heap[i] = (i >> 12) as u8 | 1;
     }
@@ -105,7 +104,9 @@ fn main() {
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("a run thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("a run thread"))
+            .collect()
     });
     let wall = t0.elapsed();
     let ticks = cpu_ticks() - cpu0;

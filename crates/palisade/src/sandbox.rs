@@ -19,7 +19,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory. Cheap to
@@ -31,6 +31,53 @@ pub struct Sandbox {
     pub(crate) stdin: Stdin,
     pub(crate) cgroup_root: PathBuf,
     pub(crate) net_notify: Option<NetNotify>,
+    pub(crate) engine: Engine,
+    /// The engine `engine` resolves to, found at the first start and kept for the others.
+    resolved: Arc<OnceLock<Result<palisade_linux::Engine, String>>>,
+}
+
+/// How a sandbox's init is started (docs/engine.md). Every engine builds the same boundary; they
+/// differ in what they cost and in what of the caller the sandbox's init holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// The init program named by `PALISADE_INIT` if set (a path that cannot be opened is an
+    /// error, never a silent fallback), else this executable if it registered itself with
+    /// [`crate::engine::run_if_init`] (the `palisade` binary does), else [`Engine::InProcess`].
+    #[default]
+    Auto,
+    /// A fork-like clone of the calling process: cheapest for a small caller, but the start
+    /// costs more the more memory the caller has, and the sandbox's init holds a copy-on-write
+    /// image of it until the run ends.
+    InProcess,
+    /// Palisade's init program at this path (a `palisade` binary), exec'd in the sandbox's new
+    /// namespaces: nothing of the caller's memory is copied or kept.
+    InitProgram(PathBuf),
+}
+
+impl Engine {
+    /// What this choice means on this host, now.
+    fn resolve(&self) -> Result<palisade_linux::Engine, String> {
+        use palisade_linux::InitProgram;
+        let open = |p: &std::path::Path, from: &str| {
+            InitProgram::open(p)
+                .map(palisade_linux::Engine::Exec)
+                .map_err(|e| format!("{from} `{}`: {e}", p.display()))
+        };
+        match self {
+            Engine::InProcess => Ok(palisade_linux::Engine::InProcess),
+            Engine::InitProgram(p) => open(p, "the init program"),
+            Engine::Auto => match std::env::var_os(palisade_linux::engine::INIT_PROGRAM_ENV) {
+                Some(p) => open(
+                    std::path::Path::new(&p),
+                    palisade_linux::engine::INIT_PROGRAM_ENV,
+                ),
+                None => Ok(InitProgram::registered().map_or(
+                    palisade_linux::Engine::InProcess,
+                    palisade_linux::Engine::Exec,
+                )),
+            },
+        }
+    }
 }
 
 /// Called with each egress decision as it happens (from the proxy's threads).
@@ -274,13 +321,31 @@ impl Sandbox {
     /// [`Policy::check_within`] if someone else wrote it).
     pub fn from_policy(policy: Policy) -> Result<Sandbox, PolicyError> {
         policy.validate()?;
-        Ok(Sandbox {
+        Ok(Sandbox::assemble(
+            policy,
+            Stdin::Null,
+            PathBuf::from(CGROUP_ROOT),
+        ))
+    }
+
+    /// A sandbox of a validated policy, with the default engine and no egress callback.
+    pub(crate) fn assemble(policy: Policy, stdin: Stdin, cgroup_root: PathBuf) -> Sandbox {
+        Sandbox {
             keep: policy.keep_scratch,
             policy,
-            stdin: Stdin::Null,
-            cgroup_root: PathBuf::from(CGROUP_ROOT),
+            stdin,
+            cgroup_root,
             net_notify: None,
-        })
+            engine: Engine::Auto,
+            resolved: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Chooses how the sandbox's init is started (default [`Engine::Auto`]).
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self.resolved = Arc::new(OnceLock::new());
+        self
     }
 
     /// Calls `f` with each egress decision as it happens (e.g. to print denials at once).
@@ -510,9 +575,24 @@ impl Sandbox {
             Ok(files)
         };
         let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
-        let mut running = match palisade_linux::spawn(&policy, stdin.into(), Some(&prepare)) {
+        let engine = match self.resolved.get_or_init(|| self.engine.resolve()) {
+            Ok(e) => e,
+            Err(why) => {
+                let e = SetupError::Supervisor {
+                    op: "find palisade's init program",
+                    source: std::io::Error::other(why.clone()),
+                };
+                return fail(&e, scratch);
+            }
+        };
+        let spawned = palisade_linux::spawn_with(&policy, stdin.into(), Some(&prepare), engine);
+        let mut running = match spawned {
             Ok(r) => r,
-            Err(e) => return fail(&e, scratch),
+            Err(e) => {
+                let mut r = fail(&e, scratch);
+                r.set_engine(engine.name());
+                return r;
+            }
         };
         // The egress proxy, on the listeners init made inside the sandbox's network namespace.
         let egress = if policy.network.enabled() {
@@ -553,6 +633,7 @@ impl Sandbox {
             palisade_linux::host::copy_winsize(t, pty);
         }
         let ids = running.ids();
+        let running_engine = running.engine();
         let landlock = running.landlock().clone();
         let protection = running.protection().clone();
         // The CPU-time limit, over every process of the sandbox, from the cgroup's accounting.
@@ -602,6 +683,7 @@ impl Sandbox {
             report.set_network(e.finish(), &policy.network);
         }
         report.set_protected(&protection, disarmed);
+        report.set_engine(running_engine);
         report
     }
 }
