@@ -25,6 +25,8 @@ pub const MSG_SETUP_ERROR: u32 = 1;
 pub const MSG_EXEC_ERROR: u32 = 2;
 pub const MSG_STARTED: u32 = 3;
 pub const MSG_EXITED: u32 = 4;
+/// From a template's zygote: the run's init exists; `value` is its pid.
+pub const MSG_SPAWNED: u32 = 5;
 
 impl Msg {
     pub fn to_bytes(self) -> [u8; 16] {
@@ -164,22 +166,22 @@ pub struct ChildFds {
     pub keep: Vec<c_int>,
 }
 
-type Fail = (Step, u32, i32);
+pub(crate) type Fail = (Step, u32, i32);
 
-fn at(step: Step) -> impl Fn(sys::Errno) -> Fail {
+pub(crate) fn at(step: Step) -> impl Fn(sys::Errno) -> Fail {
     move |e| (step, 0, e)
 }
 
-fn send(fd: c_int, m: Msg) {
+pub(crate) fn send(fd: c_int, m: Msg) {
     let _ = sys::write_all(fd, &m.to_bytes());
 }
 
 /// What init's setup leaves for the payload: descriptors, or -1.
-struct Prepared {
+pub(crate) struct Prepared {
     /// The pty slave (with a terminal).
-    slave: c_int,
+    pub slave: c_int,
     /// The Landlock ruleset the payload enters.
-    ruleset: c_int,
+    pub ruleset: c_int,
 }
 
 /// Entry point of the child after `clone3`. Never returns.
@@ -323,6 +325,12 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
         ready.ruleset = landlock_ruleset(ll)?;
     }
 
+    finish_view(plan, fds, ready)
+}
+
+/// Steps 11 and 12, the last of init's setup (the per-run init of a template runs them too):
+/// host name, loopback, the egress proxy's listeners, the pty.
+pub(crate) fn finish_view(plan: &Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fail> {
     // 11. Host name, then loopback up (the only interface of the new network namespace).
     let h = plan.hostname.as_bytes();
     // SAFETY: the pointer and length describe the hostname bytes.
@@ -359,6 +367,16 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
 /// Creates the ruleset and adds every rule: each path opened `O_PATH` (no read permission
 /// needed), added, closed. A path missing inside is skipped only if the plan says it may be.
 fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
+    landlock_ruleset_with(ll, &[])
+}
+
+/// [`landlock_ruleset`], where `opened[i]`, when it is a descriptor (≥ 0), is rule `i`'s path
+/// already open (a template's zygote opens the paths of its prepared view once); those are used
+/// as they are and left open.
+pub(crate) fn landlock_ruleset_with(
+    ll: &crate::landlock::Ruleset,
+    opened: &[c_int],
+) -> Result<c_int, Fail> {
     let attr = sys::LandlockRulesetAttr {
         handled_access_fs: ll.handled_fs,
         handled_access_net: ll.handled_net,
@@ -366,6 +384,11 @@ fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
     };
     let rs = sys::landlock_create_ruleset(&attr).map_err(at(Step::LandlockRuleset))?;
     for (i, r) in ll.rules.iter().enumerate() {
+        if let Some(&fd) = opened.get(i).filter(|&&fd| fd >= 0) {
+            sys::landlock_add_path_rule(rs, fd, r.access)
+                .map_err(|e| (Step::LandlockRule, i as u32, e))?;
+            continue;
+        }
         let fd = match sys::openat(libc::AT_FDCWD, &r.path, libc::O_PATH, 0) {
             Ok(fd) => fd,
             Err(libc::ENOENT) if r.optional => continue,
@@ -382,12 +405,20 @@ fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
     Ok(rs)
 }
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     // SAFETY: reading the calling thread's errno slot.
     unsafe { *libc::__errno_location() }
 }
 
-fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
+/// Runs one operation of the view, relative to the working directory (the new root). A `Bind`
+/// takes its source from `plan.sources`: its detached tree if it has one, else the descriptor
+/// opened at step 5.
+pub(crate) fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
+    run_op_with(&plan.sources, op)
+}
+
+/// [`run_op`] with the sources given apart (a template's per-run operations have their own).
+pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult<()> {
     use crate::sys::*;
     match op {
         Op::Mkdir { path, mode } => mkdir_p1(path, *mode),
@@ -443,7 +474,7 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
             path,
             attrs,
         } => {
-            let s = &plan.sources[*source];
+            let s = &sources[*source];
             let tree = if s.tree >= 0 {
                 s.tree
             } else {
@@ -618,7 +649,7 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
 
 /// After setup: fork the payload, report whether its exec worked, then reap and forward signals
 /// until it exits. Init's own exit then makes the kernel kill everything left in the namespace.
-fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -> ! {
+pub(crate) fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -> ! {
     let fail = |step: Step, e: i32| -> ! {
         send(
             fds.msg,

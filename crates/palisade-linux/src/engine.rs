@@ -49,7 +49,6 @@ pub const INIT_PROGRAM_ENV: &str = "PALISADE_INIT";
 /// `argv[0]` of an exec'd per-run init.
 pub(crate) const INIT_ARGV0: &CStr = c"palisade-init";
 /// `argv[0]` of a template's zygote.
-#[allow(dead_code)]
 pub(crate) const ZYGOTE_ARGV0: &CStr = c"palisade-zygote";
 
 /// Message kind: a cold init's descriptors and plan.
@@ -160,6 +159,11 @@ pub fn run_if_init() {
         if role == "init" && argv0 == Some(INIT_ARGV0.to_bytes()) && args.len() == 3 {
             if let (Some(go), Some(msg)) = (num(1), num(2)) {
                 init_main(go, msg);
+            }
+        }
+        if role == "zygote" && argv0 == Some(ZYGOTE_ARGV0.to_bytes()) && args.len() == 2 {
+            if let Some(ctl) = num(1) {
+                crate::zygote::main(ctl);
             }
         }
     }

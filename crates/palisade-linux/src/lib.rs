@@ -26,6 +26,7 @@ pub mod seccomp;
 mod spawn;
 mod sys;
 pub mod wire;
+mod zygote;
 
 pub use child::Step;
 pub use engine::{run_if_init, Engine, InitProgram};
@@ -38,3 +39,4 @@ pub use spawn::{
     LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
     ROOT_MAPPED_IDS,
 };
+pub use zygote::Template;

@@ -98,10 +98,13 @@ pub enum Forked {
 /// other threads, any lock they held (the allocator's included) stays held forever in the child.
 pub unsafe fn clone3(flags: u64) -> SysResult<Forked> {
     let mut pidfd: c_int = -1;
+    // With CLONE_PARENT the kernel takes the exit signal from the parent's own (and refuses one
+    // given here).
+    let parent = flags & libc::CLONE_PARENT as u64 != 0;
     let mut args = CloneArgs {
         flags: flags | CLONE_PIDFD,
         pidfd: &mut pidfd as *mut c_int as u64,
-        exit_signal: libc::SIGCHLD as u64,
+        exit_signal: if parent { 0 } else { libc::SIGCHLD as u64 },
         ..Default::default()
     };
     // SAFETY: `args` is a valid, fully initialized clone_args of the size passed; with stack 0
@@ -580,6 +583,151 @@ pub fn recv_fds(sock: c_int, out: &mut [c_int; MAX_FDS]) -> SysResult<(u8, usize
         }
         Ok((b[0], count))
     }
+}
+
+/// Most descriptors [`send_msg`] and [`recv_msg`] carry in one message.
+pub const MAX_MSG_FDS: usize = 64;
+
+/// A control-message buffer for up to [`MAX_MSG_FDS`] descriptors, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct BigCmsgBuf([u8; 320]);
+
+/// Sends `data` as one message (a `SOCK_SEQPACKET` record) with up to [`MAX_MSG_FDS`]
+/// descriptors; a peer that is gone is `EPIPE`, never a `SIGPIPE`.
+pub fn send_msg(sock: c_int, data: &[u8], fds: &[c_int]) -> SysResult<()> {
+    if fds.len() > MAX_MSG_FDS || data.is_empty() {
+        return Err(libc::EINVAL);
+    }
+    let mut buf = BigCmsgBuf([0; 320]);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr points at live buffers; the kernel only reads the data; the cmsg is written
+    // inside `buf`, which holds CMSG_SPACE(64 * sizeof(int)) = 272 bytes.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            let len = std::mem::size_of_val(fds) as u32;
+            msg.msg_control = buf.0.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(len) as _;
+            let cm = libc::CMSG_FIRSTHDR(&msg);
+            (*cm).cmsg_level = libc::SOL_SOCKET;
+            (*cm).cmsg_type = libc::SCM_RIGHTS;
+            (*cm).cmsg_len = libc::CMSG_LEN(len) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cm).cast::<c_int>(),
+                fds.len(),
+            );
+        }
+        loop {
+            let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+            if n >= 0 {
+                return if n as usize == data.len() {
+                    Ok(())
+                } else {
+                    Err(libc::EMSGSIZE)
+                };
+            }
+            if errno() != libc::EINTR {
+                return Err(errno());
+            }
+        }
+    }
+}
+
+/// What [`recv_msg`] received.
+pub struct Received {
+    /// Bytes of the message (0: end of file).
+    pub len: usize,
+    /// Descriptors received (close-on-exec), in `fds[..nfds]`; the caller owns them.
+    pub nfds: usize,
+    /// The message or its descriptors did not fit and were cut (whatever came is still owned).
+    pub truncated: bool,
+}
+
+/// Receives one message into `buf` with up to [`MAX_MSG_FDS`] descriptors into `fds`.
+pub fn recv_msg(
+    sock: c_int,
+    buf: &mut [u8],
+    fds: &mut [c_int; MAX_MSG_FDS],
+) -> SysResult<Received> {
+    let mut cbuf = BigCmsgBuf([0; 320]);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr points at live buffers; we read only cmsgs the kernel filled, after
+    // checking their level, type and length, and copy at most MAX_MSG_FDS descriptors.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len() as _;
+        let n = loop {
+            let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 || errno() != libc::EINTR {
+                break n;
+            }
+        };
+        if n < 0 {
+            return Err(errno());
+        }
+        let mut nfds = 0;
+        let mut cm = libc::CMSG_FIRSTHDR(&msg);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == libc::SOL_SOCKET && (*cm).cmsg_type == libc::SCM_RIGHTS {
+                let data_len = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let count = data_len / std::mem::size_of::<c_int>();
+                let take = count.min(MAX_MSG_FDS - nfds);
+                std::ptr::copy_nonoverlapping(
+                    libc::CMSG_DATA(cm).cast::<c_int>(),
+                    fds[nfds..].as_mut_ptr(),
+                    take,
+                );
+                nfds += take;
+            }
+            cm = libc::CMSG_NXTHDR(&msg, cm);
+        }
+        let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+        Ok(Received {
+            len: n as usize,
+            nfds,
+            truncated,
+        })
+    }
+}
+
+/// `setns(fd, nstype)`: the calling thread enters the namespace `fd` is open on.
+pub fn setns(fd: c_int, nstype: c_int) -> SysResult<()> {
+    // SAFETY: integer arguments; changes this thread's namespaces only.
+    check_int(unsafe { libc::setns(fd, nstype) }).map(drop)
+}
+
+/// `unshare(flags)`: new namespaces for the calling thread.
+pub fn unshare(flags: c_int) -> SysResult<()> {
+    // SAFETY: integer argument; changes this thread's namespaces only.
+    check_int(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+/// `pidfd_open(pid, 0)`: a pidfd for `pid` (race-free for an unreaped child of ours).
+pub fn pidfd_open(pid: i32) -> SysResult<c_int> {
+    // SAFETY: integer arguments; returns a new descriptor.
+    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) }).map(|fd| fd as c_int)
+}
+
+/// A pair of connected unix sockets of `kind` (`SOCK_STREAM`, `SOCK_SEQPACKET`), close-on-exec.
+pub fn socketpair(kind: c_int) -> SysResult<(c_int, c_int)> {
+    let mut p = [0 as c_int; 2];
+    // SAFETY: socketpair fills the array with two new descriptors.
+    check_int(unsafe {
+        libc::socketpair(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC, 0, p.as_mut_ptr())
+    })?;
+    Ok((p[0], p[1]))
 }
 
 /// `openat(dirfd, path, flags, mode)`.

@@ -15,7 +15,7 @@
 
 use crate::child::ChildFds;
 use crate::landlock::{LandlockPlan, Rule, Ruleset};
-use crate::plan::{Exec, Ids, Op, Plan, SockRole, SockSpec, Source};
+use crate::plan::{Exec, Ids, Op, Plan, RunPart, SockRole, SockSpec, Source};
 use crate::seccomp::SockFilter;
 use libc::c_int;
 use std::ffi::CString;
@@ -407,10 +407,10 @@ fn read_ruleset(r: &mut Reader<'_>) -> R<Ruleset> {
     })
 }
 
-/// Writes everything of `plan` an init needs (see the module doc for what is left out).
-pub fn write_plan(w: &mut Writer, plan: &Plan) {
-    w.len(plan.sources.len());
-    for s in &plan.sources {
+/// Writes the sources of a plan or of a run's part.
+fn write_sources(w: &mut Writer, sources: &[Source]) {
+    w.len(sources.len());
+    for s in sources {
         w.cstr(&s.path);
         w.u64(s.dev);
         w.u64(s.ino);
@@ -418,6 +418,72 @@ pub fn write_plan(w: &mut Writer, plan: &Plan) {
         w.bool(s.idmap);
         w.bool(s.in_supervisor);
     }
+}
+
+fn read_sources(r: &mut Reader<'_>) -> R<Vec<Source>> {
+    let n = r.count(MAX_ITEMS, 26, "sources")?;
+    (0..n)
+        .map(|_| {
+            Ok(Source {
+                path: r.cstr("source path")?,
+                dev: r.u64("source device")?,
+                ino: r.u64("source inode")?,
+                tree: match r.i32("source tree")? {
+                    t if t >= -1 => t,
+                    _ => return Err(WireError("source tree")),
+                },
+                idmap: r.bool("source idmap")?,
+                fd: -1,
+                in_supervisor: r.bool("source opened by the supervisor")?,
+            })
+        })
+        .collect()
+}
+
+fn read_ops(r: &mut Reader<'_>, sources: usize) -> R<Vec<Op>> {
+    let n = r.count(MAX_ITEMS, 1, "operations")?;
+    (0..n).map(|_| read_op(r, sources)).collect()
+}
+
+/// Writes the program to run: candidate paths, arguments, environment.
+pub fn write_exec(w: &mut Writer, exec: &Exec) {
+    w.cstrs(&exec.candidates);
+    w.cstrs(&exec.argv);
+    w.cstrs(&exec.envp);
+}
+
+/// Reads what [`write_exec`] wrote; a program needs a candidate and an argument.
+pub fn read_exec(r: &mut Reader<'_>) -> R<Exec> {
+    let candidates = r.cstrs("program candidates")?;
+    let argv = r.cstrs("arguments")?;
+    let envp = r.cstrs("environment")?;
+    if candidates.is_empty() || argv.is_empty() {
+        return Err(WireError("program (no candidate or no argument)"));
+    }
+    Ok(Exec::new(candidates, argv, envp))
+}
+
+/// Writes a run's part of the view (see `plan::run_part`).
+pub fn write_run_part(w: &mut Writer, part: &RunPart) {
+    write_sources(w, &part.sources);
+    w.len(part.ops.len());
+    part.ops.iter().for_each(|op| write_op(w, op));
+}
+
+/// Reads what [`write_run_part`] wrote; every operation must be one a run does (see
+/// `plan::is_per_run`): a run never changes the template's part of the view.
+pub fn read_run_part(r: &mut Reader<'_>) -> R<RunPart> {
+    let sources = read_sources(r)?;
+    let ops = read_ops(r, sources.len())?;
+    if !ops.iter().all(crate::plan::is_per_run) {
+        return Err(WireError("a run's operation outside the per-run mounts"));
+    }
+    Ok(RunPart { sources, ops })
+}
+
+/// Writes everything of `plan` an init needs (see the module doc for what is left out).
+pub fn write_plan(w: &mut Writer, plan: &Plan) {
+    write_sources(w, &plan.sources);
     w.len(plan.ops.len());
     plan.ops.iter().for_each(|op| write_op(w, op));
     w.cstr(&plan.hostname);
@@ -427,9 +493,7 @@ pub fn write_plan(w: &mut Writer, plan: &Plan) {
     w.u32(i.host_uid);
     w.u32(i.host_gid);
     w.bool(i.privileged);
-    w.cstrs(&plan.exec.candidates);
-    w.cstrs(&plan.exec.argv);
-    w.cstrs(&plan.exec.envp);
+    write_exec(w, &plan.exec);
     w.bool(plan.tty);
     w.cstr(&plan.workdir);
     match plan.scratch_source {
@@ -478,27 +542,8 @@ pub fn write_plan(w: &mut Writer, plan: &Plan) {
 /// Reads what [`write_plan`] wrote, into a plan the init can run: its payload stack allocated,
 /// the exec arrays built, every index checked.
 pub fn read_plan(r: &mut Reader<'_>) -> R<Plan> {
-    let n = r.count(MAX_ITEMS, 23, "sources")?;
-    let sources = (0..n)
-        .map(|_| {
-            Ok(Source {
-                path: r.cstr("source path")?,
-                dev: r.u64("source device")?,
-                ino: r.u64("source inode")?,
-                tree: match r.i32("source tree")? {
-                    t if t >= -1 => t,
-                    _ => return Err(WireError("source tree")),
-                },
-                idmap: r.bool("source idmap")?,
-                fd: -1,
-                in_supervisor: r.bool("source opened by the supervisor")?,
-            })
-        })
-        .collect::<R<Vec<Source>>>()?;
-    let n = r.count(MAX_ITEMS, 1, "operations")?;
-    let ops = (0..n)
-        .map(|_| read_op(r, sources.len()))
-        .collect::<R<Vec<Op>>>()?;
+    let sources = read_sources(r)?;
+    let ops = read_ops(r, sources.len())?;
     let hostname = r.cstr("hostname")?;
     let ids = Ids {
         uid: r.u32("uid")?,
@@ -507,12 +552,7 @@ pub fn read_plan(r: &mut Reader<'_>) -> R<Plan> {
         host_gid: r.u32("host gid")?,
         privileged: r.bool("privileged")?,
     };
-    let candidates = r.cstrs("program candidates")?;
-    let argv = r.cstrs("arguments")?;
-    let envp = r.cstrs("environment")?;
-    if candidates.is_empty() || argv.is_empty() {
-        return Err(WireError("program (no candidate or no argument)"));
-    }
+    let exec = read_exec(r)?;
     let tty = r.bool("tty")?;
     let workdir = r.cstr("working directory")?;
     let scratch_source = if r.bool("scratch source")? {
@@ -571,7 +611,7 @@ pub fn read_plan(r: &mut Reader<'_>) -> R<Plan> {
         ops,
         hostname,
         ids,
-        exec: Exec::new(candidates, argv, envp),
+        exec,
         tty,
         workdir,
         payload_stack: vec![0; crate::plan::PAYLOAD_STACK],
@@ -607,7 +647,9 @@ mod tests {
     /// A realistic plan: the real host's view, a host scratch directory, binds, network rules
     /// (egress listeners, Landlock ports), a terminal.
     fn realistic() -> Plan {
-        let d = std::env::temp_dir().join(format!("palisade-wire-{}", std::process::id()));
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("palisade-wire-{}-{n}", std::process::id()));
         std::fs::create_dir_all(d.join("data")).unwrap();
         let mut p = Policy::new(["python3", "-c", "print(1)"]).unwrap();
         p.scratch = palisade_policy::Scratch::Host { path: d.clone() };

@@ -1,8 +1,12 @@
 //! Start-up through the library, measured (a benchmark, not a test: nothing is asserted).
 //!
 //! ```sh
-//! cargo run --release -p palisade --example startup_bench -- [--memory MB] [--runs N] [--threads T]
+//! cargo run --release -p palisade --example startup_bench -- [--memory MB] [--runs N] [--threads T] \
+//!     [--engine in-process|exec|template] [--init PATH] [-- COMMAND...]
 //! ```
+//!
+//! `--engine exec` and `template` need palisade's init program: `--init PATH` (a `palisade`
+//! binary), or `PALISADE_INIT`.
 //!
 //! `--memory MB` first allocates and touches that much memory in this process, the way a
 //! long-running server holds its heap: a spawner that copies the caller's page tables
@@ -11,13 +15,15 @@
 //! exec'd) and of a whole run of `/bin/true`, runs per second over all threads, and CPU per run
 //! (this process and its reaped children, from `/proc/self/stat`).
 
-use palisade::{Io, Sandbox, Status};
+use palisade::{Engine, Io, Sandbox, Status};
 use std::time::{Duration, Instant};
 
 struct Args {
     memory_mb: usize,
     runs: usize,
     threads: usize,
+    engine: String,
+    init: Option<std::path::PathBuf>,
     command: Vec<String>,
 }
 
@@ -26,6 +32,8 @@ fn args() -> Args {
         memory_mb: 0,
         runs: 200,
         threads: 1,
+        engine: "in-process".into(),
+        init: std::env::var_os("PALISADE_INIT").map(Into::into),
         command: vec!["/bin/true".into()],
     };
     let mut it = std::env::args().skip(1);
@@ -39,6 +47,8 @@ fn args() -> Args {
             "--memory" => a.memory_mb = num("--memory"),
             "--runs" => a.runs = num("--runs"),
             "--threads" => a.threads = num("--threads").max(1),
+            "--engine" => a.engine = it.next().expect("--engine takes a name"),
+            "--init" => a.init = Some(it.next().expect("--init takes a path").into()),
             "--" => {
                 a.command = it.by_ref().collect();
                 break;
@@ -75,13 +85,24 @@ fn main() {
     for i in (0..heap.len()).step_by(4096) {
         heap[i] = (i >> 12) as u8 | 1;
     }
-    let sandbox = Sandbox::builder()
+    let mut sandbox = Sandbox::builder()
         .command(a.command.clone())
         .build()
         .expect("a valid policy");
+    let init = || Engine::InitProgram(a.init.clone().expect("--init PATH or PALISADE_INIT"));
+    sandbox = match a.engine.as_str() {
+        "in-process" => sandbox.engine(Engine::InProcess),
+        "exec" | "template" => sandbox.engine(init()),
+        other => panic!("unknown engine {other}"),
+    };
+    let template = (a.engine == "template").then(|| sandbox.prepare().expect("a template"));
+    let start = |io: Io| match &template {
+        Some(t) => t.start(a.command.clone(), &[], io),
+        None => sandbox.start(io),
+    };
     // Warm-up: lazily opened files, the allocator, the kernel's caches.
     for _ in 0..10 {
-        let out = sandbox.output();
+        let out = start(Io::default()).wait_output();
         assert_eq!(out.report.status, Status::Ok, "{:?}", out.report.error);
     }
     let per_thread = a.runs.div_ceil(a.threads);
@@ -94,7 +115,7 @@ fn main() {
                     let (mut starts, mut totals) = (Vec::new(), Vec::new());
                     for _ in 0..per_thread {
                         let t = Instant::now();
-                        let run = sandbox.start(Io::default());
+                        let run = start(Io::default());
                         starts.push(t.elapsed());
                         let out = run.wait_output();
                         totals.push(t.elapsed());
@@ -115,7 +136,8 @@ fn main() {
     let mut totals: Vec<Duration> = results.iter().flat_map(|r| r.1.clone()).collect();
     let hz = 100.0; // USER_HZ
     println!(
-        "{{\"memory_mb\": {}, \"threads\": {}, \"runs\": {}, \"start_median_ms\": {:.3}, \"start_p90_ms\": {:.3}, \"run_median_ms\": {:.3}, \"run_p90_ms\": {:.3}, \"runs_per_s\": {:.1}, \"cpu_ms_per_run\": {:.3}}}",
+        "{{\"engine\": \"{}\", \"memory_mb\": {}, \"threads\": {}, \"runs\": {}, \"start_median_ms\": {:.3}, \"start_p90_ms\": {:.3}, \"run_median_ms\": {:.3}, \"run_p90_ms\": {:.3}, \"runs_per_s\": {:.1}, \"cpu_ms_per_run\": {:.3}}}",
+        a.engine,
         a.memory_mb,
         a.threads,
         n,

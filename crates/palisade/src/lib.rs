@@ -26,7 +26,9 @@ pub use palisade_policy as policy;
 pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
-pub use sandbox::{Chunk, Engine, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream};
+pub use sandbox::{
+    Chunk, Engine, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, Template,
+};
 
 /// The engine hook of a program that can serve as palisade's init program (docs/engine.md).
 pub mod engine {

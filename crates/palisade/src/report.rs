@@ -1040,6 +1040,7 @@ mod tests {
             "host_uid": 1234,
             "scratch": null,
             "layers": [["cgroup-limits", true], ["cpu-time-limit", true]],
+            "engine": null,
             "network": {"mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0},
             "protected": {"read_only": [], "pinned": [], "watched": [], "derived": [], "not_followed": [], "blocked": []},
         })

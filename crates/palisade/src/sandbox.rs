@@ -400,13 +400,18 @@ impl Sandbox {
     /// assert_eq!(out.stdout, b"hi\n");
     /// ```
     pub fn start(&self, io: Io) -> Run {
+        self.start_with(io, None, Spawner::Cold)
+    }
+
+    /// Starts a run whose sandbox `spawner` makes, with `policy` (the sandbox's own if `None`).
+    pub(crate) fn start_with(&self, io: Io, policy: Option<Policy>, spawner: Spawner) -> Run {
         let done_fd = match palisade_linux::host::event_fd() {
             Ok(fd) => fd,
-            Err(e) => return failed_run(self, e),
+            Err(e) => return failed_run(self, &thread_error(e)),
         };
         let output = match OutputQueue::new(io.stream_buffer.unwrap_or(usize::MAX)) {
             Ok(q) => Arc::new(q),
-            Err(e) => return failed_run(self, e),
+            Err(e) => return failed_run(self, &thread_error(e)),
         };
         let shared = Arc::new(Shared {
             report: Mutex::new(None),
@@ -424,7 +429,7 @@ impl Sandbox {
                 // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
                 // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
                 let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    sandbox.supervise(io, &out, &tx)
+                    sandbox.supervise(io, policy, &spawner, &out, &tx)
                 }))
                 .unwrap_or_else(|p| {
                     out.close();
@@ -447,7 +452,7 @@ impl Sandbox {
             });
         let thread = match thread {
             Ok(t) => t,
-            Err(e) => return failed_run(self, e),
+            Err(e) => return failed_run(self, &thread_error(e)),
         };
         let started = rx.recv().unwrap_or(Started {
             killer: None,
@@ -468,6 +473,8 @@ impl Sandbox {
     fn supervise(
         &self,
         io: Io,
+        policy: Option<Policy>,
+        spawner: &Spawner,
         output: &OutputQueue,
         started: &std::sync::mpsc::SyncSender<Started>,
     ) -> Report {
@@ -478,7 +485,7 @@ impl Sandbox {
             });
         };
         let t0 = Instant::now();
-        let mut policy = self.policy.clone();
+        let mut policy = policy.unwrap_or_else(|| self.policy.clone());
         let mut kept: Option<PathBuf> = None;
         // The scratch size caps the ephemeral tmpfs only: a host directory (--scratch, --keep)
         // lives on the host's disk, where palisade has no size to enforce. Refused rather than
@@ -575,22 +582,31 @@ impl Sandbox {
             Ok(files)
         };
         let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
-        let engine = match self.resolved.get_or_init(|| self.engine.resolve()) {
-            Ok(e) => e,
-            Err(why) => {
-                let e = SetupError::Supervisor {
-                    op: "find palisade's init program",
-                    source: std::io::Error::other(why.clone()),
+        let (spawned, engine_name) = match spawner {
+            Spawner::Cold => {
+                let engine = match self.resolved.get_or_init(|| self.engine.resolve()) {
+                    Ok(e) => e,
+                    Err(why) => {
+                        let e = SetupError::Supervisor {
+                            op: "find palisade's init program",
+                            source: std::io::Error::other(why.clone()),
+                        };
+                        return fail(&e, scratch);
+                    }
                 };
-                return fail(&e, scratch);
+                let r = palisade_linux::spawn_with(&policy, stdin.into(), Some(&prepare), engine);
+                (r, engine.name())
             }
+            Spawner::Template(t) => (
+                t.engine.spawn(&policy, stdin.into(), Some(&prepare)),
+                "template",
+            ),
         };
-        let spawned = palisade_linux::spawn_with(&policy, stdin.into(), Some(&prepare), engine);
         let mut running = match spawned {
             Ok(r) => r,
             Err(e) => {
                 let mut r = fail(&e, scratch);
-                r.set_engine(engine.name());
+                r.set_engine(engine_name);
                 return r;
             }
         };
@@ -688,16 +704,192 @@ impl Sandbox {
     }
 }
 
+/// Who makes a run's sandbox.
+pub(crate) enum Spawner {
+    /// The sandbox's engine, from scratch.
+    Cold,
+    /// A prepared template's zygote.
+    Template(Arc<TemplateInner>),
+}
+
+impl Sandbox {
+    /// Prepares this sandbox's policy as a [`Template`]: a zygote (palisade's init program, see
+    /// [`Engine`]) builds the part of the view every run shares once, and each
+    /// [`Template::start`] then makes a fresh sandbox from it in a fraction of a cold start.
+    /// Every run still gets its own pid, mount, IPC, UTS, network and user namespace, scratch,
+    /// cgroup and limits (docs/engine.md says what runs of one template share). Needs palisade's
+    /// init program: the engine must not be [`Engine::InProcess`].
+    ///
+    /// ```no_run
+    /// use palisade::{Io, Sandbox, Status};
+    ///
+    /// let template = Sandbox::builder().command(["true"]).build().unwrap().prepare().unwrap();
+    /// for i in 0..3 {
+    ///     let out = template.start(["sh", "-c", "echo $N"], &[("N", &i.to_string())], Io::default()).wait_output();
+    ///     assert_eq!(out.report.status, Status::Ok);
+    ///     assert_eq!(out.report.engine, Some("template"));
+    /// }
+    /// ```
+    pub fn prepare(&self) -> Result<Template, SetupError> {
+        let prog = match self.resolved.get_or_init(|| self.engine.resolve()) {
+            Ok(palisade_linux::Engine::Exec(p)) => p.clone(),
+            Ok(palisade_linux::Engine::InProcess) => {
+                return Err(SetupError::Supervisor {
+                    op: "prepare a template",
+                    source: std::io::Error::other(
+                        "a template needs palisade's init program: set PALISADE_INIT, choose Engine::InitProgram, or call palisade::engine::run_if_init() first in main",
+                    ),
+                })
+            }
+            Err(why) => {
+                return Err(SetupError::Supervisor {
+                    op: "find palisade's init program",
+                    source: std::io::Error::other(why.clone()),
+                })
+            }
+        };
+        // The zygote and every run's init are children of this thread (their parent-death signal
+        // is tied to it): it lives until the template and its last run are gone.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (alive, until) = std::sync::mpsc::channel::<()>();
+        let policy = self.policy.clone();
+        let thread = std::thread::Builder::new()
+            .name("palisade-template".into())
+            .spawn(move || {
+                let made = palisade_linux::Template::new(&policy, &prog);
+                let ok = made.is_ok();
+                let _ = tx.send(made);
+                if ok {
+                    let _ = until.recv();
+                }
+            })
+            .map_err(|source| SetupError::Supervisor {
+                op: "start the template's thread",
+                source,
+            })?;
+        let engine = rx.recv().map_err(|_| SetupError::Supervisor {
+            op: "prepare a template",
+            source: std::io::Error::other("its thread ended"),
+        })??;
+        Ok(Template {
+            sandbox: self.clone(),
+            inner: Arc::new(TemplateInner {
+                engine,
+                _thread: TemplateThread {
+                    alive: Some(alive),
+                    thread: Some(thread),
+                },
+            }),
+        })
+    }
+}
+
+/// A prepared sandbox: [`Sandbox::prepare`]. Cheap to clone, `Send` and `Sync`; runs can start
+/// from any thread, at the same time. Dropping every clone ends the template once its last run
+/// has ended.
+#[derive(Clone)]
+pub struct Template {
+    sandbox: Sandbox,
+    inner: Arc<TemplateInner>,
+}
+
+pub(crate) struct TemplateInner {
+    engine: palisade_linux::Template,
+    /// Dropped after `engine`: the thread the zygote and the runs' inits belong to.
+    _thread: TemplateThread,
+}
+
+struct TemplateThread {
+    alive: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for TemplateThread {
+    fn drop(&mut self) {
+        self.alive = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Template")
+            .field("sandbox", &self.sandbox)
+            .field("engine", &self.inner.engine)
+            .finish()
+    }
+}
+
+impl Template {
+    /// Starts `command` in a fresh sandbox of the template, with `env` added to the policy's
+    /// variables (a name given in both takes the value given here). Returns like
+    /// [`Sandbox::start`]; the report's `engine` is `template`. A bad command or variable is a
+    /// run whose report says so (`sandbox-error`, the field named), nothing is started.
+    pub fn start<I, S>(&self, command: I, env: &[(&str, &str)], io: Io) -> Run
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut policy = self.sandbox.policy.clone();
+        policy.command = command.into_iter().map(Into::into).collect();
+        if let Err(e) = run_values(&mut policy, env) {
+            let e = SetupError::Policy(e);
+            return failed_run(&self.sandbox, &e);
+        }
+        self.sandbox
+            .start_with(io, Some(policy), Spawner::Template(self.inner.clone()))
+    }
+
+    /// The sandbox this template was prepared from.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+}
+
+/// A run's own command and variables, checked as the policy's are (`Policy::validate_values`
+/// for the command, `EnvVar::new` for each variable).
+fn run_values(policy: &mut Policy, env: &[(&str, &str)]) -> Result<(), PolicyError> {
+    let bad = |value: &str, expected: &'static str| PolicyError::Invalid {
+        field: "command",
+        value: value.to_owned(),
+        expected,
+    };
+    match policy.command.first() {
+        None => {
+            return Err(bad(
+                "",
+                "a program to run, e.g. [\"python3\", \"script.py\"]",
+            ))
+        }
+        Some(p) if p.is_empty() => return Err(bad("", "a non-empty program name or path")),
+        _ => {}
+    }
+    if let Some(a) = policy.command.iter().find(|a| a.contains('\0')) {
+        return Err(bad(a, "arguments without NUL bytes"));
+    }
+    for (name, value) in env {
+        let v = palisade_policy::EnvVar::new(name, value)?;
+        policy.env.retain(|o| o.name != v.name);
+        policy.env.push(v);
+    }
+    Ok(())
+}
+
 /// Output kept in memory for a streaming reader before the payload is held back.
 pub(crate) const STREAM_BUFFER: usize = 1 << 20;
 
-/// A run that never started: its report says why.
-fn failed_run(sandbox: &Sandbox, e: std::io::Error) -> Run {
-    let e = SetupError::Supervisor {
+fn thread_error(source: std::io::Error) -> SetupError {
+    SetupError::Supervisor {
         op: "start the run's supervising thread",
-        source: e,
-    };
-    let report = Report::from_error(&e, Duration::ZERO, None, sandbox.policy.limits);
+        source,
+    }
+}
+
+/// A run that never started: its report says why.
+fn failed_run(sandbox: &Sandbox, e: &SetupError) -> Run {
+    let report = Report::from_error(e, Duration::ZERO, None, sandbox.policy.limits);
     Run {
         shared: Arc::new(Shared {
             report: Mutex::new(None),
