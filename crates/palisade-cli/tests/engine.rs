@@ -249,6 +249,14 @@ fn template_runs_hold_the_boundary() {
     let (r, _) = trun(&t, "/probe read /proc/self/cgroup", &[]);
     let cg = r.probe("read /proc/self/cgroup");
     assert!(!cg.contains("palisade") && !cg.contains(".."), "{cg}");
+    // The run's own user namespace has its own ceilings: no nested namespace of any kind, few
+    // inotify instances.
+    let (r, _) = trun(
+        &t,
+        "cd /proc/sys/user && cat max_user_namespaces max_net_namespaces max_pid_namespaces max_inotify_instances max_fanotify_groups",
+        &[],
+    );
+    assert_eq!(r.stdout, "0\n0\n0\n32\n0\n", "{}", r.stderr);
     // The filter refuses the risky calls, and nested namespaces.
     let (r, _) = trun(&t, "/probe syscalls; /probe unshare-user", &[]);
     for what in [

@@ -425,20 +425,16 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
         // A file mount point. Under a bind of a host directory (`--ro /opt/tool/bin/x`, with `/opt`
         // mirrored) it exists already and belongs to a host user the sandbox may not write as, so
         // it is used as it is rather than opened; a symlink there would aim the bind elsewhere.
-        Op::Touch { path } => match entry_kind(libc::AT_FDCWD, path)? {
-            Some(libc::S_IFLNK) => Err(libc::ELOOP),
-            Some(libc::S_IFDIR) => Err(libc::EISDIR),
-            Some(_) => Ok(()),
-            None => {
-                let fd = openat(
-                    libc::AT_FDCWD,
-                    path,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_RDONLY | libc::O_NOFOLLOW,
-                    0o644,
-                )?;
-                close(fd);
-                Ok(())
-            }
+        // Made with one mknod in the common case (a fresh tmpfs), looked at only if something is
+        // there already.
+        Op::Touch { path } => match mknod_file(path, 0o644) {
+            Err(libc::EEXIST) => match entry_kind(libc::AT_FDCWD, path)? {
+                Some(libc::S_IFLNK) => Err(libc::ELOOP),
+                Some(libc::S_IFDIR) => Err(libc::EISDIR),
+                Some(_) => Ok(()),
+                None => Err(libc::ENOENT),
+            },
+            r => r,
         },
         Op::Symlink { target, path } => symlink(target, path),
         Op::Write { path, data } => {
@@ -521,24 +517,38 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
             Ok(())
         }
         Op::UserNsLimits => {
+            // Each file opened from the directory: one path walk through /proc, not ten.
+            let dir = openat(
+                libc::AT_FDCWD,
+                c"proc/sys/user",
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )?;
+            let mut r = Ok(());
             for &(file, value, required) in USERNS_LIMITS {
-                let fd = match openat(libc::AT_FDCWD, file, libc::O_WRONLY, 0) {
+                let fd = match openat(dir, file, libc::O_WRONLY, 0) {
                     Ok(fd) => fd,
                     // An older kernel without this ceiling (fanotify's before 5.13).
                     Err(libc::ENOENT) if !required => continue,
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
                 };
-                let r = write_all(fd, value);
+                r = write_all(fd, value);
                 close(fd);
-                r?;
+                if r.is_err() {
+                    break;
+                }
             }
-            Ok(())
+            close(dir);
+            r
         }
     }
 }
 
 /// The sandbox's user-namespace ceilings, written while init still holds its capabilities there:
-/// the file (relative to the new root), the value, and whether a kernel must have it. No nested
+/// the file (in the new root's `proc/sys/user`), the value, and whether a kernel must have it. No nested
 /// namespace of any kind but two that setup itself still needs: the cgroup one, which init creates
 /// at step 13, and mount namespaces, of which every `open_tree` clone in the steps after this one
 /// makes an anonymous one (seccomp refuses namespace creation and the mount API to the payload;
@@ -546,16 +556,16 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
 /// the namespace's owner, so the sandbox keeps to a small part of the owner's quota (default 128
 /// instances per user).
 const USERNS_LIMITS: &[(&std::ffi::CStr, &[u8], bool)] = &[
-    (c"proc/sys/user/max_user_namespaces", b"0\n", true),
-    (c"proc/sys/user/max_pid_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_net_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_ipc_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_uts_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_time_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_inotify_instances", b"32\n", false),
-    (c"proc/sys/user/max_inotify_watches", b"16384\n", false),
-    (c"proc/sys/user/max_fanotify_groups", b"0\n", false),
-    (c"proc/sys/user/max_fanotify_marks", b"0\n", false),
+    (c"max_user_namespaces", b"0\n", true),
+    (c"max_pid_namespaces", b"0\n", false),
+    (c"max_net_namespaces", b"0\n", false),
+    (c"max_ipc_namespaces", b"0\n", false),
+    (c"max_uts_namespaces", b"0\n", false),
+    (c"max_time_namespaces", b"0\n", false),
+    (c"max_inotify_instances", b"32\n", false),
+    (c"max_inotify_watches", b"16384\n", false),
+    (c"max_fanotify_groups", b"0\n", false),
+    (c"max_fanotify_marks", b"0\n", false),
 ];
 
 fn loopback_up() -> SysResult<()> {

@@ -444,8 +444,10 @@ impl HostFs for RealHost {
     fn readlink(&self, p: &Path) -> Option<PathBuf> {
         std::fs::read_link(p).ok()
     }
+    /// Asked once per process: the kernel's ABI does not change while it runs.
     fn landlock_abi(&self) -> Result<u32, i32> {
-        crate::sys::landlock_abi()
+        static ABI: std::sync::OnceLock<Result<u32, i32>> = std::sync::OnceLock::new();
+        *ABI.get_or_init(crate::sys::landlock_abi)
     }
 }
 
@@ -833,7 +835,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
         scratch_source,
-        seccomp: crate::seccomp::program(policy.allow_ptrace),
+        seccomp: seccomp_program(policy.allow_ptrace),
         rlimits: vec![
             // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
             (
@@ -867,6 +869,16 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         sockets: sockets(policy),
         protection,
     })
+}
+
+/// The seccomp program, assembled once per process for each value of `allow_ptrace` (it depends
+/// on nothing else).
+fn seccomp_program(allow_ptrace: bool) -> Vec<crate::seccomp::SockFilter> {
+    static PROGRAMS: [std::sync::OnceLock<Vec<crate::seccomp::SockFilter>>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    PROGRAMS[allow_ptrace as usize]
+        .get_or_init(|| crate::seccomp::program(allow_ptrace))
+        .clone()
 }
 
 /// Plans the protected paths under the host scratch `canon` (docs/policy.md, "Protected

@@ -421,6 +421,12 @@ pub(crate) fn inside_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), S
 /// Whether the ROOT_MAPPED_ID range exists as uids and gids in this process's user namespace
 /// (always in the initial one, whose maps cover every id).
 fn root_mapped_id_exists() -> bool {
+    // Once per process: a process's own user namespace and its maps do not change.
+    static EXISTS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EXISTS.get_or_init(root_mapped_id_in_maps)
+}
+
+fn root_mapped_id_in_maps() -> bool {
     let last = ROOT_MAPPED_ID + (ROOT_MAPPED_IDS - 1);
     let has = |file: &str| {
         std::fs::read_to_string(file)

@@ -750,6 +750,14 @@ pub fn mkdir_p1(path: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
     }
 }
 
+/// `mknodat(AT_FDCWD, path, S_IFREG | mode, 0)`: an empty regular file, `EEXIST` on any existing
+/// entry (a symlink included, never followed).
+pub fn mknod_file(path: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::mknodat(libc::AT_FDCWD, path.as_ptr(), libc::S_IFREG | mode, 0) })
+        .map(drop)
+}
+
 /// `symlink(target, path)`.
 pub fn symlink(target: &std::ffi::CStr, path: &std::ffi::CStr) -> SysResult<()> {
     // SAFETY: both paths are NUL-terminated.

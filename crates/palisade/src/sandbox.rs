@@ -8,7 +8,7 @@
 //! kills the sandbox and releases everything it held.
 
 use crate::report::Report;
-use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
+use palisade_cgroup::{run_name, CgroupLimits, Manager, RunCgroup};
 use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
@@ -34,6 +34,8 @@ pub struct Sandbox {
     pub(crate) engine: Engine,
     /// The engine `engine` resolves to, found at the first start and kept for the others.
     resolved: Arc<OnceLock<Result<palisade_linux::Engine, String>>>,
+    /// The cgroup hierarchy runs are made in, found at the first start that finds one.
+    manager: Arc<OnceLock<Arc<dyn Manager>>>,
 }
 
 /// How a sandbox's init is started (docs/engine.md). Every engine builds the same boundary; they
@@ -338,7 +340,19 @@ impl Sandbox {
             net_notify: None,
             engine: Engine::Auto,
             resolved: Arc::new(OnceLock::new()),
+            manager: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The cgroup hierarchy for runs: found once (what the host offers does not change from one
+    /// run to the next), looked for again only while none is found.
+    fn cgroups(&self) -> Result<Arc<dyn Manager>, palisade_cgroup::CgroupError> {
+        if let Some(m) = self.manager.get() {
+            return Ok(m.clone());
+        }
+        let m: Arc<dyn Manager> =
+            palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::cgroup_uid())?.into();
+        Ok(self.manager.get_or_init(|| m).clone())
     }
 
     /// Chooses how the sandbox's init is started (default [`Engine::Auto`]).
@@ -535,29 +549,28 @@ impl Sandbox {
         };
         // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
         // one, refuse, unless the user waived it by name.
-        let (manager, waived) =
-            match palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::cgroup_uid()) {
-                Ok(m) => (Some(m), None),
-                Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
-                    (None, Some(e.to_string()))
-                }
-                Err(e) => {
-                    let msg = format!(
-                        "{e}; or add `cgroup` to layers.allow_degraded to run with rlimits only"
-                    );
-                    // Without user namespaces nothing can run whatever the cgroup: that is the
-                    // error to give first (found by the VM matrix's no-userns guest, where an
-                    // undelegated user was told only about the cgroup). `doctor` lists both.
-                    let e = match palisade_linux::host::try_user_namespace() {
-                        Err(errno) => palisade_linux::namespaces_error(errno),
-                        Ok(()) => SetupError::Supervisor {
-                            op: "set up the cgroup (memory and process ceilings)",
-                            source: std::io::Error::other(msg),
-                        },
-                    };
-                    return fail(&e, scratch);
-                }
-            };
+        let (manager, waived) = match self.cgroups() {
+            Ok(m) => (Some(m), None),
+            Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
+                (None, Some(e.to_string()))
+            }
+            Err(e) => {
+                let msg = format!(
+                    "{e}; or add `cgroup` to layers.allow_degraded to run with rlimits only"
+                );
+                // Without user namespaces nothing can run whatever the cgroup: that is the error
+                // to give first (found by the VM matrix's no-userns guest, where an undelegated
+                // user was told only about the cgroup). `doctor` lists both.
+                let e = match palisade_linux::host::try_user_namespace() {
+                    Err(errno) => palisade_linux::namespaces_error(errno),
+                    Ok(()) => SetupError::Supervisor {
+                        op: "set up the cgroup (memory and process ceilings)",
+                        source: std::io::Error::other(msg),
+                    },
+                };
+                return fail(&e, scratch);
+            }
+        };
         // The run's cgroup is made while init builds the view (palisade_linux::BeforeStart): init
         // then moves itself in through the v1 `tasks` files (cheap), or, on v2, is moved.
         let cgroup: RefCell<Option<Box<dyn RunCgroup>>> = RefCell::new(None);
@@ -565,7 +578,7 @@ impl Sandbox {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
             };
-            m.clean_stale();
+            clean_stale(m.as_ref());
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 pids: policy.limits.pids,
@@ -909,6 +922,19 @@ pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// Distinguishes the cgroups of one supervisor's runs.
 static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Removes the cgroups of supervisors that are gone (crashed before removing their runs'), at
+/// most once a minute per process: it lists the whole palisade cgroup directory, work that
+/// belongs to no run in particular (review of 2026-12-03, §1.4 item 11).
+fn clean_stale(m: &dyn Manager) {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+        *last = Some(Instant::now());
+        drop(last);
+        m.clean_stale();
+    }
+}
 
 fn make_temp_dir() -> std::io::Result<PathBuf> {
     let base = std::env::var_os("TMPDIR")
