@@ -552,6 +552,7 @@ fn many_template_runs_leave_nothing_behind() {
         );
     }
     let after = held();
+    eprintln!("template soak: {runs} runs; held before {warm:?}, after {after:?}");
     assert!(
         after.fds <= warm.fds + 8,
         "descriptors {} -> {} over {runs} runs",

@@ -254,6 +254,10 @@ struct ExecArgs<'a> {
     err: i32,
 }
 
+/// Most descriptors an engine process keeps across its exec (the child cannot allocate a longer
+/// list): the init's few, and one detached tree per bind source opened by a root supervisor.
+const MAX_KEPT: usize = 1024;
+
 /// Step numbers of the pre-exec child, for the error message.
 const EXEC_STEPS: [&str; 5] = [
     "",
@@ -298,12 +302,12 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> c_int {
     }
     // Everything else closes: the caller's descriptors that are not close-on-exec never reach
     // the init program. The program's own descriptor stays until the exec, which closes it.
-    let mut kept = [0 as c_int; 64];
-    let n = a.keep.len().min(63);
+    let mut kept = [0 as c_int; MAX_KEPT + 1];
+    let n = a.keep.len().min(MAX_KEPT);
     kept[..n].copy_from_slice(&a.keep[..n]);
     kept[n] = a.prog;
     kept[..=n].sort_unstable();
-    if a.keep.len() > 63 || sys::close_all_but(&kept[..=n]).is_err() {
+    if a.keep.len() > MAX_KEPT || sys::close_all_but(&kept[..=n]).is_err() {
         fail(3, libc::EMFILE);
     }
     // SAFETY: argv and envp are NULL-terminated arrays of strings the parent keeps alive.
@@ -341,6 +345,9 @@ pub(crate) fn exec_in_namespaces(
     let envp = [marker.as_ptr(), std::ptr::null()];
     let mut sorted = keep.to_vec();
     sorted.sort_unstable();
+    if sorted.len() > MAX_KEPT {
+        return Err(("pass the init its descriptors", libc::EMFILE));
+    }
     let mut a = ExecArgs {
         prog: prog.raw(),
         argv: &argv,

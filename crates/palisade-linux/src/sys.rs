@@ -315,6 +315,22 @@ pub fn hung_up(fd: c_int) -> bool {
     r > 0 && p.revents & libc::POLLHUP != 0
 }
 
+/// Whether `fd` becomes readable (data, end of file or an error) within `ms` milliseconds.
+pub fn readable_within(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: polling one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 || errno() != libc::EINTR {
+            return r > 0;
+        }
+    }
+}
+
 /// `struct sock_fprog`.
 #[repr(C)]
 pub struct SockFprog {

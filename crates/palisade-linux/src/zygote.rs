@@ -54,6 +54,9 @@ const KIND_FAILED: u8 = 5;
 /// arguments and environment together must fit.
 pub const MAX_RECORD: usize = 160 * 1024;
 
+/// How long a run waits for the zygote's answer (the new init's pid), in milliseconds.
+const ZYGOTE_ANSWER_MS: i32 = 30_000;
+
 /// The namespaces the zygote is made in: the template's user namespace and a mount namespace
 /// (from which it makes the prepared view's own).
 const ZYGOTE_NAMESPACES: u64 = sys::CLONE_NEWUSER | sys::CLONE_NEWNS;
@@ -309,6 +312,17 @@ impl Template {
         let mut early: Option<Msg> = None;
         let pid = loop {
             let mut b = [0u8; 16];
+            // The zygote answers at once; one that does not within the bound is broken, and the
+            // run fails instead of waiting for it (no deadline of the run is running yet).
+            if !sys::readable_within(ch.msg_r_raw(), ZYGOTE_ANSWER_MS) {
+                return Err(SetupError::Supervisor {
+                    op: "start a run of the template",
+                    source: io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "its zygote did not answer within 30 s",
+                    ),
+                });
+            }
             match sys::read_full(ch.msg_r_raw(), &mut b) {
                 Ok(16) => {}
                 _ => {

@@ -2,8 +2,11 @@
 //!
 //! ```sh
 //! cargo run --release -p palisade --example startup_bench -- [--memory MB] [--runs N] [--threads T] \
-//!     [--engine in-process|exec|template] [--init PATH] [-- COMMAND...]
+//!     [--engine in-process|exec|template] [--init PATH] [--seconds S] [-- COMMAND...]
 //! ```
+//!
+//! With `--seconds`, every thread starts runs one after the other until that much time has
+//! passed (bench/peers.py and bench/startup.py measure throughput so).
 //!
 //! `--engine exec` and `template` need palisade's init program: `--init PATH` (a `palisade`
 //! binary), or `PALISADE_INIT`.
@@ -22,6 +25,8 @@ use std::time::{Duration, Instant};
 struct Args {
     memory_mb: usize,
     runs: usize,
+    /// Run for this long instead of `runs` runs.
+    seconds: Option<f64>,
     threads: usize,
     engine: String,
     init: Option<std::path::PathBuf>,
@@ -32,6 +37,7 @@ fn args() -> Args {
     let mut a = Args {
         memory_mb: 0,
         runs: 200,
+        seconds: None,
         threads: 1,
         engine: "in-process".into(),
         init: std::env::var_os("PALISADE_INIT").map(Into::into),
@@ -47,6 +53,13 @@ fn args() -> Args {
         match x.as_str() {
             "--memory" => a.memory_mb = num("--memory"),
             "--runs" => a.runs = num("--runs"),
+            "--seconds" => {
+                a.seconds = Some(
+                    it.next()
+                        .and_then(|v| v.parse().ok())
+                        .expect("--seconds takes a number"),
+                )
+            }
             "--threads" => a.threads = num("--threads").max(1),
             "--engine" => a.engine = it.next().expect("--engine takes a name"),
             "--init" => a.init = Some(it.next().expect("--init takes a path").into()),
@@ -109,12 +122,17 @@ fn main() {
     let per_thread = a.runs.div_ceil(a.threads);
     let cpu0 = cpu_ticks();
     let t0 = Instant::now();
+    let deadline = a.seconds.map(|s| t0 + Duration::from_secs_f64(s));
+    let more = |done: usize| match deadline {
+        Some(d) => Instant::now() < d,
+        None => done < per_thread,
+    };
     let results: Vec<(Vec<Duration>, Vec<Duration>)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..a.threads)
             .map(|_| {
                 s.spawn(|| {
                     let (mut starts, mut totals) = (Vec::new(), Vec::new());
-                    for _ in 0..per_thread {
+                    while more(starts.len()) {
                         let t = Instant::now();
                         let run = start(Io::default());
                         starts.push(t.elapsed());
@@ -134,12 +152,12 @@ fn main() {
     // A template's zygote is reaped when the template is dropped: its CPU counts from then on.
     drop(template);
     let ticks = cpu_ticks() - cpu0;
-    let n = per_thread * a.threads;
+    let n: usize = results.iter().map(|r| r.0.len()).sum();
     let mut starts: Vec<Duration> = results.iter().flat_map(|r| r.0.clone()).collect();
     let mut totals: Vec<Duration> = results.iter().flat_map(|r| r.1.clone()).collect();
     let hz = 100.0; // USER_HZ
     println!(
-        "{{\"engine\": \"{}\", \"memory_mb\": {}, \"threads\": {}, \"runs\": {}, \"start_median_ms\": {:.3}, \"start_p90_ms\": {:.3}, \"run_median_ms\": {:.3}, \"run_p90_ms\": {:.3}, \"runs_per_s\": {:.1}, \"cpu_ms_per_run\": {:.3}}}",
+        "{{\"engine\": \"{}\", \"memory_mb\": {}, \"threads\": {}, \"runs\": {}, \"start_median_ms\": {:.3}, \"start_p90_ms\": {:.3}, \"run_median_ms\": {:.3}, \"run_p90_ms\": {:.3}, \"runs_per_s\": {:.1}, \"wall_s\": {:.3}, \"cpu_ms_per_run\": {:.3}}}",
         a.engine,
         a.memory_mb,
         a.threads,
@@ -149,6 +167,7 @@ fn main() {
         percentile(&mut totals, 0.5),
         percentile(&mut totals, 0.9),
         n as f64 / wall.as_secs_f64(),
+        wall.as_secs_f64(),
         ticks as f64 * 1000.0 / hz / n as f64,
     );
     std::hint::black_box(&heap);
