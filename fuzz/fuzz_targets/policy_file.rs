@@ -1,7 +1,7 @@
 //! The policy-file parser on arbitrary input: it must never panic; what it accepts must give a
 //! policy that renders to a file reading back to the same policy, every field; and a file's own
 //! ceiling must hold the defaults once lowered to it.
-//! Run: `cargo +nightly fuzz run policy_file` (from the repository root; needs cargo-fuzz).
+//! Run: `scripts/fuzz.sh policy_file` (or `cargo +nightly fuzz run policy_file`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -180,7 +180,7 @@ say "boot $(uname -r) config=$config"
 case "$config" in
 cgroup-v2)
     step "root:report" check_report as_root
-    suite palisade_cgroup v2_kernel limits library boundary cli
+    suite palisade_cgroup v2_kernel stale_kernel limits library boundary cli
     step "user:report" check_report as_user
     ;;
 no-userns)

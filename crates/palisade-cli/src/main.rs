@@ -570,16 +570,9 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     if a.net_log || !a.quiet {
         let all = a.net_log;
         sandbox = sandbox.on_net_event(std::sync::Arc::new(move |e: &palisade::NetEvent| {
-            if all || e.decision != "allowed" {
-                eprintln!(
-                    "palisade: net: {} {} {}:{} ({}: {})",
-                    e.decision,
-                    e.via,
-                    Untrusted::new(&e.host),
-                    e.port,
-                    e.reason,
-                    Untrusted::new(&e.detail)
-                );
+            if all || e.decision != palisade::NetDecision::Allowed {
+                // Every field the sandbox could shape is stored escaped and cut (palisade-net).
+                eprintln!("palisade: net: {e}");
             }
         }));
     }
@@ -844,6 +837,9 @@ impl ReportTarget {
     }
 }
 
+/// Most characters of the summary line printed (it lists every refused call and blocked path).
+const SUMMARY_MAX: usize = 16 * 1024;
+
 fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
     if !a.quiet
         || matches!(
@@ -851,11 +847,19 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
             palisade::Status::SandboxError | palisade::Status::ProtectionFailed
         )
     {
-        eprintln!("{}", in_option_words(&report.summary()));
+        // One line, whatever a path or a name in it holds.
+        let line = in_option_words(&report.summary());
+        eprintln!("{}", Untrusted::new(&line).max(SUMMARY_MAX));
+        if report.network.notify_suppressed > 0 {
+            eprintln!(
+                "palisade: {} more net decisions not printed (the report lists them)",
+                report.network.notify_suppressed
+            );
+        }
     } else {
         // Even when quiet: something the code left to run later was found and moved aside.
         for b in &report.protected.blocked {
-            eprintln!(
+            let line = format!(
                 "palisade: protected path {} was created inside: {}",
                 b.path,
                 b.moved_to
@@ -863,6 +867,7 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
                     .map(|t| format!("moved to {t}"))
                     .unwrap_or_else(|| format!("NOT moved: {}", b.error.as_deref().unwrap_or("?")))
             );
+            eprintln!("{}", Untrusted::new(&line).max(SUMMARY_MAX));
         }
     }
     match to {

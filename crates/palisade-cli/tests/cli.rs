@@ -302,16 +302,35 @@ fn with_user_namespaces_off_doctor_explains_and_run_refuses() {
 /// with `PALISADE_UPDATE_SNAPSHOTS=1 cargo test -p palisade-cli --test cli help`.
 #[test]
 fn help_texts_match_their_snapshots() {
+    // Compiled in, so that the test binary checks them wherever it runs (the VM matrix copies
+    // test binaries into a guest without the source tree).
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
-    for (file, args) in [
-        ("help.txt", &["--help"][..]),
-        ("help-run.txt", &["run", "--help"][..]),
-        ("help-doctor.txt", &["doctor", "--help"][..]),
+    for (file, want, args) in [
+        (
+            "help.txt",
+            include_str!("snapshots/help.txt"),
+            &["--help"][..],
+        ),
+        (
+            "help-run.txt",
+            include_str!("snapshots/help-run.txt"),
+            &["run", "--help"][..],
+        ),
+        (
+            "help-doctor.txt",
+            include_str!("snapshots/help-doctor.txt"),
+            &["doctor", "--help"][..],
+        ),
         (
             "help-cgroup-delegate.txt",
+            include_str!("snapshots/help-cgroup-delegate.txt"),
             &["cgroup-delegate", "--help"][..],
         ),
-        ("help-policy.txt", &["policy", "--help"][..]),
+        (
+            "help-policy.txt",
+            include_str!("snapshots/help-policy.txt"),
+            &["policy", "--help"][..],
+        ),
     ] {
         let o = std::process::Command::new(palisade_bin())
             .args(args)
@@ -320,26 +339,26 @@ fn help_texts_match_their_snapshots() {
             .unwrap();
         assert_eq!(o.status.code(), Some(0), "palisade {args:?}");
         let got = String::from_utf8(o.stdout).expect("help is UTF-8");
-        let path = dir.join(file);
         if std::env::var_os("PALISADE_UPDATE_SNAPSHOTS").is_some() {
-            std::fs::write(&path, &got).unwrap();
+            std::fs::write(dir.join(file), &got).unwrap();
             continue;
         }
-        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        if got != want {
+            let line = got
+                .lines()
+                .zip(want.lines())
+                .position(|(g, w)| g != w)
+                .unwrap_or(got.lines().count().min(want.lines().count()));
             panic!(
-                "{}: {e} (create it with PALISADE_UPDATE_SNAPSHOTS=1)",
-                path.display()
-            )
-        });
-        assert_eq!(
-            got,
-            want,
-            "palisade {args:?} differs from {}",
-            path.display()
-        );
+                "palisade {args:?} differs from tests/snapshots/{file} at line {}:\n  now:      {:?}\n  snapshot: {:?}\n(after an intended change: PALISADE_UPDATE_SNAPSHOTS=1 cargo test -p palisade-cli --test cli help, then rebuild)",
+                line + 1,
+                got.lines().nth(line),
+                want.lines().nth(line)
+            );
+        }
     }
     // Every subcommand has its own description, not an empty one.
-    let top = std::fs::read_to_string(dir.join("help.txt")).unwrap();
+    let top = include_str!("snapshots/help.txt");
     for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy "] {
         let line = top
             .lines()

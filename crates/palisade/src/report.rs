@@ -109,6 +109,9 @@ pub struct Report {
     pub limits: palisade_policy::Limits,
     /// Peak memory of the whole sandbox (cgroup accounting), in bytes.
     pub memory_peak_bytes: Option<u64>,
+    /// Peak of the socket buffers the sandbox held (cgroup v1, where they are counted apart from
+    /// `memory_peak_bytes` and held to a ceiling of their own).
+    pub socket_memory_peak_bytes: Option<u64>,
     /// Processes the OOM killer killed in the sandbox.
     pub oom_kills: u64,
     /// Most processes and threads alive at once in the sandbox (cgroup accounting).
@@ -268,6 +271,7 @@ impl Report {
             output_truncated: false,
             limits: limits.resolved(),
             memory_peak_bytes: None,
+            socket_memory_peak_bytes: None,
             oom_kills: 0,
             pids_peak: None,
             cpus: None,
@@ -354,6 +358,8 @@ impl Report {
         log: palisade_net::NetLog,
         net: &palisade_policy::net::Network,
     ) {
+        // The proxy's CPU is the supervisor's too.
+        self.supervisor_cpu_ms += log.supervisor_cpu_ms as f64;
         let rules = net.allow.len();
         let resolver = match net.dns_server {
             Some(a) => format!("DNS server {a} (--dns-server)"),
@@ -365,6 +371,9 @@ impl Report {
             allowed: log.allowed,
             denied: log.denied,
             dropped: log.dropped,
+            refused_connections: log.refused_connections,
+            notify_suppressed: log.notify_suppressed,
+            supervisor_cpu_ms: log.supervisor_cpu_ms,
         };
         if let Some(l) = self
             .layers
@@ -399,7 +408,9 @@ impl Report {
         version: Option<&'static str>,
         stats: palisade_cgroup::CgroupStats,
         waived: Option<String>,
+        gaps: &[palisade_cgroup::Gap],
     ) {
+        self.socket_memory_peak_bytes = stats.socket_memory_peak;
         self.cgroup = version;
         self.memory_peak_bytes = stats.memory_peak;
         self.oom_kills = stats.oom_kills;
@@ -454,7 +465,7 @@ impl Report {
                 name: "cgroup-limits",
                 enforced: true,
                 detail: format!(
-                    "cgroup {v}: memory {} bytes (swap off), pids {}, {}",
+                    "cgroup {v}: memory {} bytes (swap off), pids {}, {}{}",
                     self.limits.memory_bytes,
                     self.limits.pids,
                     match self.cpus {
@@ -463,7 +474,10 @@ impl Report {
                             "no cpu controller for palisade on this host: no cpu quota".to_owned()
                         }
                         None => "no cpu quota (--cpus sets one)".to_owned(),
-                    }
+                    },
+                    gaps.iter()
+                        .map(|g| format!("; not held within the memory ceiling here: {g}"))
+                        .collect::<String>()
                 ),
             },
             (None, Some(why)) => Layer {
@@ -628,6 +642,12 @@ pub struct Network {
     pub denied: u64,
     /// Decisions past the kept maximum, counted only.
     pub dropped: u64,
+    /// Connections the proxy closed at once, past its cap on open connections.
+    pub refused_connections: u64,
+    /// Decisions not passed to the `on_net_event` callback (not printed): past its cap.
+    pub notify_suppressed: u64,
+    /// CPU time the supervisor's proxy threads spent on this sandbox, in milliseconds.
+    pub supervisor_cpu_ms: u64,
 }
 
 impl Default for Network {
@@ -638,6 +658,9 @@ impl Default for Network {
             allowed: 0,
             denied: 0,
             dropped: 0,
+            refused_connections: 0,
+            notify_suppressed: 0,
+            supervisor_cpu_ms: 0,
         }
     }
 }
@@ -977,13 +1000,14 @@ mod tests {
                 user: ms(750),
                 system: ms(250),
             }),
+            socket_memory_peak: None,
         }
     }
 
     /// `from_outcome` then `set_cgroup`, as `Sandbox::run` calls them.
     fn report(o: &Outcome, s: CgroupStats) -> Report {
         let mut r = Report::from_outcome(o, ids(), &landlock(), None, limits());
-        r.set_cgroup(Some("v1"), s, None);
+        r.set_cgroup(Some("v1"), s, None, &[]);
         r
     }
 
@@ -1030,6 +1054,7 @@ mod tests {
             "output_truncated": false,
             "limits": limits(),
             "memory_peak_bytes": 32 << 20,
+            "socket_memory_peak_bytes": null,
             "oom_kills": 0,
             "pids_peak": 3,
             "cpus": null,
@@ -1041,7 +1066,10 @@ mod tests {
             "scratch": null,
             "layers": [["cgroup-limits", true], ["cpu-time-limit", true]],
             "engine": null,
-            "network": {"mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0},
+            "network": {
+                "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
+                "refused_connections": 0, "notify_suppressed": 0, "supervisor_cpu_ms": 0,
+            },
             "protected": {"read_only": [], "pinned": [], "watched": [], "derived": [], "not_followed": [], "blocked": []},
         })
     }
@@ -1224,7 +1252,12 @@ mod tests {
             ..outcome(None, Termination::Signaled(sig))
         };
         let mut r = Report::from_outcome(&o, ids(), &landlock(), None, limits());
-        r.set_cgroup(None, CgroupStats::default(), Some("no cgroup here".into()));
+        r.set_cgroup(
+            None,
+            CgroupStats::default(),
+            Some("no cgroup here".into()),
+            &[],
+        );
         r
     }
 

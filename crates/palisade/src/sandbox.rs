@@ -8,7 +8,7 @@
 //! kills the sandbox and releases everything it held.
 
 use crate::report::Report;
-use palisade_cgroup::{run_name, CgroupLimits, Manager, RunCgroup};
+use palisade_cgroup::{CgroupLimits, Manager, RunCgroup};
 use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
@@ -18,7 +18,6 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -578,15 +577,13 @@ impl Sandbox {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
             };
-            clean_stale(m.as_ref());
+            m.clean_stale_once();
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 pids: policy.limits.pids,
                 cpu_quota_us: policy.limits.cpu_quota_us(),
             };
-            let c = m
-                .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)
-                .map_err(std::io::Error::other)?;
+            let c = m.create(&limits).map_err(std::io::Error::other)?;
             let files = c.self_join_files().map_err(std::io::Error::other)?;
             if files.is_empty() {
                 c.join(pid).map_err(std::io::Error::other)?;
@@ -674,7 +671,8 @@ impl Sandbox {
             .as_ref()
             .and_then(|c| c.cpu_quota_us())
             .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
-        let proxy_cpu = || Duration::ZERO;
+        // The proxy's threads' CPU for this sandbox, charged to its CPU-time limit with the rest.
+        let proxy_cpu = || egress.as_ref().map_or(Duration::ZERO, |e| e.cpu_used());
         let watch = Watch {
             output,
             cpu: manager.as_ref().map(|_| CpuWatch {
@@ -704,7 +702,11 @@ impl Sandbox {
             let _ = c.remove();
         }
         let version = cgroup.as_ref().and(manager.as_ref()).map(|m| m.version());
-        report.set_cgroup(version, stats, waived);
+        let gaps = cgroup
+            .as_ref()
+            .map(|c| c.gaps().to_vec())
+            .unwrap_or_default();
+        report.set_cgroup(version, stats, waived, &gaps);
         if policy.allow_ptrace {
             report.note_ptrace_allowed();
         }
@@ -919,22 +921,6 @@ fn failed_run(sandbox: &Sandbox, e: &SetupError) -> Run {
 
 /// Root of the cgroup hierarchies.
 pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
-/// Distinguishes the cgroups of one supervisor's runs.
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Removes the cgroups of supervisors that are gone (crashed before removing their runs'), at
-/// most once a minute per process: it lists the whole palisade cgroup directory, work that
-/// belongs to no run in particular (review of 2026-12-03, §1.4 item 11).
-fn clean_stale(m: &dyn Manager) {
-    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-        *last = Some(Instant::now());
-        drop(last);
-        m.clean_stale();
-    }
-}
 
 fn make_temp_dir() -> std::io::Result<PathBuf> {
     let base = std::env::var_os("TMPDIR")
