@@ -1,9 +1,12 @@
 //! The sandbox side: init (pid 1 of the new pid namespace) and the payload it forks.
 //!
-//! This code runs right after `clone3` in a copy of the supervisor, which may have had other
-//! threads. It therefore calls only async-signal-safe code until `execve` or `_exit`: raw system
-//! calls over the precomputed [`Plan`], no allocation, no locks, no formatting, no panics on any
-//! path a well-formed plan can take. Errors travel to the supervisor as fixed-size [`Msg`] records.
+//! With the in-process engine this code runs right after `clone3` in a copy of the supervisor,
+//! which may have had other threads. It therefore calls only async-signal-safe code until
+//! `execve` or `_exit`: raw system calls over the precomputed [`Plan`], no allocation, no locks,
+//! no formatting, no panics on any path a well-formed plan can take. Errors travel to the
+//! supervisor as fixed-size [`Msg`] records. The exec engine's init (palisade's own program,
+//! which read the plan from its socket) and a template's per-run inits (`zygote`) run the same
+//! steps; there the constraint is not needed, but the code is the same.
 //!
 //! The order below is the one in `docs/setup-order.md`; each step says why it is where it is.
 

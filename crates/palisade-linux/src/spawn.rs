@@ -1,5 +1,7 @@
-//! The supervisor side: prepare the plan, `clone3` the sandbox's init into new namespaces, write
-//! its id maps, relay its output, and collect how it ended.
+//! The supervisor side: prepare the plan, start the sandbox's init in new namespaces (a fork-like
+//! `clone3`, or palisade's init program exec'd: see `engine`), write its id maps, relay its
+//! output, and collect how it ended. A template's runs (`zygote`) share the parts after the init
+//! exists (`Running::complete` and the loop).
 //!
 //! A [`Running`] sandbox owns every resource of one run (pidfd, pipes, pty master); dropping it
 //! kills the sandbox. Nothing here is global: one process can hold many of them at once.

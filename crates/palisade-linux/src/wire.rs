@@ -80,7 +80,7 @@ impl Writer {
     pub fn u64(&mut self, v: u64) {
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
-    /// A count or an index (at most [`MAX_ITEMS`] on the reading side).
+    /// A count or an index (the reader takes at most 65,536 elements in a list).
     pub fn len(&mut self, n: usize) {
         self.u32(u32::try_from(n).unwrap_or(u32::MAX));
     }
