@@ -82,10 +82,11 @@ pub enum Step {
     Dumpable,
     PreparePayload,
     Engine,
+    TemplateProc,
 }
 
 impl Step {
-    const ALL: [Step; 27] = [
+    const ALL: [Step; 28] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -113,6 +114,7 @@ impl Step {
         Step::Dumpable,
         Step::PreparePayload,
         Step::Engine,
+        Step::TemplateProc,
     ];
 
     /// The step of a `MSG_SETUP_ERROR` record.
@@ -150,6 +152,7 @@ impl Step {
             Step::Dumpable => "dumpable",
             Step::PreparePayload => "prepare-payload",
             Step::Engine => "engine",
+            Step::TemplateProc => "template-proc",
         }
     }
 }

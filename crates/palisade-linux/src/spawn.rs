@@ -1063,6 +1063,7 @@ pub(crate) fn setup_error(m: &Msg, views: &Views<'_>) -> SetupError {
                     "read the plan in palisade's init program (is it the same palisade build?)"
                         .into()
                 }
+                Some(Step::TemplateProc) => "mount the prepared view's own procfs (a host /proc with masked or over-mounted entries, as in some containers, prevents this)".into(),
                 Some(s) => format!("{s:?}"),
                 None => format!("step {}", m.step),
             };

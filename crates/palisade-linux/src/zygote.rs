@@ -535,7 +535,7 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
     // A procfs that is fully visible in the prepared view: the kernel lets a run mount its own
     // /proc only where one already is. It is the procfs of a pid namespace that has died (a
     // helper's, which exits at once), so it shows no process; every run covers it with its own.
-    helper_proc().map_err(at(Step::Op))?;
+    helper_proc().map_err(at(Step::TemplateProc))?;
     // Step 8: pivot into the view, detach the host's tree.
     sys::pivot_root(c".", c".").map_err(at(Step::PivotRoot))?;
     sys::umount2(c".", libc::MNT_DETACH).map_err(at(Step::DetachOldRoot))?;
