@@ -58,3 +58,69 @@ def host_meta():
         load = f.read().split()[:3]
     return {"date": now_utc(), "kernel": platform.release(), "cpus": os.cpu_count(),
             "user": "root" if os.geteuid() == 0 else str(os.geteuid()), "loadavg_at_start": load}
+
+
+# --- Rows measured from inside a long-running process (a library), not one process per run ---
+
+PEERS_DIR = os.environ.get("PALISADE_BENCH_PEERS", "/opt/palisade-bench-peers")
+# crates/palisade/examples/startup_bench.rs, built with `cargo build --release -p palisade --example startup_bench`.
+STARTUP_BENCH = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release", "examples", "startup_bench")
+# bench/setup-peers.sh installs sandlock (PyPI) into a virtual environment of its own.
+SANDLOCK_PY = os.path.join(PEERS_DIR, "sandlock-venv", "bin", "python")
+
+# (row name, what measures it, its argument, what the row is)
+LIBRARY_ROWS = [
+    ("palisade template (library)", "palisade", "template",
+     "Sandbox::prepare() once, then Template::start per run: a fresh user, pid, mount, network, IPC and UTS "
+     "namespace, mounts, cgroup and limits per run (docs/engine.md)"),
+    ("palisade exec engine (library)", "palisade", "exec",
+     "Sandbox::start per run with the exec engine: a cold start from a library, palisade's init program exec'd"),
+    ("sandlock Python API, a sandbox per run", "sandlock", "run",
+     "sandlock.Sandbox(...).run(['/bin/true']) per run: Landlock, seccomp and its supervisor, no namespaces"),
+    ("sandlock fork API (clones share one sandbox)", "sandlock", "fork",
+     "sandlock's fork(64) again and again from one prepared sandbox, each clone exec'ing /bin/true; the "
+     "clones share that sandbox (its domain, supervisor and limits): not isolated from one another"),
+]
+
+
+def library_skip(kind):
+    """Why a library row cannot run here, or None."""
+    if kind == "palisade":
+        if not os.access(STARTUP_BENCH, os.X_OK):
+            return f"{STARTUP_BENCH} not built (cargo build --release -p palisade --example startup_bench)"
+        if not os.access(PALISADE, os.X_OK):
+            return f"{PALISADE} not built"
+        return None
+    if not os.access(SANDLOCK_PY, os.X_OK):
+        return f"sandlock is not installed ({SANDLOCK_PY} is missing; bench/setup-peers.sh installs it)"
+    return None
+
+
+def library_loop(kind, arg, seconds, parallel, scratch):
+    """`parallel` callers in one long-running process each start runs of `/bin/true` one after the
+    other for `seconds` (sandlock: `parallel` driver processes). Returns completed runs, wall
+    seconds, CPU seconds of the measuring processes and their reaped children, and a version."""
+    import json
+    import subprocess
+    if kind == "palisade":
+        cmd = [STARTUP_BENCH, "--engine", arg, "--init", PALISADE, "--seconds", str(seconds),
+               "--threads", str(parallel), "--", "/bin/true"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 20 + 120, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise RuntimeError(f"startup_bench failed: {p.stderr.strip()[-500:]}")
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        return r["runs"], r["wall_s"], r["cpu_ms_per_run"] * r["runs"] / 1000, None
+    driver = os.path.join(ROOT, "bench", "sandlock_driver.py")
+    procs = [subprocess.Popen([SANDLOCK_PY, driver, arg, str(seconds), scratch], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for _ in range(parallel)]
+    runs, wall, cpu, version = 0, 0.0, 0.0, None
+    for p in procs:
+        out, err = p.communicate(timeout=seconds * 20 + 120)
+        if p.returncode != 0:
+            raise RuntimeError(f"sandlock driver failed: {err.strip()[-500:]}")
+        r = json.loads(out.strip().splitlines()[-1])
+        runs += r["runs"]
+        wall = max(wall, r["wall_s"])
+        cpu += r["cpu_s"]
+        version = r["version"]
+    return runs, wall, cpu, version

@@ -33,9 +33,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import PALISADE, ROOT, bwrap_cmd, host_meta, quote, summary  # noqa: E402
+from benchlib import (  # noqa: E402
+    LIBRARY_ROWS, PALISADE, PEERS_DIR, ROOT, bwrap_cmd, host_meta, library_loop, library_skip, quote, summary)
 
-PEERS_DIR = os.environ.get("PALISADE_BENCH_PEERS", "/opt/palisade-bench-peers")
 NPM = os.path.join(PEERS_DIR, "npm", "node_modules")
 IMAGE = "localhost/palisade-bench-host:latest"
 LAUNCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -165,6 +165,19 @@ def make_tools(scratch, state):
                                  f"local image {IMAGE} made from the host's root skeleton",
                           version=version_of(["podman", "--version"]) + ", " + (version_of([rt, "--version"]) if have(rt) else ""),
                           skip=skip))
+
+    sandlock = os.path.join(PEERS_DIR, "cargo", "bin", "sandlock")
+    read = [x for d in ("/usr", "/lib", "/lib64", "/bin", "/etc") if os.path.exists(d) for x in ("-r", d)]
+    tools.append(Tool("sandlock (CLI)", "peer",
+                      lambda p: [sandlock, "run"] + read + ["-w", scratch, "--clean-env", "--cwd", scratch,
+                                                             "--"] + p,
+                      scratch_inside=scratch,
+                      policy="no namespaces: Landlock (system directories readable, scratch writable), seccomp "
+                             "with its supervisor answering notified calls, a cleared environment; the network "
+                             "namespace is the host's (sandlock refuses network calls instead)",
+                      version=version_of([sandlock, "--version"]) if os.access(sandlock, os.X_OK) else "",
+                      skip=None if os.access(sandlock, os.X_OK) else
+                      "sandlock-cli not installed (bench/setup-peers.sh, from crates.io)"))
 
     srt_ver = npm_version("@anthropic-ai/sandbox-runtime")
     settings = os.path.join(state, "srt-settings.json")
@@ -645,7 +658,45 @@ def main():
           for t in live}
     hz = os.sysconf("SC_CLK_TCK")
     foreign = []
+    # Rows measured from inside one long-running process: palisade's warm engine (a template) and
+    # its exec engine as a library, sandlock's Python API and its fork API.
+    lib_rows = []
+    for name, kind, arg, policy in LIBRARY_ROWS:
+        why = library_skip(kind)
+        if why:
+            skipped[name] = why
+            log(f"SKIP {name}: {why}")
+        else:
+            lib_rows.append((name, kind, arg, policy))
+    lib_meta = {name: {"policy": policy} for name, _, _, policy in lib_rows}
+    for name, *_ in lib_rows:
+        tp[name] = {"1": [0, 0.0, collections.Counter()], str(nproc): [0, 0.0, collections.Counter()],
+                    "rusage": [], "machine_cpu_s": 0.0, "tree_cpu_s": 0.0}
     for r in range(a.throughput_rounds):
+        for name, kind, arg, _ in rotated(lib_rows, r):
+            if name in failed:
+                continue
+            for par in (1, nproc):
+                s0, j0 = cpu_snapshot(), busy_jiffies()
+                try:
+                    ok, wall, own_cpu, version = library_loop(kind, arg, a.seconds, par, scratch)
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+                    failed[name] = f"failed while timed (throughput): {e}"
+                    log(f"{name} {failed[name]}")
+                    tp.pop(name, None)
+                    break
+                if version:
+                    lib_meta[name]["version"] = version
+                time.sleep(SETTLE_S)
+                reap_orphans()
+                j1, s1 = busy_jiffies(), cpu_snapshot()
+                other = foreign_cpu_s(s0, s1)
+                e = tp[name][str(par)]
+                e[0] += ok
+                e[1] += wall
+                if par == 1:
+                    tp[name]["machine_cpu_s"] += max((j1 - j0) / hz - other, 0.0)
+                    tp[name]["tree_cpu_s"] += own_cpu
         for t in rotated(live, r):
             cmd = t.build(["/bin/true"])
             for par in (1, nproc):
@@ -678,6 +729,10 @@ def main():
             "tree_cpu_ms_per_run": summary([u[1] for u in rus], 1000),
             "machine_cpu_ms_per_run": d["machine_cpu_s"] * 1000 / d["1"][0] if d["1"][0] else None,
         }
+        if "tree_cpu_s" in d and d["1"][0]:
+            # A library row: the measuring process and its reaped children, as a mean per run.
+            v = d["tree_cpu_s"] * 1000 / d["1"][0]
+            cost[n]["tree_cpu_ms_per_run"] = {"median": v, "p10": v, "p90": v, "n": d["1"][0]}
     pbase = throughput["palisade"]
     for n, s in throughput.items():
         for k in ("1", str(nproc)):
@@ -706,6 +761,11 @@ def main():
     if "bwrap" in throughput:
         v = throughput["palisade"][f"runs_per_s_{nproc}"] / max(throughput["bwrap"][f"runs_per_s_{nproc}"], 1e-9)
         target(f"throughput with {nproc} launchers above bwrap's (palisade / bwrap > 1)", "bwrap", v, v > 1)
+    warm = throughput.get("palisade template (library)")
+    if warm:
+        v = warm[f"runs_per_s_{nproc}"]
+        target(f"issue 19: at least 1000 isolated /bin/true runs/s from the warm engine ({nproc} callers)",
+               "palisade template (library)", v, v >= 1000)
 
     snap2, t_snap2 = cpu_snapshot(), time.monotonic()
     # Our own descendants are gone by now; anything they left running would count here too.
@@ -745,6 +805,7 @@ def main():
                   for t in all_rows if t.name not in skipped},
         "skipped": {**skipped, **failed},
         "limits_not_available": limit_skips,
+        "library_rows": lib_meta,
         "egress": egress_summary(),
     }
     with open(os.path.join(out, "peers.json"), "w") as f:
@@ -800,6 +861,12 @@ def render_md(res, nproc):
                  f"{fmt(s[f'ratio_to_palisade_{k}'])} | {s['failures']}"
                  + (" (exit " + ", ".join(f"{c}: {k}x" for c, k in s["failure_exit_codes"].items()) + ")"
                     if s["failures"] else "") + " |")
+    if res.get("library_rows"):
+        L += ["", "Rows marked (library), and sandlock's API rows, run inside one long-running process: "
+              "1 and "f"{k} callers (threads; sandlock: driver processes) start runs one after the other; "
+              "their start-up has no program load of the sandbox tool itself. What each row does:", ""]
+        L += [f"- {n}: {d['policy']}" + (f" (sandlock {d['version']})" if d.get("version") else "")
+              for n, d in res["library_rows"].items()]
     L += ["", "## Host cost per run, `/bin/true`, 1 launcher", "",
           "| tool | peak RSS KiB (median) | CPU ms, launched tree (median, p90) | CPU ms, whole machine |",
           "|---|---|---|---|"]

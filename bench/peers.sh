@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# palisade side by side with bubblewrap, firejail, gVisor, podman (crun, runc), srt and the Codex
-# sandbox, in one run: installs the peers it can (bench/setup-peers.sh), builds palisade, measures,
+# palisade side by side with bubblewrap, firejail, gVisor, podman (crun, runc), srt, the Codex
+# sandbox and sandlock (its command line, its Python API and its fork API), and palisade's own
+# warm engine (a template) and exec engine as a library, in one run: installs the peers it can (bench/setup-peers.sh), builds palisade, measures,
 # and writes docs/benchmarks/peers.{json,md} and peers-startup.png (--quick: a temp dir). A peer that
 # cannot be installed or cannot run here is skipped with the reason, which the results record.
 # Nothing is asserted. Usage: bench/peers.sh [--quick] [--out DIR] [bench/peers.py options]
@@ -11,6 +12,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 bash bench/setup-peers.sh
 cargo build --release --quiet --bin palisade
+# The library rows (a template, the exec engine) are measured by this example program.
+cargo build --release --quiet -p palisade --example startup_bench
 # Debian's python3: the interpreter bench/setup-peers.sh installs matplotlib for (the chart).
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the sandboxes that bench/peers.py compares palisade with, from the package registries:
 # Debian's bubblewrap, firejail, runsc (gVisor), podman with crun and runc, and the npm packages
-# @anthropic-ai/sandbox-runtime (srt) and @openai/codex, plus hyperfine and (from PyPI, into a
-# directory of its own) matplotlib for the harness itself. Idempotent and non-interactive (CI
+# @anthropic-ai/sandbox-runtime (srt) and @openai/codex, sandlock (crates.io `sandlock-cli` for its
+# command line, PyPI `sandlock` in a virtual environment for its Python and fork APIs), plus
+# hyperfine and (from PyPI, into a directory of its own) matplotlib for the harness itself. Idempotent and non-interactive (CI
 # runs it as root with no stdin). A peer that cannot be installed is reported with the reason and
 # left out; it never fails the script, and bench/peers.py then records that peer as skipped.
 # Usage: bench/setup-peers.sh   (root; PALISADE_BENCH_PEERS=DIR moves the npm and matplotlib prefix)
@@ -14,6 +15,7 @@ PEERS_DIR=${PALISADE_BENCH_PEERS:-/opt/palisade-bench-peers}
 SRT_VERSION=0.0.83
 CODEX_VERSION=0.171.0
 MATPLOTLIB_VERSION=3.9.4
+SANDLOCK_VERSION=0.9.0
 export DEBIAN_FRONTEND=noninteractive
 exec </dev/null
 
@@ -60,6 +62,29 @@ else
     /usr/bin/python3 -m pip install -q --no-cache-dir --disable-pip-version-check --only-binary=:all: \
         --target "$PEERS_DIR/py" "matplotlib==$MATPLOTLIB_VERSION" >/tmp/palisade-setup-peers-pip.log 2>&1 \
         || say "SKIP chart: pip install matplotlib failed (see /tmp/palisade-setup-peers-pip.log)"
+fi
+
+# --- sandlock ------------------------------------------------------------------------------------
+# Its command line from crates.io (compiled: ~5 minutes on 2 cores) into $PEERS_DIR/cargo, and its
+# Python package (the Python API and the fork API) into a virtual environment of its own.
+if [ "$("$PEERS_DIR/cargo/bin/sandlock" --version 2>/dev/null)" = "sandlock $SANDLOCK_VERSION" ]; then
+    say "sandlock-cli $SANDLOCK_VERSION already installed"
+elif command -v cargo >/dev/null 2>&1; then
+    say "installing sandlock-cli $SANDLOCK_VERSION from crates.io into $PEERS_DIR/cargo (compiles)"
+    cargo install --quiet --locked --root "$PEERS_DIR/cargo" sandlock-cli --version "$SANDLOCK_VERSION" \
+        >/tmp/palisade-setup-peers-cargo.log 2>&1 \
+        || say "SKIP sandlock (CLI): cargo install failed (see /tmp/palisade-setup-peers-cargo.log)"
+else
+    say "SKIP sandlock (CLI): no cargo to build it with"
+fi
+if "$PEERS_DIR/sandlock-venv/bin/python" -c "import sandlock, sys; sys.exit(sandlock.__version__ != '$SANDLOCK_VERSION')" 2>/dev/null; then
+    say "sandlock $SANDLOCK_VERSION (PyPI) already installed"
+else
+    say "installing sandlock $SANDLOCK_VERSION from PyPI into $PEERS_DIR/sandlock-venv"
+    { /usr/bin/python3 -m venv "$PEERS_DIR/sandlock-venv" \
+        && "$PEERS_DIR/sandlock-venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check \
+            "sandlock==$SANDLOCK_VERSION"; } >/tmp/palisade-setup-peers-sandlock.log 2>&1 \
+        || say "SKIP sandlock (Python): pip install failed (see /tmp/palisade-setup-peers-sandlock.log)"
 fi
 
 # --- npm packages --------------------------------------------------------------------------------

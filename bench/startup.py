@@ -3,7 +3,11 @@
 Every tool runs the same payload with the closest equivalent of palisade's default policy. The
 commands run in rounds, each round one hyperfine invocation over all of them in a rotated order,
 so that drift of the machine hits all tools alike. Medians and spread come from all rounds pooled;
-ratios are tool / palisade. No timing is asserted: this is a measurement, not a test.
+ratios are tool / palisade. Then throughput (issue 19): runs of `/bin/true` per second with 1 and
+with nproc callers, and CPU per run, for the command-line tools (a launcher starting the next run
+as soon as the last one ended) and for the rows measured inside one long-running process
+(palisade's warm engine and exec engine as a library, sandlock's Python and fork APIs), in
+rounds with a rotated order too. No timing is asserted: this is a measurement, not a test.
 """
 
 import argparse
@@ -18,7 +22,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import PALISADE, ROOT, bwrap_cmd, quote  # noqa: E402
+from benchlib import (  # noqa: E402
+    LIBRARY_ROWS, PALISADE, PEERS_DIR, ROOT, bwrap_cmd, library_loop, library_skip, quote)
+from peers import build_launcher, launch_loop  # noqa: E402
+
+SANDLOCK = os.path.join(PEERS_DIR, "cargo", "bin", "sandlock")
 
 
 def main():
@@ -27,9 +35,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=100, help="runs per command per round")
     ap.add_argument("--out", default=None, help="results directory (default: docs/benchmarks, or a temp dir with --quick)")
+    ap.add_argument("--seconds", type=float, default=2.5, help="seconds per throughput window (default 2.5)")
+    ap.add_argument("--throughput-rounds", type=int, default=2)
+    ap.add_argument("--no-throughput", action="store_true", help="start-up only")
     a = ap.parse_args()
     if a.quick:
-        a.rounds, a.runs = 2, 5
+        a.rounds, a.runs, a.seconds, a.throughput_rounds = 2, 5, 0.4, 1
     out = a.out or (tempfile.mkdtemp(prefix="palisade-bench-") if a.quick else os.path.join(ROOT, "docs", "benchmarks"))
     os.makedirs(out, exist_ok=True)
     for tool in ("hyperfine", "bwrap", "unshare"):
@@ -56,6 +67,8 @@ def main():
             "palisade": [PALISADE, "run", "-q", "--no-tty", "--"] + payload,
             "palisade --scratch DIR": [PALISADE, "run", "-q", "--no-tty", "--scratch", scratch, "--"] + payload,
         }
+        if os.access(SANDLOCK, os.X_OK):
+            tools["sandlock (CLI)"] = sandlock_cmd(scratch, payload)
         if case != "/bin/true":
             tools.pop("unshare (all namespaces)")
             tools.pop("palisade --scratch DIR")
@@ -80,6 +93,7 @@ def main():
         for n in names:
             results[case][n]["ratio_to_palisade"] = results[case][n]["median_ms"] / base
         commands[case] = {n: quote(tools[n]) for n in names}
+    throughput = {} if a.no_throughput else measure_throughput(a, scratch, commands_true=cases["/bin/true"])
     shutil.rmtree(scratch, ignore_errors=True)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -90,7 +104,9 @@ def main():
         "user": "root",
         "bwrap": subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip(),
     }
-    json.dump({"meta": meta, "results": results, "commands": commands}, open(os.path.join(out, "startup.json"), "w"), indent=2)
+    targets = compute_targets(results, throughput)
+    json.dump({"meta": meta, "results": results, "commands": commands, "throughput": throughput, "targets": targets},
+              open(os.path.join(out, "startup.json"), "w"), indent=2)
     lines = [f"Start-up, {meta['date']}, kernel {meta['kernel']}, {meta['cpus']} CPUs, {meta['bwrap']}, "
              f"{a.rounds} rounds x {a.runs} runs, as root.", ""]
     for case, rs in results.items():
@@ -98,9 +114,111 @@ def main():
         for n, r in rs.items():
             lines.append(f"| {n} | {r['median_ms']:.2f} | {r['p10_ms']:.2f} | {r['p90_ms']:.2f} | {r['ratio_to_palisade']:.2f} |")
         lines += ["", "Commands:", ""] + [f"- {n}: `{c}`" for n, c in commands[case].items()] + [""]
+    lines += render_throughput(throughput, targets)
     open(os.path.join(out, "startup.md"), "w").write("\n".join(lines))
     print("\n".join(lines))
     print(f"results in {out}/startup.json and {out}/startup.md")
+
+
+def sandlock_cmd(scratch, payload):
+    """sandlock's command line with the closest it has to palisade's default policy."""
+    read = [x for d in ("/usr", "/lib", "/lib64", "/bin", "/etc") if os.path.exists(d) for x in ("-r", d)]
+    return [SANDLOCK, "run"] + read + ["-w", scratch, "--clean-env", "--cwd", scratch, "--"] + payload
+
+
+def measure_throughput(a, scratch, commands_true):
+    """Runs/s with 1 and nproc callers and CPU per run, for every row, in rotated rounds."""
+    nproc = os.cpu_count() or 1
+    state = tempfile.mkdtemp(prefix="palisade-bench-state-")
+    launcher = build_launcher(state)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    rows = [(n, "cli", cmd) for n, cmd in [
+        ("unshare (all namespaces)", ["unshare", "-Ufirpmnuc", "--map-root-user", "--"] + commands_true),
+        ("bwrap", bwrap_cmd(scratch, commands_true)),
+        ("palisade (CLI)", [PALISADE, "run", "-q", "--no-tty", "--"] + commands_true),
+    ]]
+    if os.access(SANDLOCK, os.X_OK):
+        rows.append(("sandlock (CLI)", "cli", sandlock_cmd(scratch, commands_true)))
+    skipped = {}
+    for name, kind, arg, _ in LIBRARY_ROWS:
+        why = library_skip(kind)
+        if why:
+            skipped[name] = why
+        else:
+            rows.append((name, kind, arg))
+    res = {n: {"1": [0, 0.0], str(nproc): [0, 0.0], "cpu_s": 0.0, "cpu_runs": 0} for n, *_ in rows}
+    for r in range(a.throughput_rounds):
+        for name, kind, arg in rows[r % len(rows):] + rows[:r % len(rows)]:
+            if name in skipped:
+                continue
+            for par in (1, nproc):
+                try:
+                    if kind == "cli":
+                        ok, wall, fail, usages = launch_loop(arg, a.seconds, par, env, launcher)
+                        cpu = sum(u[1] for u in usages)
+                    else:
+                        ok, wall, cpu, _ = library_loop(kind, arg, a.seconds, par, scratch)
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+                    skipped[name] = f"failed while timed: {e}"
+                    break
+                e = res[name][str(par)]
+                e[0] += ok
+                e[1] += wall
+                if par == 1:
+                    res[name]["cpu_s"] += cpu
+                    res[name]["cpu_runs"] += ok
+        print(f"bench: throughput round {r + 1}/{a.throughput_rounds} done", flush=True)
+    shutil.rmtree(state, ignore_errors=True)
+    out = {"callers": [1, nproc], "window_s": a.seconds, "rounds": a.throughput_rounds, "rows": {}, "skipped": skipped,
+           "cpu_note": "CPU per run: for command-line tools the launched process tree as wait4 reports it; for "
+                       "library rows the measuring process and its reaped children (a template's zygote "
+                       "included); neither counts the kernel's own threads (a network namespace's teardown)"}
+    for n, d in res.items():
+        if n in skipped:
+            continue
+        out["rows"][n] = {f"runs_per_s_{k}": d[k][0] / d[k][1] if d[k][1] else 0.0 for k in ("1", str(nproc))}
+        out["rows"][n]["cpu_ms_per_run"] = d["cpu_s"] * 1000 / d["cpu_runs"] if d["cpu_runs"] else None
+    return out
+
+
+def compute_targets(results, throughput):
+    """Issue 19's goals, as ratios from this run; reported, never asserted."""
+    t = []
+    st = results.get("/bin/true", {})
+    if "palisade" in st:
+        p = st["palisade"]["median_ms"]
+        if "bwrap" in st:
+            v = p / st["bwrap"]["median_ms"]
+            t.append({"target": "cold `palisade run -- /bin/true` <= 0.6x bubblewrap", "value": v, "met": v <= 0.6})
+        if "unshare (all namespaces)" in st:
+            v = p / st["unshare (all namespaces)"]["median_ms"]
+            t.append({"target": "cold `palisade run -- /bin/true` <= 1.5x unshare", "value": v, "met": v <= 1.5})
+    rows = throughput.get("rows", {}) if throughput else {}
+    if "palisade template (library)" in rows:
+        k = throughput["callers"][-1]
+        v = rows["palisade template (library)"][f"runs_per_s_{k}"]
+        t.append({"target": f">= 1000 isolated /bin/true runs/s from the warm engine ({k} callers)", "value": v,
+                  "met": v >= 1000})
+    return t
+
+
+def render_throughput(tp, targets):
+    L = []
+    if tp:
+        k = tp["callers"][-1]
+        L += [f"### Throughput, `/bin/true`", "",
+              f"Runs per second with 1 and {k} callers, {tp['rounds']} rounds of {tp['window_s']} s per window; "
+              f"CPU per run with 1 caller. {tp['cpu_note']}.", "",
+              f"| tool | runs/s, 1 caller | runs/s, {k} callers | CPU ms per run |", "|---|---|---|---|"]
+        for n, r in sorted(tp["rows"].items(), key=lambda kv: -kv[1][f"runs_per_s_{k}"]):
+            cpu = "—" if r["cpu_ms_per_run"] is None else f"{r['cpu_ms_per_run']:.2f}"
+            L.append(f"| {n} | {r['runs_per_s_1']:.1f} | {r[f'runs_per_s_{k}']:.1f} | {cpu} |")
+        L += [""] + [f"- skipped {n}: {why}" for n, why in tp["skipped"].items()] + [""]
+    if targets:
+        L += ["### Targets (issue 19), from this run", "", "| target | value | met |", "|---|---|---|"]
+        L += [f"| {x['target']} | {x['value']:.2f} | {'yes' if x['met'] else '**no**'} |" for x in targets]
+        L.append("")
+    return L
 
 
 if __name__ == "__main__":

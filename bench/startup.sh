@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Start-up benchmark: palisade against bubblewrap, `unshare` with all namespaces, and bare exec,
-# side by side in one run. Usage: bench/startup.sh [--quick] [--out DIR]
+# Start-up benchmark: palisade against bubblewrap, `unshare` with all namespaces, sandlock (when
+# bench/setup-peers.sh installed it) and bare exec, side by side in one run; then throughput with
+# 1 and nproc callers, palisade's warm engine (a template) among the rows.
+# Usage: bench/startup.sh [--quick] [--out DIR] [--no-throughput]
 # Needs root (for `unshare --map-root-user` parity) and hyperfine + bwrap (.ci/setup installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin palisade
+# The library rows (palisade's warm engine and exec engine) are measured by this example program.
+cargo build --release --quiet -p palisade --example startup_bench
 exec python3 bench/startup.py "$@"

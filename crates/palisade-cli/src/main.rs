@@ -235,6 +235,8 @@ struct RunArgs {
 }
 
 fn main() {
+    // First: started as palisade's own init program (docs/engine.md), this never returns.
+    palisade::engine::run_if_init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -597,6 +599,12 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
             "--apply {}: applies a workspace's changes; give --workspace DIR",
             a.apply
         );
+    }
+    // One run from a small process that holds nothing else: the in-process engine's fork-like
+    // start costs less than loading palisade's init program again (docs/engine.md).
+    // `PALISADE_INIT` still chooses the exec'd init explicitly.
+    if std::env::var_os(palisade::engine::INIT_PROGRAM_ENV).is_none() {
+        sandbox = sandbox.engine(palisade::Engine::InProcess);
     }
     // Where the report goes, settled before anything runs: a path the code could replace while
     // it runs is refused now, not followed later.

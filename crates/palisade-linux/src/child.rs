@@ -1,9 +1,12 @@
 //! The sandbox side: init (pid 1 of the new pid namespace) and the payload it forks.
 //!
-//! This code runs right after `clone3` in a copy of the supervisor, which may have had other
-//! threads. It therefore calls only async-signal-safe code until `execve` or `_exit`: raw system
-//! calls over the precomputed [`Plan`], no allocation, no locks, no formatting, no panics on any
-//! path a well-formed plan can take. Errors travel to the supervisor as fixed-size [`Msg`] records.
+//! With the in-process engine this code runs right after `clone3` in a copy of the supervisor,
+//! which may have had other threads. It therefore calls only async-signal-safe code until
+//! `execve` or `_exit`: raw system calls over the precomputed [`Plan`], no allocation, no locks,
+//! no formatting, no panics on any path a well-formed plan can take. Errors travel to the
+//! supervisor as fixed-size [`Msg`] records. The exec engine's init (palisade's own program,
+//! which read the plan from its socket) and a template's per-run inits (`zygote`) run the same
+//! steps; there the constraint is not needed, but the code is the same.
 //!
 //! The order below is the one in `docs/setup-order.md`; each step says why it is where it is.
 
@@ -25,6 +28,8 @@ pub const MSG_SETUP_ERROR: u32 = 1;
 pub const MSG_EXEC_ERROR: u32 = 2;
 pub const MSG_STARTED: u32 = 3;
 pub const MSG_EXITED: u32 = 4;
+/// From a template's zygote: the run's init exists; `value` is its pid.
+pub const MSG_SPAWNED: u32 = 5;
 
 impl Msg {
     pub fn to_bytes(self) -> [u8; 16] {
@@ -76,10 +81,12 @@ pub enum Step {
     EgressSocket,
     Dumpable,
     PreparePayload,
+    Engine,
+    TemplateProc,
 }
 
 impl Step {
-    const ALL: [Step; 26] = [
+    const ALL: [Step; 28] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -106,6 +113,8 @@ impl Step {
         Step::EgressSocket,
         Step::Dumpable,
         Step::PreparePayload,
+        Step::Engine,
+        Step::TemplateProc,
     ];
 
     /// The step of a `MSG_SETUP_ERROR` record.
@@ -142,6 +151,8 @@ impl Step {
             Step::EgressSocket => "egress-socket",
             Step::Dumpable => "dumpable",
             Step::PreparePayload => "prepare-payload",
+            Step::Engine => "engine",
+            Step::TemplateProc => "template-proc",
         }
     }
 }
@@ -161,22 +172,22 @@ pub struct ChildFds {
     pub keep: Vec<c_int>,
 }
 
-type Fail = (Step, u32, i32);
+pub(crate) type Fail = (Step, u32, i32);
 
-fn at(step: Step) -> impl Fn(sys::Errno) -> Fail {
+pub(crate) fn at(step: Step) -> impl Fn(sys::Errno) -> Fail {
     move |e| (step, 0, e)
 }
 
-fn send(fd: c_int, m: Msg) {
+pub(crate) fn send(fd: c_int, m: Msg) {
     let _ = sys::write_all(fd, &m.to_bytes());
 }
 
 /// What init's setup leaves for the payload: descriptors, or -1.
-struct Prepared {
+pub(crate) struct Prepared {
     /// The pty slave (with a terminal).
-    slave: c_int,
+    pub slave: c_int,
     /// The Landlock ruleset the payload enters.
-    ruleset: c_int,
+    pub ruleset: c_int,
 }
 
 /// Entry point of the child after `clone3`. Never returns.
@@ -325,6 +336,12 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
         ready.ruleset = landlock_ruleset(ll)?;
     }
 
+    finish_view(plan, fds, ready)
+}
+
+/// Steps 11 and 12, the last of init's setup (the per-run init of a template runs them too):
+/// host name, loopback, the egress proxy's listeners, the pty.
+pub(crate) fn finish_view(plan: &Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fail> {
     // 11. Host name, then loopback up (the only interface of the new network namespace).
     let h = plan.hostname.as_bytes();
     // SAFETY: the pointer and length describe the hostname bytes.
@@ -361,6 +378,16 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
 /// Creates the ruleset and adds every rule: each path opened `O_PATH` (no read permission
 /// needed), added, closed. A path missing inside is skipped only if the plan says it may be.
 fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
+    landlock_ruleset_with(ll, &[])
+}
+
+/// [`landlock_ruleset`], where `opened[i]`, when it is a descriptor (≥ 0), is rule `i`'s path
+/// already open (a template's zygote opens the paths of its prepared view once); those are used
+/// as they are and left open.
+pub(crate) fn landlock_ruleset_with(
+    ll: &crate::landlock::Ruleset,
+    opened: &[c_int],
+) -> Result<c_int, Fail> {
     let attr = sys::LandlockRulesetAttr {
         handled_access_fs: ll.handled_fs,
         handled_access_net: ll.handled_net,
@@ -368,6 +395,11 @@ fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
     };
     let rs = sys::landlock_create_ruleset(&attr).map_err(at(Step::LandlockRuleset))?;
     for (i, r) in ll.rules.iter().enumerate() {
+        if let Some(&fd) = opened.get(i).filter(|&&fd| fd >= 0) {
+            sys::landlock_add_path_rule(rs, fd, r.access)
+                .map_err(|e| (Step::LandlockRule, i as u32, e))?;
+            continue;
+        }
         let fd = match sys::openat(libc::AT_FDCWD, &r.path, libc::O_PATH, 0) {
             Ok(fd) => fd,
             Err(libc::ENOENT) if r.optional => continue,
@@ -384,7 +416,7 @@ fn landlock_ruleset(ll: &crate::landlock::Ruleset) -> Result<c_int, Fail> {
     Ok(rs)
 }
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     // SAFETY: reading the calling thread's errno slot.
     unsafe { *libc::__errno_location() }
 }
@@ -402,27 +434,31 @@ fn send_dir(sock: c_int, path: &std::ffi::CStr, tag: u8) -> SysResult<()> {
     r
 }
 
-fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
+/// Runs one operation of the view, relative to the working directory (the new root). A `Bind`
+/// takes its source from `plan.sources`: its detached tree if it has one, else the descriptor
+/// opened at step 5.
+pub(crate) fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
+    run_op_with(&plan.sources, op)
+}
+
+/// [`run_op`] with the sources given apart (a template's per-run operations have their own).
+pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult<()> {
     use crate::sys::*;
     match op {
         Op::Mkdir { path, mode } => mkdir_p1(path, *mode),
         // A file mount point. Under a bind of a host directory (`--ro /opt/tool/bin/x`, with `/opt`
         // mirrored) it exists already and belongs to a host user the sandbox may not write as, so
         // it is used as it is rather than opened; a symlink there would aim the bind elsewhere.
-        Op::Touch { path } => match entry_kind(libc::AT_FDCWD, path)? {
-            Some(libc::S_IFLNK) => Err(libc::ELOOP),
-            Some(libc::S_IFDIR) => Err(libc::EISDIR),
-            Some(_) => Ok(()),
-            None => {
-                let fd = openat(
-                    libc::AT_FDCWD,
-                    path,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_RDONLY | libc::O_NOFOLLOW,
-                    0o644,
-                )?;
-                close(fd);
-                Ok(())
-            }
+        // Made with one mknod in the common case (a fresh tmpfs), looked at only if something is
+        // there already.
+        Op::Touch { path } => match mknod_file(path, 0o644) {
+            Err(libc::EEXIST) => match entry_kind(libc::AT_FDCWD, path)? {
+                Some(libc::S_IFLNK) => Err(libc::ELOOP),
+                Some(libc::S_IFDIR) => Err(libc::EISDIR),
+                Some(_) => Ok(()),
+                None => Err(libc::ENOENT),
+            },
+            r => r,
         },
         Op::Symlink { target, path } => symlink(target, path),
         Op::Write { path, data } => {
@@ -458,7 +494,7 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
             path,
             attrs,
         } => {
-            let s = &plan.sources[*source];
+            let s = &sources[*source];
             let tree = if s.tree >= 0 {
                 s.tree
             } else {
@@ -517,24 +553,38 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
         Op::Detach { path } => umount2(path, libc::MNT_DETACH),
         Op::Rmdir { path } => rmdir(path),
         Op::UserNsLimits => {
+            // Each file opened from the directory: one path walk through /proc, not ten.
+            let dir = openat(
+                libc::AT_FDCWD,
+                c"proc/sys/user",
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )?;
+            let mut r = Ok(());
             for &(file, value, required) in USERNS_LIMITS {
-                let fd = match openat(libc::AT_FDCWD, file, libc::O_WRONLY, 0) {
+                let fd = match openat(dir, file, libc::O_WRONLY, 0) {
                     Ok(fd) => fd,
                     // An older kernel without this ceiling (fanotify's before 5.13).
                     Err(libc::ENOENT) if !required => continue,
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
                 };
-                let r = write_all(fd, value);
+                r = write_all(fd, value);
                 close(fd);
-                r?;
+                if r.is_err() {
+                    break;
+                }
             }
-            Ok(())
+            close(dir);
+            r
         }
     }
 }
 
 /// The sandbox's user-namespace ceilings, written while init still holds its capabilities there:
-/// the file (relative to the new root), the value, and whether a kernel must have it. No nested
+/// the file (in the new root's `proc/sys/user`), the value, and whether a kernel must have it. No nested
 /// namespace of any kind but two that setup itself still needs: the cgroup one, which init creates
 /// at step 13, and mount namespaces, of which every `open_tree` clone in the steps after this one
 /// makes an anonymous one (seccomp refuses namespace creation and the mount API to the payload;
@@ -542,16 +592,16 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
 /// the namespace's owner, so the sandbox keeps to a small part of the owner's quota (default 128
 /// instances per user).
 const USERNS_LIMITS: &[(&std::ffi::CStr, &[u8], bool)] = &[
-    (c"proc/sys/user/max_user_namespaces", b"0\n", true),
-    (c"proc/sys/user/max_pid_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_net_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_ipc_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_uts_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_time_namespaces", b"0\n", false),
-    (c"proc/sys/user/max_inotify_instances", b"32\n", false),
-    (c"proc/sys/user/max_inotify_watches", b"16384\n", false),
-    (c"proc/sys/user/max_fanotify_groups", b"0\n", false),
-    (c"proc/sys/user/max_fanotify_marks", b"0\n", false),
+    (c"max_user_namespaces", b"0\n", true),
+    (c"max_pid_namespaces", b"0\n", false),
+    (c"max_net_namespaces", b"0\n", false),
+    (c"max_ipc_namespaces", b"0\n", false),
+    (c"max_uts_namespaces", b"0\n", false),
+    (c"max_time_namespaces", b"0\n", false),
+    (c"max_inotify_instances", b"32\n", false),
+    (c"max_inotify_watches", b"16384\n", false),
+    (c"max_fanotify_groups", b"0\n", false),
+    (c"max_fanotify_marks", b"0\n", false),
 ];
 
 fn loopback_up() -> SysResult<()> {
@@ -645,7 +695,7 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
 
 /// After setup: fork the payload, report whether its exec worked, then reap and forward signals
 /// until it exits. Init's own exit then makes the kernel kill everything left in the namespace.
-fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -> ! {
+pub(crate) fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -> ! {
     let fail = |step: Step, e: i32| -> ! {
         send(
             fds.msg,

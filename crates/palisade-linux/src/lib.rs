@@ -16,6 +16,7 @@
 //! ```
 
 mod child;
+pub mod engine;
 mod error;
 pub mod fs;
 pub mod host;
@@ -25,13 +26,18 @@ pub mod plan;
 pub mod seccomp;
 mod spawn;
 mod sys;
+pub mod wire;
+mod zygote;
 
 pub use child::Step;
+pub use engine::{run_if_init, Engine, InitProgram};
 pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use output::{OutputQueue, Received, Stream};
 pub use plan::{Ids, SockRole, SockSpec};
 pub use spawn::{
-    namespaces_error, spawn, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer, LimitHit, Outcome,
-    Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID, ROOT_MAPPED_IDS,
+    namespaces_error, spawn, spawn_with, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer,
+    LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
+    ROOT_MAPPED_IDS,
 };
+pub use zygote::Template;

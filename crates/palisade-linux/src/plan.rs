@@ -57,7 +57,7 @@ pub const ETC_ENTRIES: &[&str] = &[
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// One host path the child opens (or the supervisor pre-opens) and binds.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Source {
     /// Canonical host path, opened by the child with no symlink resolution at all.
     pub path: CString,
@@ -76,7 +76,7 @@ pub struct Source {
 }
 
 /// One step of building the new root. Paths are relative to the new root (the child's cwd).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Op {
     Mkdir {
         path: CString,
@@ -148,6 +148,74 @@ pub enum Op {
     UserNsLimits,
 }
 
+/// Where a template's per-run init mounts something afresh for every run (relative to the new
+/// root): everything a run can write or that shows its own processes. The rest of the view (the
+/// system directories, `/etc`, `/dev`'s nodes) is the template's, built once and read-only.
+pub const PER_RUN_MOUNTS: &[&str] = &["proc", "dev/pts", "dev/shm", "tmp", "workspace"];
+
+/// Whether the relative `path` is a per-run mount point (`or_equal`) or lies beneath one.
+fn in_per_run(path: &[u8], or_equal: bool) -> bool {
+    PER_RUN_MOUNTS.iter().any(|m| {
+        let m = m.as_bytes();
+        path.starts_with(m)
+            && ((or_equal && path.len() == m.len())
+                || (path.len() > m.len() && path[m.len()] == b'/'))
+    })
+}
+
+/// Whether `op` is done again for every run of a template (`true`) or once for the template's
+/// prepared view (`false`): mounts on or beneath a per-run mount point, and what is created
+/// beneath one, are per run; the mount points themselves, like the rest of the scaffolding, are
+/// the template's. A new kind of operation must say which it is.
+pub fn is_per_run(op: &Op) -> bool {
+    match op {
+        Op::Mkdir { path, .. }
+        | Op::Touch { path }
+        | Op::Symlink { path, .. }
+        | Op::Write { path, .. } => in_per_run(path.as_bytes(), false),
+        Op::Tmpfs { path, .. }
+        | Op::Proc { path }
+        | Op::Devpts { path }
+        | Op::Bind { path, .. }
+        | Op::ReadOnly { path, .. } => in_per_run(path.as_bytes(), true),
+        // A workspace is per run whole (templates refuse one: see zygote.rs).
+        Op::Overlay { .. }
+        | Op::UserXattr { .. }
+        | Op::SendDir { .. }
+        | Op::Detach { .. }
+        | Op::Rmdir { .. } => true,
+        Op::UserNsLimits => true,
+    }
+}
+
+/// Whether the absolute path `inside` (a Landlock rule's) names something a template mounts
+/// afresh for every run, whose inode therefore changes from run to run.
+pub fn is_per_run_path(inside: &[u8]) -> bool {
+    in_per_run(inside.strip_prefix(b"/").unwrap_or(inside), true)
+}
+
+/// The per-run part of a plan: its per-run operations, and the sources their binds take (the
+/// operations' `source` indexes this list).
+#[derive(Debug, Clone, Default)]
+pub struct RunPart {
+    pub sources: Vec<Source>,
+    pub ops: Vec<Op>,
+}
+
+/// The operations of `plan` done for every run of a template, in order, with their sources.
+pub fn run_part(plan: &Plan) -> RunPart {
+    let mut part = RunPart::default();
+    for op in plan.ops.iter().filter(|o| is_per_run(o)) {
+        let mut op = op.clone();
+        if let Op::Bind { source, .. } = &mut op {
+            part.sources.push(plan.sources[*source].clone());
+            *source = part.sources.len() - 1;
+        }
+        part.ops.push(op);
+    }
+    part
+}
+
 /// Signals the whole sandbox may have queued at once (`RLIMIT_SIGPENDING`).
 pub const SIGPENDING: u64 = 1024;
 
@@ -172,6 +240,27 @@ pub struct Exec {
     pub envp: Vec<CString>,
     pub argv_ptrs: Vec<*const c_char>,
     pub envp_ptrs: Vec<*const c_char>,
+}
+
+impl Exec {
+    /// The program's candidate paths, arguments and environment, with the NULL-terminated pointer
+    /// arrays `execve` takes built over them.
+    pub fn new(candidates: Vec<CString>, argv: Vec<CString>, envp: Vec<CString>) -> Exec {
+        let ptrs = |v: &[CString]| -> Vec<*const c_char> {
+            v.iter()
+                .map(|a| a.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
+        Exec {
+            candidates,
+            argv,
+            envp,
+            argv_ptrs,
+            envp_ptrs,
+        }
+    }
 }
 
 // SAFETY: the raw pointers point into the CStrings owned by the same struct, whose heap buffers
@@ -334,7 +423,7 @@ pub fn sockets(policy: &Policy) -> Vec<SockSpec> {
 }
 
 /// Size of the payload's start-up stack: it only runs until exec.
-const PAYLOAD_STACK: usize = 256 * 1024;
+pub const PAYLOAD_STACK: usize = 256 * 1024;
 
 /// What the plan needs to know of the host; a trait so that tests can describe a host.
 pub trait HostFs {
@@ -411,8 +500,10 @@ impl HostFs for RealHost {
     fn readlink(&self, p: &Path) -> Option<PathBuf> {
         std::fs::read_link(p).ok()
     }
+    /// Asked once per process: the kernel's ABI does not change while it runs.
     fn landlock_abi(&self) -> Result<u32, i32> {
-        crate::sys::landlock_abi()
+        static ABI: std::sync::OnceLock<Result<u32, i32>> = std::sync::OnceLock::new();
+        *ABI.get_or_init(crate::sys::landlock_abi)
     }
 }
 
@@ -816,7 +907,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
         scratch_source,
-        seccomp: crate::seccomp::program(policy.allow_ptrace),
+        seccomp: seccomp_program(policy.allow_ptrace),
         rlimits: vec![
             // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
             (
@@ -912,6 +1003,16 @@ fn workspace(
     b.ops.push(Op::Detach { path: at("lower") });
     b.ops.push(Op::Detach { path: c(WS_DIR) });
     b.ops.push(Op::Rmdir { path: c(WS_DIR) });
+}
+
+/// The seccomp program, assembled once per process for each value of `allow_ptrace` (it depends
+/// on nothing else).
+fn seccomp_program(allow_ptrace: bool) -> Vec<crate::seccomp::SockFilter> {
+    static PROGRAMS: [std::sync::OnceLock<Vec<crate::seccomp::SockFilter>>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    PROGRAMS[allow_ptrace as usize]
+        .get_or_init(|| crate::seccomp::program(allow_ptrace))
+        .clone()
 }
 
 /// Plans the protected paths under the host scratch `canon` (docs/policy.md, "Protected
@@ -1279,7 +1380,9 @@ pub fn environment(policy: &Policy) -> Vec<(String, String)> {
     env
 }
 
-fn exec_plan(policy: &Policy) -> Result<Exec, SetupError> {
+/// The program of `policy`: its candidate paths in the sandbox's `PATH`, its arguments and its
+/// environment.
+pub fn exec_plan(policy: &Policy) -> Result<Exec, SetupError> {
     let env = environment(policy);
     let prog = &policy.command[0];
     let candidates: Vec<CString> = if prog.contains('/') {
@@ -1302,23 +1405,18 @@ fn exec_plan(policy: &Policy) -> Result<Exec, SetupError> {
     }
     let argv: Vec<CString> = policy.command.iter().map(c).collect();
     let envp: Vec<CString> = env.iter().map(|(n, v)| c(format!("{n}={v}"))).collect();
-    let mut argv_ptrs: Vec<*const c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut envp_ptrs: Vec<*const c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-    envp_ptrs.push(std::ptr::null());
-    Ok(Exec {
-        candidates,
-        argv,
-        envp,
-        argv_ptrs,
-        envp_ptrs,
-    })
+    Ok(Exec::new(candidates, argv, envp))
 }
 
 /// A human description of op `i`, for error messages.
 pub fn describe(plan: &Plan, i: usize) -> String {
+    describe_op(&plan.ops, &plan.sources, i)
+}
+
+/// [`describe`] for a list of operations and the sources they bind (a plan's, or a run's part).
+pub fn describe_op(ops: &[Op], sources: &[Source], i: usize) -> String {
     let show = |p: &CString| format!("/{}", p.to_string_lossy());
-    match plan.ops.get(i) {
+    match ops.get(i) {
         Some(Op::Mkdir { path, .. }) => format!("create directory {}", show(path)),
         Some(Op::Touch { path }) => format!("create mount point {}", show(path)),
         Some(Op::Symlink { path, .. }) => format!("create symlink {}", show(path)),
@@ -1328,7 +1426,7 @@ pub fn describe(plan: &Plan, i: usize) -> String {
         Some(Op::Devpts { .. }) => "mount a private devpts on /dev/pts".into(),
         Some(Op::Bind { source, path, .. }) => format!(
             "bind host {} on {}",
-            plan.sources[*source].path.to_string_lossy(),
+            sources.get(*source).map_or(String::new(), |s| s.path.to_string_lossy().into_owned()),
             show(path)
         ),
         Some(Op::ReadOnly { path, .. }) => format!("make {} read-only", show(path)),
@@ -1854,6 +1952,78 @@ mod tests {
         assert!(e.argv_ptrs[3].is_null());
         let p = Policy::new(["./run.sh"]).unwrap();
         assert_eq!(exec_plan(&p).unwrap().candidates, vec![c("./run.sh")]);
+    }
+
+    /// A template builds the system part of the view once; every run mounts what it may write
+    /// or what shows its processes, and creates nothing in the shared part.
+    #[test]
+    fn a_templates_view_splits_into_the_prepared_part_and_the_per_run_part() {
+        let h = FakeHost::new("split", Ok(6));
+        let mut p = Policy::new(["true"]).unwrap();
+        p.binds.push(h.bind("data", "/data", false));
+        p.binds.push(h.bind("out", "/tmp/out", true));
+        let plan = build(&p, ids(), &h).unwrap();
+        let show = |o: &Op| match o {
+            Op::Mkdir { path, .. } => format!("mkdir {}", path.to_string_lossy()),
+            Op::Touch { path } => format!("touch {}", path.to_string_lossy()),
+            Op::Symlink { path, .. } => format!("symlink {}", path.to_string_lossy()),
+            Op::Write { path, .. } => format!("write {}", path.to_string_lossy()),
+            Op::Tmpfs { path, .. } => format!("tmpfs {}", path.to_string_lossy()),
+            Op::Proc { path } => format!("proc {}", path.to_string_lossy()),
+            Op::Devpts { path } => format!("devpts {}", path.to_string_lossy()),
+            Op::Bind { path, .. } => format!("bind {}", path.to_string_lossy()),
+            Op::ReadOnly { path, .. } => format!("read-only {}", path.to_string_lossy()),
+            Op::UserNsLimits => "user-ns-limits".into(),
+            other => panic!("a workspace's operation in a template's plan: {other:?}"),
+        };
+        let per_run: Vec<String> = plan
+            .ops
+            .iter()
+            .filter(|o| is_per_run(o))
+            .map(show)
+            .collect();
+        assert_eq!(
+            per_run,
+            [
+                "proc proc",
+                "user-ns-limits",
+                "read-only proc/sys",
+                "read-only proc/sysrq-trigger",
+                "devpts dev/pts",
+                "tmpfs dev/shm",
+                "tmpfs tmp",
+                "tmpfs workspace",
+                "mkdir tmp/out",
+                "bind tmp/out",
+            ]
+        );
+        // Mount points are the template's; /data is a bind of the prepared view.
+        let prepared: Vec<String> = plan
+            .ops
+            .iter()
+            .filter(|o| !is_per_run(o))
+            .map(show)
+            .collect();
+        for x in [
+            "mkdir proc",
+            "mkdir dev/shm",
+            "mkdir tmp",
+            "mkdir workspace",
+            "bind data",
+            "tmpfs dev",
+        ] {
+            assert!(prepared.iter().any(|p| p == x), "{x} not in {prepared:?}");
+        }
+        // The per-run part carries its own sources: the bind under /tmp, re-indexed.
+        let part = run_part(&plan);
+        assert_eq!(part.ops.len(), per_run.len());
+        assert_eq!(part.sources.len(), 1);
+        assert!(part.sources[0].path.to_bytes().ends_with(b"/out"));
+        assert!(matches!(part.ops[9], Op::Bind { source: 0, .. }));
+        // Landlock rules on per-run mounts are opened per run.
+        assert!(is_per_run_path(b"/tmp") && is_per_run_path(b"/workspace/x"));
+        assert!(!is_per_run_path(b"/dev") && !is_per_run_path(b"/data") && !is_per_run_path(b"/"));
+        assert!(!is_per_run_path(b"/tmpx") && !is_per_run_path(b"/procfs"));
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! The supervisor side: prepare the plan, `clone3` the sandbox's init into new namespaces, write
-//! its id maps, relay its output, and collect how it ended.
+//! The supervisor side: prepare the plan, start the sandbox's init in new namespaces (a fork-like
+//! `clone3`, or palisade's init program exec'd: see `engine`), write its id maps, relay its
+//! output, and collect how it ended. A template's runs (`zygote`) share the parts after the init
+//! exists (`Running::complete` and the loop).
 //!
 //! A [`Running`] sandbox owns every resource of one run (pidfd, pipes, pty master); dropping it
 //! kills the sandbox. Nothing here is global: one process can hold many of them at once.
 
 use crate::child::{self, ChildFds, Msg, Step};
+use crate::engine::Engine;
 use crate::error::SetupError;
 use crate::landlock::LandlockState;
 use crate::output::{OutputQueue, Stream};
@@ -163,6 +166,10 @@ pub struct Running {
     pid: i32,
     pidfd: Arc<OwnedFd>,
     msg: File,
+    /// The supervisor's end of the init's socket, until the payload has started.
+    go_w: Option<OwnedFd>,
+    /// Where the init sends the pty master (with a terminal), until it has.
+    pty_parent: Option<OwnedFd>,
     stdout: Option<File>,
     stderr: Option<File>,
     pty: Option<File>,
@@ -192,6 +199,8 @@ pub struct Running {
     egress: Vec<(plan::SockSpec, OwnedFd)>,
     /// CPU the spawning thread spent setting the sandbox up.
     setup_cpu: Duration,
+    /// Which engine started it (`in-process`, `exec`, `template`).
+    engine: &'static str,
     /// With a workspace: the root of its private tmpfs (see [`plan::WORKSPACE_TAG`]), and the
     /// host directory under it.
     workspace: Option<(OwnedFd, plan::WorkspaceBase)>,
@@ -296,7 +305,7 @@ const INPUT_BUFFER: usize = 64 * 1024;
 /// Once init is gone, how long the supervisor keeps draining output it had not read yet.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
-fn io_err(op: &'static str) -> impl Fn(io::Error) -> SetupError {
+pub(crate) fn io_err(op: &'static str) -> impl Fn(io::Error) -> SetupError {
     move |source| SetupError::Supervisor { op, source }
 }
 
@@ -308,7 +317,7 @@ fn last_os(op: &'static str) -> SetupError {
 }
 
 /// A pipe whose ends are close-on-exec and numbered ≥ 3 (so the child can dup2 onto 0..2 freely).
-fn pipe() -> Result<(OwnedFd, OwnedFd), SetupError> {
+pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), SetupError> {
     let mut p = [0 as c_int; 2];
     // SAFETY: pipe2 fills the array with two new descriptors that we then own.
     if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -319,7 +328,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SetupError> {
     Ok((above2(r)?, above2(w)?))
 }
 
-fn above2(fd: OwnedFd) -> Result<OwnedFd, SetupError> {
+pub(crate) fn above2(fd: OwnedFd) -> Result<OwnedFd, SetupError> {
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }
@@ -332,7 +341,7 @@ fn above2(fd: OwnedFd) -> Result<OwnedFd, SetupError> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-fn devnull() -> Result<OwnedFd, SetupError> {
+pub(crate) fn devnull() -> Result<OwnedFd, SetupError> {
     let f = File::options()
         .read(true)
         .write(true)
@@ -344,7 +353,25 @@ fn devnull() -> Result<OwnedFd, SetupError> {
 /// The ids the payload gets, what they map to on the host, and (root only) the device and inode
 /// of the scratch directory they were read from, which the plan must then mount.
 #[allow(clippy::type_complexity)]
-fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLease>), SetupError> {
+pub(crate) fn choose_ids(
+    policy: &Policy,
+) -> Result<(Ids, Option<(u64, u64)>, Option<IdLease>), SetupError> {
+    let (mut ids, seen) = inside_ids(policy)?;
+    if !ids.privileged {
+        return Ok((ids, seen, None));
+    }
+    let (host, lease) = match claim_root_id() {
+        Some((id, lease)) => (id, Some(lease)),
+        None => (ROOT_MAPPED_ID, None),
+    };
+    ids.host_uid = host;
+    ids.host_gid = host;
+    Ok((ids, seen, lease))
+}
+
+/// [`choose_ids`] without claiming a host id: for a root launch the host ids are left at
+/// [`ROOT_MAPPED_ID`]. Checks an unprivileged caller can write the scratch directory.
+pub(crate) fn inside_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> {
     // SAFETY: trivially safe id queries.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     // Root in a user namespace that lacks ROOT_MAPPED_ID (a rootless container, `unshare -r`)
@@ -367,17 +394,14 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
                 });
             }
         }
-        return Ok((
-            Ids {
-                uid: euid,
-                gid: egid,
-                host_uid: euid,
-                host_gid: egid,
-                privileged: false,
-            },
-            None,
-            None,
-        ));
+        let ids = Ids {
+            uid: euid,
+            gid: egid,
+            host_uid: euid,
+            host_gid: egid,
+            privileged: false,
+        };
+        return Ok((ids, None));
     }
     // Root: the payload is the scratch directory's owner inside (root for an ephemeral scratch),
     // mapped to ROOT_MAPPED_ID outside. The scratch is then idmapped through the same namespace,
@@ -389,26 +413,25 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
             (meta.uid(), meta.gid(), Some((meta.dev(), meta.ino())))
         }
     };
-    let (host, lease) = match claim_root_id() {
-        Some((id, lease)) => (id, Some(lease)),
-        None => (ROOT_MAPPED_ID, None),
+    let ids = Ids {
+        uid,
+        gid,
+        host_uid: ROOT_MAPPED_ID,
+        host_gid: ROOT_MAPPED_ID,
+        privileged: true,
     };
-    Ok((
-        Ids {
-            uid,
-            gid,
-            host_uid: host,
-            host_gid: host,
-            privileged: true,
-        },
-        seen,
-        lease,
-    ))
+    Ok((ids, seen))
 }
 
 /// Whether the ROOT_MAPPED_ID range exists as uids and gids in this process's user namespace
 /// (always in the initial one, whose maps cover every id).
 fn root_mapped_id_exists() -> bool {
+    // Once per process: a process's own user namespace and its maps do not change.
+    static EXISTS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EXISTS.get_or_init(root_mapped_id_in_maps)
+}
+
+fn root_mapped_id_in_maps() -> bool {
     let last = ROOT_MAPPED_ID + (ROOT_MAPPED_IDS - 1);
     let has = |file: &str| {
         std::fs::read_to_string(file)
@@ -429,7 +452,7 @@ fn id_in_map(map: &str, id: u32) -> bool {
     })
 }
 
-fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError> {
+pub(crate) fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(), SetupError> {
     std::fs::write(format!("/proc/{pid}/{file}"), data)
         .map_err(|source| SetupError::IdMap { file, source })
 }
@@ -446,13 +469,158 @@ pub fn spawn(
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
 ) -> Result<Running, SetupError> {
+    spawn_with(policy, stdin, before_start, &Engine::InProcess)
+}
+
+/// [`spawn`] with the sandbox's init started by `engine`.
+pub fn spawn_with(
+    policy: &Policy,
+    stdin: Stdin,
+    before_start: Option<BeforeStart<'_>>,
+    engine: &Engine,
+) -> Result<Running, SetupError> {
     let setup_cpu0 = sys::thread_cpu_time();
     let (ids, scratch_seen, lease) = choose_ids(policy)?;
     // a. The plan: every path resolved and checked, every string converted; nothing on the host
     //    touched before it passes, and the child never allocates after it.
     let mut plan = plan::build(policy, ids, &plan::RealHost)?;
-    // The ids came from the scratch directory's owner: the directory the plan mounts (and the child
-    // checks again by device and inode) must be that same one, not one swapped in meanwhile.
+    check_scratch(&plan, scratch_seen)?;
+
+    // b. Pipes and sockets for messages, output and input, close-on-exec and numbered >= 3.
+    let ch = channels(policy.tty, stdin)?;
+    let (msg_w, go_r) = (ch.init_fd(&ch.msg_w), ch.init_fd(&ch.go_r));
+    let mut keep: Vec<c_int> = vec![msg_w, go_r];
+    keep.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
+
+    // c. Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
+    let trees = open_trees(&mut plan.sources)?;
+    keep.extend(trees.iter().map(|t| t.as_raw_fd()));
+    keep.sort_unstable();
+    let fds = ChildFds {
+        stdio: ch.stdio,
+        msg: msg_w,
+        go: go_r,
+        pty_sock: ch.pty_child.as_ref().map_or(-1, |p| p.as_raw_fd()),
+        keep,
+    };
+
+    // d. clone3. Root: the user namespace is created with this thread's effective ids switched to the
+    //    run's host id, so that the namespace's owner is that id, not host root. The kernel
+    //    charges a namespace's per-user counts (inotify instances, fanotify groups, queued signals,
+    //    processes) to its owner as well, up the chain: owned by root, a sandbox could use up host
+    //    root's own quotas for every root process on the host (audit F3). Only this thread
+    //    changes, for the length of the clone3; the child starts with those ids too.
+    let switched = switch_ids(ids)?;
+    let started = Instant::now();
+    let (pid, pidfd) = match engine {
+        Engine::InProcess => {
+            // SAFETY: the child branch calls child::init, which is async-signal-safe (see its
+            // module doc) and never returns.
+            let cloned = unsafe { sys::clone3(NAMESPACES) };
+            match cloned {
+                Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
+                Ok(sys::Forked::Parent { pid, pidfd }) => {
+                    // SAFETY: clone3 returned a new pidfd that we own.
+                    (pid, unsafe { OwnedFd::from_raw_fd(pidfd) })
+                }
+                Err(e) => {
+                    drop(switched);
+                    return Err(namespaces_error(e));
+                }
+            }
+        }
+        Engine::Exec(prog) => {
+            // The init program gets the payload's streams on 0, 1, 2 already, and the same
+            // numbers for everything else it keeps.
+            let sent = ChildFds {
+                stdio: [0, 1, 2],
+                msg: fds.msg,
+                go: fds.go,
+                pty_sock: fds.pty_sock,
+                keep: fds.keep.clone(),
+            };
+            let started = crate::engine::exec_in_namespaces(
+                prog,
+                NAMESPACES,
+                "init",
+                crate::engine::INIT_ARGV0,
+                &[fds.go, fds.msg],
+                fds.stdio,
+                &fds.keep,
+            );
+            let s = match started {
+                Ok(s) => s,
+                Err(e) => {
+                    drop(switched);
+                    return Err(exec_error(e));
+                }
+            };
+            // Its first read: the descriptors and the plan. If it is already gone, its own
+            // error is on the message pipe, read below.
+            let _ = sys::send_all(ch.go_w_raw(), &crate::engine::init_message(&sent, &plan));
+            (s.pid, s.pidfd)
+        }
+    };
+    drop(switched);
+    let mut running = Running::new(
+        pid,
+        pidfd,
+        ch,
+        started,
+        ids,
+        lease,
+        policy,
+        &plan,
+        engine.name(),
+    )?;
+
+    // e. The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
+    // setgroups is denied (otherwise dropping a group could grant access, CVE-2014-8989).
+    if ids.privileged {
+        write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
+        write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+        // f. The writable trees idmapped through the sandbox's user namespace.
+        if plan.sources.iter().any(|s| s.idmap) {
+            let ns = File::open(format!("/proc/{pid}/ns/user"))
+                .map_err(io_err("open the sandbox's user namespace"))?;
+            idmap_trees(&plan.sources, ns.as_raw_fd())?;
+        }
+    } else {
+        write_proc(pid, "setgroups", "deny")?;
+        write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
+        write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+    }
+    drop(trees);
+    // g. "go": init goes on with its steps 3-12.
+    sys::write_all(running.go_w(), b"g").map_err(|e| SetupError::Supervisor {
+        op: "start the sandbox",
+        source: io::Error::from_raw_os_error(e),
+    })?;
+    let views = Views {
+        sources: &plan.sources,
+        ops: &plan.ops,
+        plan: &plan,
+        program: &policy.command[0],
+    };
+    running.complete(before_start, None, &views, setup_cpu0)?;
+    Ok(running)
+}
+
+/// What a setup error's index refers to: the sources and operations the init ran (a template's
+/// per-run init runs a part of its own), and the plan for the rest.
+pub(crate) struct Views<'a> {
+    pub sources: &'a [plan::Source],
+    pub ops: &'a [plan::Op],
+    pub plan: &'a plan::Plan,
+    pub program: &'a str,
+}
+
+/// The ids came from the scratch directory's owner: the directory the plan mounts (and the child
+/// checks again by device and inode) must be that same one, not one swapped in meanwhile.
+pub(crate) fn check_scratch(
+    plan: &plan::Plan,
+    scratch_seen: Option<(u64, u64)>,
+) -> Result<(), SetupError> {
     if let (Some(seen), Some(i)) = (scratch_seen, plan.scratch_source) {
         let s = &plan.sources[i];
         if (s.dev, s.ino) != seen {
@@ -464,22 +632,150 @@ pub fn spawn(
             });
         }
     }
+    Ok(())
+}
 
-    // b. Pipes and sockets for messages, output and input, close-on-exec and numbered >= 3.
+/// Root: this thread's effective ids switched to the run's host id while the user namespace is
+/// created (see step d); `None` unprivileged.
+pub(crate) fn switch_ids(ids: Ids) -> Result<Option<sys::EffectiveIds>, SetupError> {
+    if !ids.privileged {
+        return Ok(None);
+    }
+    sys::EffectiveIds::switch(ids.host_uid, ids.host_gid)
+        .map(Some)
+        .map_err(|e| SetupError::Supervisor {
+            op: "switch to the run's host id to create its user namespace",
+            source: io::Error::from_raw_os_error(e),
+        })
+}
+
+/// The error for a failed start of an engine process (see `engine::exec_in_namespaces`).
+pub(crate) fn exec_error((op, e): (&'static str, i32)) -> SetupError {
+    if op == "clone" {
+        return namespaces_error(e);
+    }
+    SetupError::Supervisor {
+        op,
+        source: io::Error::from_raw_os_error(e),
+    }
+}
+
+/// Root: each writable tree idmapped through the user namespace `userns`, so that files written
+/// inside land on disk owned by the scratch directory's owner.
+pub(crate) fn idmap_trees(sources: &[plan::Source], userns: c_int) -> Result<(), SetupError> {
+    for s in sources.iter().filter(|s| s.idmap && s.tree >= 0) {
+        let attrs = sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+        let flags = libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32;
+        sys::mount_setattr(s.tree, c"", flags, attrs, 0, userns).map_err(|e| {
+            SetupError::HostMount {
+                what: "an idmapped mount of",
+                path: s.path.to_string_lossy().into_owned().into(),
+                source: io::Error::from_raw_os_error(e),
+                hint: "; the file system must support idmapped mounts (ext4, xfs, btrfs, tmpfs on Linux 6.3+)",
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Root: the sources the supervisor opens itself (see plan::Source::in_supervisor), each as a
+/// detached mount tree, checked by device and inode; `tree` set in each. The trees are returned
+/// for the caller to hold until the init has them.
+pub(crate) fn open_trees(sources: &mut [plan::Source]) -> Result<Vec<OwnedFd>, SetupError> {
+    let mut trees: Vec<OwnedFd> = Vec::new();
+    for s in sources.iter_mut().filter(|s| s.in_supervisor) {
+        let path = std::path::PathBuf::from(s.path.to_string_lossy().into_owned());
+        let hm = |source: i32, hint: &'static str| SetupError::HostMount {
+            what: "bind source",
+            path: path.clone(),
+            source: io::Error::from_raw_os_error(source),
+            hint,
+        };
+        let fd = sys::open_path_noresolve(
+            &s.path,
+            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+        )
+        .map_err(|e| hm(e, ""))?;
+        // SAFETY: fd was just opened and is ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        if sys::dev_ino(fd.as_raw_fd()) != Ok((s.dev, s.ino)) {
+            return Err(hm(
+                libc::ESTALE,
+                " (it changed while palisade was checking it)",
+            ));
+        }
+        let flags = sys::OPEN_TREE_CLONE
+            | sys::OPEN_TREE_CLOEXEC
+            | libc::AT_EMPTY_PATH as u32
+            | libc::AT_RECURSIVE as u32;
+        let t = sys::open_tree(fd.as_raw_fd(), c"", flags).map_err(|e| hm(e, ""))?;
+        // SAFETY: t was just created and is ours.
+        let t = above2(unsafe { OwnedFd::from_raw_fd(t) })?;
+        s.tree = t.as_raw_fd();
+        trees.push(t);
+    }
+    Ok(trees)
+}
+
+/// The descriptors of one run, the supervisor's side and the init's.
+pub(crate) struct Channels {
+    msg_r: OwnedFd,
+    pub msg_w: Option<OwnedFd>,
+    go_w: OwnedFd,
+    pub go_r: Option<OwnedFd>,
+    pty_parent: Option<OwnedFd>,
+    pub pty_child: Option<OwnedFd>,
+    /// The init's ends of the standard streams (closed here once the init has its own).
+    pub child_side: Vec<OwnedFd>,
+    /// What becomes the payload's 0, 1, 2 (numbers in `child_side`, or the caller's own 0).
+    pub stdio: [c_int; 3],
+    out_r: Option<OwnedFd>,
+    err_r: Option<OwnedFd>,
+    stdin_w: Option<OwnedFd>,
+    relay_from: Option<RawFd>,
+    stdin_bytes: Vec<u8>,
+    feeds_bytes: bool,
+}
+
+impl Channels {
+    /// The supervisor's end of the init's socket.
+    pub(crate) fn go_w_raw(&self) -> c_int {
+        self.go_w.as_raw_fd()
+    }
+
+    /// The supervisor's end of the init's message pipe.
+    pub(crate) fn msg_r_raw(&self) -> c_int {
+        self.msg_r.as_raw_fd()
+    }
+
+    /// Closes the init's ends here, once the init has its own copies: the message pipe then ends
+    /// when the init (and whoever else held it) is gone.
+    pub(crate) fn init_fd(&self, fd: &Option<OwnedFd>) -> c_int {
+        fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    pub(crate) fn close_init_side(&mut self) {
+        self.msg_w = None;
+        self.go_r = None;
+        self.pty_child = None;
+        self.child_side.clear();
+    }
+}
+
+/// Pipes and sockets for messages, output and input of one run, close-on-exec and numbered ≥ 3.
+/// The payload's stdin: /dev/null, the caller's own (never a terminal: relayed through a pipe
+/// instead), or a pipe the supervisor (bytes) or the caller (Stdin::Pipe) writes into.
+pub(crate) fn channels(tty: bool, stdin: Stdin) -> Result<Channels, SetupError> {
     let (msg_r, msg_w) = pipe()?;
     let (go_w, go_r) = socketpair()?;
-    let mut keep: Vec<c_int> = vec![msg_w.as_raw_fd(), go_r.as_raw_fd()];
     let mut child_side: Vec<OwnedFd> = Vec::new();
-    // The payload's stdin: /dev/null, the caller's own (never a terminal: relayed through a pipe
-    // instead), or a pipe the supervisor (bytes) or the caller (Stdin::Pipe) writes into.
     let mut stdin_w: Option<OwnedFd> = None;
     let mut relay_from: Option<RawFd> = None;
     let mut stdin_bytes = Vec::new();
     let feeds_bytes = matches!(stdin, Stdin::Bytes(_));
-    let (stdio, out_r, err_r, pty_parent, pty_child) = if policy.tty {
+    let (stdio, out_r, err_r, pty_parent, pty_child) = if tty {
         let null = devnull()?;
         let (a, b) = socketpair()?;
-        keep.push(b.as_raw_fd());
         let n = null.as_raw_fd();
         child_side.push(null);
         ([n, n, n], None, None, Some(a), Some(b))
@@ -523,255 +819,230 @@ pub fn spawn(
         child_side.push(ew);
         (s, Some(or), Some(er), None, None)
     };
-
-    // c. Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
-    let mut trees: Vec<OwnedFd> = Vec::new();
-    for s in plan.sources.iter_mut().filter(|s| s.in_supervisor) {
-        let path = std::path::PathBuf::from(s.path.to_string_lossy().into_owned());
-        let hm = |source: i32, hint: &'static str| SetupError::HostMount {
-            what: "bind source",
-            path: path.clone(),
-            source: io::Error::from_raw_os_error(source),
-            hint,
-        };
-        let fd = sys::open_path_noresolve(
-            &s.path,
-            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
-        )
-        .map_err(|e| hm(e, ""))?;
-        // SAFETY: fd was just opened and is ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        if sys::dev_ino(fd.as_raw_fd()) != Ok((s.dev, s.ino)) {
-            return Err(hm(
-                libc::ESTALE,
-                " (it changed while palisade was checking it)",
-            ));
-        }
-        let flags = sys::OPEN_TREE_CLONE
-            | sys::OPEN_TREE_CLOEXEC
-            | libc::AT_EMPTY_PATH as u32
-            | libc::AT_RECURSIVE as u32;
-        let t = sys::open_tree(fd.as_raw_fd(), c"", flags).map_err(|e| hm(e, ""))?;
-        // SAFETY: t was just created and is ours.
-        let t = above2(unsafe { OwnedFd::from_raw_fd(t) })?;
-        s.tree = t.as_raw_fd();
-        keep.push(t.as_raw_fd());
-        trees.push(t);
-    }
-    keep.sort_unstable();
-    let fds = ChildFds {
+    Ok(Channels {
+        msg_r,
+        msg_w: Some(msg_w),
+        go_w,
+        go_r: Some(go_r),
+        pty_parent,
+        pty_child,
+        child_side,
         stdio,
-        msg: msg_w.as_raw_fd(),
-        go: go_r.as_raw_fd(),
-        pty_sock: pty_child.as_ref().map_or(-1, |p| p.as_raw_fd()),
-        keep,
-    };
-
-    // d. clone3. Root: the user namespace is created with this thread's effective ids switched to the
-    //    run's host id, so that the namespace's owner is that id, not host root. The kernel
-    //    charges a namespace's per-user counts (inotify instances, fanotify groups, queued signals,
-    //    processes) to its owner as well, up the chain: owned by root, a sandbox could use up host
-    //    root's own quotas for every root process on the host (audit F3). Only this thread
-    //    changes, for the length of the clone3; the child starts with those ids too.
-    let switched = if ids.privileged {
-        Some(
-            sys::EffectiveIds::switch(ids.host_uid, ids.host_gid).map_err(|e| {
-                SetupError::Supervisor {
-                    op: "switch to the run's host id to create its user namespace",
-                    source: io::Error::from_raw_os_error(e),
-                }
-            })?,
-        )
-    } else {
-        None
-    };
-    let started = Instant::now();
-    // SAFETY: the child branch calls child::init, which is async-signal-safe (see its module doc)
-    // and never returns.
-    let cloned = unsafe { sys::clone3(NAMESPACES) };
-    let (pid, pidfd) = match cloned {
-        Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
-        Ok(sys::Forked::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => {
-            drop(switched);
-            return Err(namespaces_error(e));
-        }
-    };
-    drop(switched);
-    // SAFETY: clone3 returned a new pidfd that we own.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop((msg_w, go_r, pty_child, child_side));
-    // Our ends of the pipes never block the supervisor's loop (see Running::wait). A stdin end
-    // the caller takes (Stdin::Pipe, Stdin::Socket) stays blocking: the caller writes it from
-    // its own thread.
-    let loop_feeds = relay_from.is_some() || feeds_bytes;
-    let fed = stdin_w.as_ref().filter(|_| loop_feeds);
-    for f in [out_r.as_ref(), err_r.as_ref(), fed].into_iter().flatten() {
-        sys::set_nonblocking(f.as_raw_fd()).map_err(|e| SetupError::Supervisor {
-            op: "make the output pipes non-blocking",
-            source: io::Error::from_raw_os_error(e),
-        })?;
-    }
-    let mut running = Running {
-        pid,
-        pidfd: Arc::new(pidfd),
-        msg: File::from(msg_r),
-        stdout: out_r.map(File::from),
-        stderr: err_r.map(File::from),
-        pty: None,
-        stdin_w: stdin_w.map(File::from),
-        loop_feeds_stdin: loop_feeds,
-        stdin_bytes,
+        out_r,
+        err_r,
+        stdin_w,
         relay_from,
-        started,
-        ids,
-        _lease: lease,
-        limits: policy.limits,
-        landlock: plan.landlock.state(),
-        protection: plan.protection.clone(),
-        notify: None,
-        denied: Vec::new(),
-        cancelled: Arc::new(AtomicBool::new(false)),
-        done: false,
-        egress: Vec::new(),
-        setup_cpu: Duration::ZERO,
-        workspace: None,
-    };
+        stdin_bytes,
+        feeds_bytes,
+    })
+}
 
-    // e. The maps. Unprivileged, the kernel allows exactly one id mapped to ourselves, and only after
-    // setgroups is denied (otherwise dropping a group could grant access, CVE-2014-8989).
-    if ids.privileged {
-        write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
-        write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
-        // f. The writable trees idmapped through the sandbox's user namespace.
-        if plan.sources.iter().any(|s| s.idmap) {
-            let ns = File::open(format!("/proc/{pid}/ns/user"))
-                .map_err(io_err("open the sandbox's user namespace"))?;
-            for s in plan.sources.iter().filter(|s| s.idmap) {
-                let attrs = sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
-                sys::mount_setattr(s.tree, c"", libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32, attrs, 0, ns.as_raw_fd())
-                    .map_err(|e| SetupError::HostMount {
-                        what: "an idmapped mount of",
-                        path: s.path.to_string_lossy().into_owned().into(),
-                        source: io::Error::from_raw_os_error(e),
-                        hint: "; the file system must support idmapped mounts (ext4, xfs, btrfs, tmpfs on Linux 6.3+)",
-                    })?;
-            }
-        }
-    } else {
-        write_proc(pid, "setgroups", "deny")?;
-        write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
-        write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
-    }
-    drop(trees);
-    // g. "go": init goes on with its steps 3-12.
-    sys::write_all(go_w.as_raw_fd(), b"g").map_err(|e| SetupError::Supervisor {
-        op: "start the sandbox",
-        source: io::Error::from_raw_os_error(e),
-    })?;
-    // h. While init builds the view: the caller's hook (the cgroup), then "j", which init waits for
-    // before it starts the payload.
-    let files = match before_start {
-        Some(hook) => hook(pid).map_err(|source| SetupError::Supervisor {
-            op: "place the sandbox in its cgroup",
-            source,
-        })?,
-        None => Vec::new(),
-    };
-    let raw: Vec<c_int> = files.iter().map(|f| f.as_raw_fd()).collect();
-    // If init is gone already, sending fails; its own error message is then on the msg pipe, read
-    // below, and is the one worth reporting.
-    let _ = sys::send_fds(go_w.as_raw_fd(), b'j', &raw);
-    drop(files);
-    // go_w stays open until the payload has started: init checks it for a hang-up after
-    // re-arming its parent-death signal (see child.rs, step 3).
-
-    if let Some(sock) = pty_parent {
-        let mut got = [-1 as c_int; sys::MAX_FDS];
-        if let Ok((_, n)) = sys::recv_fds(sock.as_raw_fd(), &mut got) {
-            // SAFETY: the kernel just installed these descriptors in our table; we own them.
-            let mut owned: Vec<OwnedFd> = got[..n]
-                .iter()
-                .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
-                .collect();
-            running.pty = (!owned.is_empty()).then(|| File::from(owned.swap_remove(0)));
-        }
-        if let Some(p) = &running.pty {
-            // Ours alone (init closed its copy): writes of the caller's input never block.
-            sys::set_nonblocking(p.as_raw_fd()).map_err(|e| SetupError::Supervisor {
-                op: "make the pty non-blocking",
+impl Running {
+    /// A run whose init exists: the init's ends of `ch` are closed here (the init has its own),
+    /// the supervisor's kept.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        pid: i32,
+        pidfd: OwnedFd,
+        ch: Channels,
+        started: Instant,
+        ids: Ids,
+        lease: Option<IdLease>,
+        policy: &Policy,
+        plan: &plan::Plan,
+        engine: &'static str,
+    ) -> Result<Running, SetupError> {
+        let Channels {
+            msg_r,
+            msg_w,
+            go_w,
+            go_r,
+            pty_parent,
+            pty_child,
+            child_side,
+            out_r,
+            err_r,
+            stdin_w,
+            relay_from,
+            stdin_bytes,
+            feeds_bytes,
+            ..
+        } = ch;
+        drop((msg_w, go_r, pty_child, child_side));
+        // Our ends of the pipes never block the supervisor's loop (see Running::wait). A stdin
+        // end the caller takes (Stdin::Pipe, Stdin::Socket) stays blocking: the caller writes it
+        // from its own thread.
+        let loop_feeds = relay_from.is_some() || feeds_bytes;
+        let fed = stdin_w.as_ref().filter(|_| loop_feeds);
+        for f in [out_r.as_ref(), err_r.as_ref(), fed].into_iter().flatten() {
+            sys::set_nonblocking(f.as_raw_fd()).map_err(|e| SetupError::Supervisor {
+                op: "make the output pipes non-blocking",
                 source: io::Error::from_raw_os_error(e),
             })?;
         }
+        Ok(Running {
+            pid,
+            pidfd: Arc::new(pidfd),
+            msg: File::from(msg_r),
+            go_w: Some(go_w),
+            pty_parent,
+            stdout: out_r.map(File::from),
+            stderr: err_r.map(File::from),
+            pty: None,
+            stdin_w: stdin_w.map(File::from),
+            loop_feeds_stdin: loop_feeds,
+            stdin_bytes,
+            relay_from,
+            started,
+            ids,
+            _lease: lease,
+            limits: policy.limits,
+            landlock: plan.landlock.state(),
+            protection: plan.protection.clone(),
+            notify: None,
+            denied: Vec::new(),
+            cancelled: Arc::new(AtomicBool::new(false)),
+            done: false,
+            egress: Vec::new(),
+            setup_cpu: Duration::ZERO,
+            engine,
+            workspace: None,
+        })
     }
-    let mut b = [0u8; 16];
-    let n = sys::read_full(running.msg.as_raw_fd(), &mut b).unwrap_or(0);
-    if n != 16 {
-        return Err(SetupError::InitVanished);
+
+    /// The supervisor's end of the init's socket (until the payload has started).
+    pub(crate) fn go_w(&self) -> c_int {
+        self.go_w.as_ref().map_or(-1, |g| g.as_raw_fd())
     }
-    let m = Msg::from_bytes(&b);
-    if m.kind == child::MSG_STARTED {
-        let mut got = [-1 as c_int; sys::MAX_FDS];
-        // A workspace's tmpfs, sent while init built the view.
-        if let Some(base) = &plan.workspace {
-            match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
-                Ok((plan::WORKSPACE_TAG, 1)) => {
-                    // SAFETY: the kernel just installed this descriptor in our table; we own it.
-                    let fd = unsafe { OwnedFd::from_raw_fd(got[0]) };
-                    running.workspace = Some((fd, base.clone()));
-                }
-                _ => {
-                    return Err(SetupError::Supervisor {
-                        op: "receive the workspace's upper layer",
-                        source: io::Error::from_raw_os_error(libc::EPROTO),
-                    })
-                }
+
+    /// The rest of the start, once the init runs its setup: the caller's hook (the cgroup) and
+    /// "j", the pty master, then the init's first message (`early`, if one was read already):
+    /// started, with the egress listeners and the seccomp listener, or why not.
+    pub(crate) fn complete(
+        &mut self,
+        before_start: Option<BeforeStart<'_>>,
+        early: Option<Msg>,
+        views: &Views<'_>,
+        setup_cpu0: Duration,
+    ) -> Result<(), SetupError> {
+        let go_w = self.go_w();
+        // h. While init builds the view: the caller's hook (the cgroup), then "j", which init
+        // waits for before it starts the payload.
+        if early.is_none() {
+            let files = match before_start {
+                Some(hook) => hook(self.pid).map_err(|source| SetupError::Supervisor {
+                    op: "place the sandbox in its cgroup",
+                    source,
+                })?,
+                None => Vec::new(),
+            };
+            let raw: Vec<c_int> = files.iter().map(|f| f.as_raw_fd()).collect();
+            // If init is gone already, sending fails; its own error message is then on the msg
+            // pipe, read below, and is the one worth reporting.
+            let _ = sys::send_fds(go_w, b'j', &raw);
+        }
+        // go_w stays open until the payload has started: init checks it for a hang-up after
+        // re-arming its parent-death signal (see child.rs, step 3).
+        if let Some(sock) = self.pty_parent.take().filter(|_| early.is_none()) {
+            let mut got = [-1 as c_int; sys::MAX_FDS];
+            if let Ok((_, n)) = sys::recv_fds(sock.as_raw_fd(), &mut got) {
+                // SAFETY: the kernel just installed these descriptors in our table; we own them.
+                let mut owned: Vec<OwnedFd> = got[..n]
+                    .iter()
+                    .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                    .collect();
+                self.pty = (!owned.is_empty()).then(|| File::from(owned.swap_remove(0)));
+            }
+            if let Some(p) = &self.pty {
+                // Ours alone (init closed its copy): writes of the caller's input never block.
+                sys::set_nonblocking(p.as_raw_fd()).map_err(|e| SetupError::Supervisor {
+                    op: "make the pty non-blocking",
+                    source: io::Error::from_raw_os_error(e),
+                })?;
             }
         }
-        // Init sent the egress listeners while it set up, before the payload existed.
-        for chunk in plan.sockets.chunks(sys::MAX_FDS) {
-            match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
-                Ok((b'n', n)) if n == chunk.len() => {
-                    for (spec, &fd) in chunk.iter().zip(&got[..n]) {
-                        // SAFETY: the kernel just installed these descriptors; we own them.
-                        running
-                            .egress
-                            .push((*spec, unsafe { OwnedFd::from_raw_fd(fd) }));
+        let m = match early {
+            Some(m) => m,
+            None => {
+                let mut b = [0u8; 16];
+                let n = sys::read_full(self.msg.as_raw_fd(), &mut b).unwrap_or(0);
+                if n != 16 {
+                    return Err(SetupError::InitVanished);
+                }
+                Msg::from_bytes(&b)
+            }
+        };
+        if m.kind == child::MSG_STARTED {
+            let mut got = [-1 as c_int; sys::MAX_FDS];
+            // A workspace's tmpfs, sent while init built the view.
+            if let Some(base) = &views.plan.workspace {
+                match sys::recv_fds(go_w, &mut got) {
+                    Ok((plan::WORKSPACE_TAG, 1)) => {
+                        // SAFETY: the kernel just installed this descriptor in our table; we own it.
+                        let fd = unsafe { OwnedFd::from_raw_fd(got[0]) };
+                        self.workspace = Some((fd, base.clone()));
+                    }
+                    _ => {
+                        return Err(SetupError::Supervisor {
+                            op: "receive the workspace's upper layer",
+                            source: io::Error::from_raw_os_error(libc::EPROTO),
+                        })
                     }
                 }
-                _ => {
+            }
+            // Init sent the egress listeners while it set up, before the payload existed.
+            for chunk in views.plan.sockets.chunks(sys::MAX_FDS) {
+                match sys::recv_fds(go_w, &mut got) {
+                    Ok((b'n', n)) if n == chunk.len() => {
+                        for (spec, &fd) in chunk.iter().zip(&got[..n]) {
+                            // SAFETY: the kernel just installed these descriptors; we own them.
+                            self.egress
+                                .push((*spec, unsafe { OwnedFd::from_raw_fd(fd) }));
+                        }
+                    }
+                    _ => {
+                        return Err(SetupError::Supervisor {
+                            op: "receive the egress proxy's listeners",
+                            source: io::Error::from_raw_os_error(libc::EPROTO),
+                        })
+                    }
+                }
+            }
+            // The payload sent its seccomp listener before its exec, so before init's "started".
+            match sys::recv_fds(go_w, &mut got) {
+                Ok((b's', 1)) => {
+                    // SAFETY: the kernel just installed this descriptor in our table; we own it.
+                    self.notify = Some(unsafe { OwnedFd::from_raw_fd(got[0]) });
+                }
+                Ok(_) | Err(_) => {
                     return Err(SetupError::Supervisor {
-                        op: "receive the egress proxy's listeners",
+                        op: "receive the payload's seccomp listener",
                         source: io::Error::from_raw_os_error(libc::EPROTO),
                     })
                 }
             }
         }
-        // The payload sent its seccomp listener before its exec, so before init's "started".
-        match sys::recv_fds(go_w.as_raw_fd(), &mut got) {
-            Ok((b's', 1)) => {
-                // SAFETY: the kernel just installed this descriptor in our table; we own it.
-                running.notify = Some(unsafe { OwnedFd::from_raw_fd(got[0]) });
-            }
-            Ok(_) | Err(_) => {
-                return Err(SetupError::Supervisor {
-                    op: "receive the payload's seccomp listener",
-                    source: io::Error::from_raw_os_error(libc::EPROTO),
-                })
-            }
+        self.go_w = None;
+        self.setup_cpu = sys::thread_cpu_time().saturating_sub(setup_cpu0);
+        match m.kind {
+            child::MSG_STARTED => Ok(()),
+            _ => Err(setup_error(&m, views)),
         }
     }
-    drop(go_w);
-    running.setup_cpu = sys::thread_cpu_time().saturating_sub(setup_cpu0);
+}
+
+/// The error an init's message (not "started") stands for, in words.
+pub(crate) fn setup_error(m: &Msg, views: &Views<'_>) -> SetupError {
+    let plan = views.plan;
     match m.kind {
-        child::MSG_STARTED => Ok(running),
         child::MSG_SETUP_ERROR => {
             let step = Step::from_u32(m.step);
             let what = match step {
-                Some(Step::Op) => plan::describe(&plan, m.index as usize),
+                Some(Step::Op) => plan::describe_op(views.ops, views.sources, m.index as usize),
                 Some(Step::OpenSource) | Some(Step::SourceChanged) => format!(
                     "open host path {}{}",
-                    plan.sources
+                    views
+                        .sources
                         .get(m.index as usize)
                         .map_or(String::new(), |s| s.path.to_string_lossy().into_owned()),
                     if step == Some(Step::SourceChanged) {
@@ -808,29 +1079,31 @@ pub fn spawn(
                 Some(Step::LandlockRestrict) => {
                     "enter the Landlock ruleset (landlock_restrict_self)".into()
                 }
+                Some(Step::Engine) => {
+                    "read the plan in palisade's init program (is it the same palisade build?)"
+                        .into()
+                }
+                Some(Step::TemplateProc) => "mount the prepared view's own procfs (a host /proc with masked or over-mounted entries, as in some containers, prevents this)".into(),
                 Some(s) => format!("{s:?}"),
                 None => format!("step {}", m.step),
             };
-            Err(SetupError::Child {
+            SetupError::Child {
                 // An unknown number would be a bug between two halves of one binary.
                 step: step.unwrap_or(Step::Fork),
                 what,
                 source: io::Error::from_raw_os_error(m.value),
-            })
+            }
         }
-        child::MSG_EXEC_ERROR if m.index == u32::MAX => Err(SetupError::Child {
+        child::MSG_EXEC_ERROR if m.index == u32::MAX => SetupError::Child {
             step: Step::PreparePayload,
             what: "prepare the payload (session, terminal, capabilities, no_new_privs)".into(),
             source: io::Error::from_raw_os_error(m.value),
-        }),
-        child::MSG_EXEC_ERROR => {
-            let program = policy.command[0].clone();
-            Err(SetupError::Exec {
-                program,
-                source: io::Error::from_raw_os_error(m.value),
-            })
-        }
-        _ => Err(SetupError::InitVanished),
+        },
+        child::MSG_EXEC_ERROR => SetupError::Exec {
+            program: views.program.to_owned(),
+            source: io::Error::from_raw_os_error(m.value),
+        },
+        _ => SetupError::InitVanished,
     }
 }
 
@@ -897,6 +1170,11 @@ struct Input {
 }
 
 impl Running {
+    /// Which engine started the sandbox: `in-process`, `exec` or `template`.
+    pub fn engine(&self) -> &'static str {
+        self.engine
+    }
+
     /// The sandbox init's pid on the host.
     pub fn pid(&self) -> i32 {
         self.pid

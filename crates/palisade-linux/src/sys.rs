@@ -98,10 +98,13 @@ pub enum Forked {
 /// other threads, any lock they held (the allocator's included) stays held forever in the child.
 pub unsafe fn clone3(flags: u64) -> SysResult<Forked> {
     let mut pidfd: c_int = -1;
+    // With CLONE_PARENT the kernel takes the exit signal from the parent's own (and refuses one
+    // given here).
+    let parent = flags & libc::CLONE_PARENT as u64 != 0;
     let mut args = CloneArgs {
         flags: flags | CLONE_PIDFD,
         pidfd: &mut pidfd as *mut c_int as u64,
-        exit_signal: libc::SIGCHLD as u64,
+        exit_signal: if parent { 0 } else { libc::SIGCHLD as u64 },
         ..Default::default()
     };
     // SAFETY: `args` is a valid, fully initialized clone_args of the size passed; with stack 0
@@ -261,6 +264,24 @@ pub fn write_all(fd: c_int, mut buf: &[u8]) -> SysResult<()> {
     Ok(())
 }
 
+/// Sends all of `buf` on a socket, retrying on `EINTR` and short sends; a peer that is gone is
+/// `EPIPE`, never a `SIGPIPE`.
+pub fn send_all(fd: c_int, mut buf: &[u8]) -> SysResult<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a valid slice for its length.
+        let r = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[r as usize..];
+    }
+    Ok(())
+}
+
 /// Reads into `buf` until it is full or end of file; returns the bytes read.
 pub fn read_full(fd: c_int, buf: &mut [u8]) -> SysResult<usize> {
     let mut n = 0;
@@ -292,6 +313,22 @@ pub fn hung_up(fd: c_int) -> bool {
     // SAFETY: polling one valid pollfd without waiting.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     r > 0 && p.revents & libc::POLLHUP != 0
+}
+
+/// Whether `fd` becomes readable (data, end of file or an error) within `ms` milliseconds.
+pub fn readable_within(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: polling one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 || errno() != libc::EINTR {
+            return r > 0;
+        }
+    }
 }
 
 /// `struct sock_fprog`.
@@ -564,6 +601,151 @@ pub fn recv_fds(sock: c_int, out: &mut [c_int; MAX_FDS]) -> SysResult<(u8, usize
     }
 }
 
+/// Most descriptors [`send_msg`] and [`recv_msg`] carry in one message.
+pub const MAX_MSG_FDS: usize = 64;
+
+/// A control-message buffer for up to [`MAX_MSG_FDS`] descriptors, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct BigCmsgBuf([u8; 320]);
+
+/// Sends `data` as one message (a `SOCK_SEQPACKET` record) with up to [`MAX_MSG_FDS`]
+/// descriptors; a peer that is gone is `EPIPE`, never a `SIGPIPE`.
+pub fn send_msg(sock: c_int, data: &[u8], fds: &[c_int]) -> SysResult<()> {
+    if fds.len() > MAX_MSG_FDS || data.is_empty() {
+        return Err(libc::EINVAL);
+    }
+    let mut buf = BigCmsgBuf([0; 320]);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr points at live buffers; the kernel only reads the data; the cmsg is written
+    // inside `buf`, which holds CMSG_SPACE(64 * sizeof(int)) = 272 bytes.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            let len = std::mem::size_of_val(fds) as u32;
+            msg.msg_control = buf.0.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(len) as _;
+            let cm = libc::CMSG_FIRSTHDR(&msg);
+            (*cm).cmsg_level = libc::SOL_SOCKET;
+            (*cm).cmsg_type = libc::SCM_RIGHTS;
+            (*cm).cmsg_len = libc::CMSG_LEN(len) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cm).cast::<c_int>(),
+                fds.len(),
+            );
+        }
+        loop {
+            let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+            if n >= 0 {
+                return if n as usize == data.len() {
+                    Ok(())
+                } else {
+                    Err(libc::EMSGSIZE)
+                };
+            }
+            if errno() != libc::EINTR {
+                return Err(errno());
+            }
+        }
+    }
+}
+
+/// What [`recv_msg`] received.
+pub struct Received {
+    /// Bytes of the message (0: end of file).
+    pub len: usize,
+    /// Descriptors received (close-on-exec), in `fds[..nfds]`; the caller owns them.
+    pub nfds: usize,
+    /// The message or its descriptors did not fit and were cut (whatever came is still owned).
+    pub truncated: bool,
+}
+
+/// Receives one message into `buf` with up to [`MAX_MSG_FDS`] descriptors into `fds`.
+pub fn recv_msg(
+    sock: c_int,
+    buf: &mut [u8],
+    fds: &mut [c_int; MAX_MSG_FDS],
+) -> SysResult<Received> {
+    let mut cbuf = BigCmsgBuf([0; 320]);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr points at live buffers; we read only cmsgs the kernel filled, after
+    // checking their level, type and length, and copy at most MAX_MSG_FDS descriptors.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len() as _;
+        let n = loop {
+            let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 || errno() != libc::EINTR {
+                break n;
+            }
+        };
+        if n < 0 {
+            return Err(errno());
+        }
+        let mut nfds = 0;
+        let mut cm = libc::CMSG_FIRSTHDR(&msg);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == libc::SOL_SOCKET && (*cm).cmsg_type == libc::SCM_RIGHTS {
+                let data_len = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let count = data_len / std::mem::size_of::<c_int>();
+                let take = count.min(MAX_MSG_FDS - nfds);
+                std::ptr::copy_nonoverlapping(
+                    libc::CMSG_DATA(cm).cast::<c_int>(),
+                    fds[nfds..].as_mut_ptr(),
+                    take,
+                );
+                nfds += take;
+            }
+            cm = libc::CMSG_NXTHDR(&msg, cm);
+        }
+        let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+        Ok(Received {
+            len: n as usize,
+            nfds,
+            truncated,
+        })
+    }
+}
+
+/// `setns(fd, nstype)`: the calling thread enters the namespace `fd` is open on.
+pub fn setns(fd: c_int, nstype: c_int) -> SysResult<()> {
+    // SAFETY: integer arguments; changes this thread's namespaces only.
+    check_int(unsafe { libc::setns(fd, nstype) }).map(drop)
+}
+
+/// `unshare(flags)`: new namespaces for the calling thread.
+pub fn unshare(flags: c_int) -> SysResult<()> {
+    // SAFETY: integer argument; changes this thread's namespaces only.
+    check_int(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+/// `pidfd_open(pid, 0)`: a pidfd for `pid` (race-free for an unreaped child of ours).
+pub fn pidfd_open(pid: i32) -> SysResult<c_int> {
+    // SAFETY: integer arguments; returns a new descriptor.
+    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) }).map(|fd| fd as c_int)
+}
+
+/// A pair of connected unix sockets of `kind` (`SOCK_STREAM`, `SOCK_SEQPACKET`), close-on-exec.
+pub fn socketpair(kind: c_int) -> SysResult<(c_int, c_int)> {
+    let mut p = [0 as c_int; 2];
+    // SAFETY: socketpair fills the array with two new descriptors.
+    check_int(unsafe {
+        libc::socketpair(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC, 0, p.as_mut_ptr())
+    })?;
+    Ok((p[0], p[1]))
+}
+
 /// `openat(dirfd, path, flags, mode)`.
 pub fn openat(
     dirfd: c_int,
@@ -582,6 +764,14 @@ pub fn mkdir_p1(path: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
         Ok(_) | Err(libc::EEXIST) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// `mknodat(AT_FDCWD, path, S_IFREG | mode, 0)`: an empty regular file, `EEXIST` on any existing
+/// entry (a symlink included, never followed).
+pub fn mknod_file(path: &std::ffi::CStr, mode: libc::mode_t) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::mknodat(libc::AT_FDCWD, path.as_ptr(), libc::S_IFREG | mode, 0) })
+        .map(drop)
 }
 
 /// `symlink(target, path)`.
@@ -844,6 +1034,126 @@ pub fn capset_empty() -> SysResult<()> {
     // SAFETY: version 3 takes a header and two data records, both valid for the call.
     check(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) })
         .map(drop)
+}
+
+/// The calling thread's capability sets: (effective, permitted, inheritable), 64 bits each.
+pub fn capget() -> SysResult<(u64, u64, u64)> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: version 3 takes a header and two data records, which the kernel fills in.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &hdr as *const CapHeader,
+            data.as_mut_ptr(),
+        )
+    })?;
+    let join = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | u64::from(f(&data[1])) << 32;
+    Ok((
+        join(|d| d.effective),
+        join(|d| d.permitted),
+        join(|d| d.inheritable),
+    ))
+}
+
+/// Sets the calling thread's capability sets (effective, permitted, inheritable).
+pub fn capset(effective: u64, permitted: u64, inheritable: u64) -> SysResult<()> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let half = |v: u64, hi: bool| if hi { (v >> 32) as u32 } else { v as u32 };
+    let data = [false, true].map(|hi| CapData {
+        effective: half(effective, hi),
+        permitted: half(permitted, hi),
+        inheritable: half(inheritable, hi),
+    });
+    // SAFETY: version 3 takes a header and two data records, both valid for the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) })
+        .map(drop)
+}
+
+/// The capabilities of the calling thread's bounding set, as a mask.
+pub fn bounding_set() -> u64 {
+    let mut m = 0u64;
+    for cap in 0..64 {
+        match prctl(libc::PR_CAPBSET_READ, cap) {
+            Ok(1) => m |= 1 << cap,
+            Ok(_) => {}
+            Err(_) => break, // EINVAL past the kernel's last capability
+        }
+    }
+    m
+}
+
+/// Makes every capability the thread holds (and its bounding set allows) ambient, so that it
+/// survives an `execve` of a program without file capabilities: inheritable first (the kernel
+/// requires a capability there before it can be ambient), then each one raised. Returns the
+/// ambient set. Raw system calls only (used between `clone` and `execve`).
+pub fn raise_ambient_all() -> SysResult<u64> {
+    let (eff, perm, _) = capget()?;
+    let want = perm & bounding_set();
+    capset(eff, perm, want)?;
+    for cap in 0..64 {
+        if want & (1 << cap) != 0 {
+            prctl3(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE as _, cap)?;
+        }
+    }
+    Ok(want)
+}
+
+/// `execveat(dirfd, "", argv, envp, AT_EMPTY_PATH)`: executes the file `dirfd` is open on (an
+/// `O_PATH` descriptor is enough), so no path is looked up again. Returns only on failure.
+///
+/// # Safety
+/// `argv` and `envp` must be NULL-terminated arrays of NUL-terminated strings, alive until the
+/// call returns.
+pub unsafe fn execveat_fd(
+    dirfd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> Errno {
+    // SAFETY: the path is an empty NUL-terminated string; the arrays are upheld by the caller.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            dirfd,
+            c"".as_ptr(),
+            argv,
+            envp,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    errno()
+}
+
+/// `fcntl(fd, F_SETFD, 0)`: the descriptor stays open across `execve`.
+pub fn clear_cloexec(fd: c_int) -> SysResult<()> {
+    // SAFETY: F_SETFD with an integer argument on a descriptor of this process.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
+}
+
+/// `dup2(from, to)`.
+pub fn dup2(from: c_int, to: c_int) -> SysResult<()> {
+    // SAFETY: duplicates one descriptor of this process onto another number.
+    check_int(unsafe { libc::dup2(from, to) }).map(drop)
+}
+
+/// Closes every descriptor from 3 up that is not in `keep` (sorted ascending, each ≥ 3).
+pub fn close_all_but(keep: &[c_int]) -> SysResult<()> {
+    let mut next: u32 = 3;
+    for &fd in keep {
+        if fd as u32 > next {
+            close_range(next, fd as u32 - 1, 0)?;
+        }
+        next = next.max(fd as u32 + 1);
+    }
+    close_range(next, u32::MAX, 0)
 }
 
 /// `setgroups(0, NULL)` as a raw system call (see `setresuid`).

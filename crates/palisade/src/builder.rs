@@ -321,16 +321,10 @@ impl Builder {
             policy.check_within(b)?;
         }
         policy.validate()?;
-        Ok(Sandbox {
-            net_notify: None,
-            keep: policy.keep_scratch,
-            policy,
-            stdin: self.stdin,
-            cgroup_root: self
-                .cgroup_root
-                .unwrap_or_else(|| PathBuf::from(CGROUP_ROOT)),
-            workspace: Default::default(),
-        })
+        let cgroup_root = self
+            .cgroup_root
+            .unwrap_or_else(|| PathBuf::from(CGROUP_ROOT));
+        Ok(Sandbox::assemble(policy, self.stdin, cgroup_root))
     }
 
     /// Builds and runs, capturing output (see [`Sandbox::output`]).

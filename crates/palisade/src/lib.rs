@@ -30,8 +30,14 @@ pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
 pub use sandbox::{
-    Chunk, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, WorkspaceOptions,
+    Chunk, Engine, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, Template,
+    WorkspaceOptions,
 };
+
+/// The engine hook of a program that can serve as palisade's init program (docs/engine.md).
+pub mod engine {
+    pub use palisade_linux::engine::{run_if_init, InitProgram, INIT_PROGRAM_ENV};
+}
 
 /// A front end's own terminal and signals (the CLI's): raw mode restored on drop, and signals
 /// forwarded to the sandbox instead of taken with their usual effect. A server uses neither.

@@ -133,6 +133,10 @@ pub struct Report {
     pub scratch: Option<String>,
     /// Every isolation layer and whether it was enforced.
     pub layers: Vec<Layer>,
+    /// How the sandbox was started (docs/engine.md): `in-process` (a fork-like clone of the
+    /// caller), `exec` (palisade's init program, exec'd), `template` (cloned by a prepared
+    /// template's zygote); `None` when no engine was tried.
+    pub engine: Option<&'static str>,
     /// Egress: `none`, or `allow-list` with every decision of the proxy and DNS stub.
     pub network: Network,
     /// Protected paths under a host scratch directory: what was kept read-only, and anything the
@@ -284,6 +288,7 @@ impl Report {
             host_uid: ids.map(|i| i.host_uid),
             scratch,
             layers: layers(ids, landlock),
+            engine: None,
             cpu_watch_lost: false,
             denied_syscalls: Vec::new(),
             network: Network::default(),
@@ -309,6 +314,11 @@ impl Report {
             self.error = Some(format!("{e}{result}{}", before.unwrap_or_default()));
         }
         self.workspace = Some(ws);
+    }
+
+    /// Records which engine started (or tried to start) the sandbox.
+    pub(crate) fn set_engine(&mut self, engine: &'static str) {
+        self.engine = Some(engine);
     }
 
     /// Records the protected paths, and what was moved aside after the run. Something the code
@@ -1112,6 +1122,7 @@ mod tests {
             "host_uid": 1234,
             "scratch": null,
             "layers": [["cgroup-limits", true], ["cpu-time-limit", true]],
+            "engine": null,
             "network": {
                 "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
                 "refused_connections": 0, "notify_suppressed": 0, "supervisor_cpu_ms": 0,

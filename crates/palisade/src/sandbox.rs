@@ -9,7 +9,7 @@
 
 use crate::report::Report;
 use crate::workspace::{ApplyMode, Retention, Store, WorkspaceReport};
-use palisade_cgroup::{CgroupLimits, RunCgroup};
+use palisade_cgroup::{CgroupLimits, Manager, RunCgroup};
 use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory. Cheap to
@@ -32,6 +32,55 @@ pub struct Sandbox {
     pub(crate) cgroup_root: PathBuf,
     pub(crate) net_notify: Option<NetNotify>,
     pub(crate) workspace: WorkspaceOptions,
+    pub(crate) engine: Engine,
+    /// The engine `engine` resolves to, found at the first start and kept for the others.
+    resolved: Arc<OnceLock<Result<palisade_linux::Engine, String>>>,
+    /// The cgroup hierarchy runs are made in, found at the first start that finds one.
+    manager: Arc<OnceLock<Arc<dyn Manager>>>,
+}
+
+/// How a sandbox's init is started (docs/engine.md). Every engine builds the same boundary; they
+/// differ in what they cost and in what of the caller the sandbox's init holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// The init program named by `PALISADE_INIT` if set (a path that cannot be opened is an
+    /// error, never a silent fallback), else this executable if it registered itself with
+    /// [`crate::engine::run_if_init`] (the `palisade` binary does), else [`Engine::InProcess`].
+    #[default]
+    Auto,
+    /// A fork-like clone of the calling process: cheapest for a small caller, but the start
+    /// costs more the more memory the caller has, and the sandbox's init holds a copy-on-write
+    /// image of it until the run ends.
+    InProcess,
+    /// Palisade's init program at this path (a `palisade` binary), exec'd in the sandbox's new
+    /// namespaces: nothing of the caller's memory is copied or kept.
+    InitProgram(PathBuf),
+}
+
+impl Engine {
+    /// What this choice means on this host, now.
+    fn resolve(&self) -> Result<palisade_linux::Engine, String> {
+        use palisade_linux::InitProgram;
+        let open = |p: &std::path::Path, from: &str| {
+            InitProgram::open(p)
+                .map(palisade_linux::Engine::Exec)
+                .map_err(|e| format!("{from} `{}`: {e}", p.display()))
+        };
+        match self {
+            Engine::InProcess => Ok(palisade_linux::Engine::InProcess),
+            Engine::InitProgram(p) => open(p, "the init program"),
+            Engine::Auto => match std::env::var_os(palisade_linux::engine::INIT_PROGRAM_ENV) {
+                Some(p) => open(
+                    std::path::Path::new(&p),
+                    palisade_linux::engine::INIT_PROGRAM_ENV,
+                ),
+                None => Ok(InitProgram::registered().map_or(
+                    palisade_linux::Engine::InProcess,
+                    palisade_linux::Engine::Exec,
+                )),
+            },
+        }
+    }
 }
 
 /// What a sandbox with a workspace (`filesystem.workspace`) does with its changes.
@@ -286,14 +335,44 @@ impl Sandbox {
     /// [`Policy::check_within`] if someone else wrote it).
     pub fn from_policy(policy: Policy) -> Result<Sandbox, PolicyError> {
         policy.validate()?;
-        Ok(Sandbox {
+        Ok(Sandbox::assemble(
+            policy,
+            Stdin::Null,
+            PathBuf::from(CGROUP_ROOT),
+        ))
+    }
+
+    /// A sandbox of a validated policy, with the default engine and no egress callback.
+    pub(crate) fn assemble(policy: Policy, stdin: Stdin, cgroup_root: PathBuf) -> Sandbox {
+        Sandbox {
             keep: policy.keep_scratch,
             policy,
-            stdin: Stdin::Null,
-            cgroup_root: PathBuf::from(CGROUP_ROOT),
+            stdin,
+            cgroup_root,
             net_notify: None,
             workspace: WorkspaceOptions::default(),
-        })
+            engine: Engine::Auto,
+            resolved: Arc::new(OnceLock::new()),
+            manager: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// The cgroup hierarchy for runs: found once (what the host offers does not change from one
+    /// run to the next), looked for again only while none is found.
+    fn cgroups(&self) -> Result<Arc<dyn Manager>, palisade_cgroup::CgroupError> {
+        if let Some(m) = self.manager.get() {
+            return Ok(m.clone());
+        }
+        let m: Arc<dyn Manager> =
+            palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::cgroup_uid())?.into();
+        Ok(self.manager.get_or_init(|| m).clone())
+    }
+
+    /// Chooses how the sandbox's init is started (default [`Engine::Auto`]).
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self.resolved = Arc::new(OnceLock::new());
+        self
     }
 
     /// How a workspace's changes are kept and applied (see [`crate::workspace`]).
@@ -354,13 +433,18 @@ impl Sandbox {
     /// assert_eq!(out.stdout, b"hi\n");
     /// ```
     pub fn start(&self, io: Io) -> Run {
+        self.start_with(io, None, Spawner::Cold)
+    }
+
+    /// Starts a run whose sandbox `spawner` makes, with `policy` (the sandbox's own if `None`).
+    pub(crate) fn start_with(&self, io: Io, policy: Option<Policy>, spawner: Spawner) -> Run {
         let done_fd = match palisade_linux::host::event_fd() {
             Ok(fd) => fd,
-            Err(e) => return failed_run(self, e),
+            Err(e) => return failed_run(self, &thread_error(e)),
         };
         let output = match OutputQueue::new(io.stream_buffer.unwrap_or(usize::MAX)) {
             Ok(q) => Arc::new(q),
-            Err(e) => return failed_run(self, e),
+            Err(e) => return failed_run(self, &thread_error(e)),
         };
         let shared = Arc::new(Shared {
             report: Mutex::new(None),
@@ -378,7 +462,7 @@ impl Sandbox {
                 // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
                 // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
                 let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    sandbox.supervise(io, &out, &tx)
+                    sandbox.supervise(io, policy, &spawner, &out, &tx)
                 }))
                 .unwrap_or_else(|p| {
                     out.close();
@@ -401,7 +485,7 @@ impl Sandbox {
             });
         let thread = match thread {
             Ok(t) => t,
-            Err(e) => return failed_run(self, e),
+            Err(e) => return failed_run(self, &thread_error(e)),
         };
         let started = rx.recv().unwrap_or(Started {
             killer: None,
@@ -422,6 +506,8 @@ impl Sandbox {
     fn supervise(
         &self,
         io: Io,
+        policy: Option<Policy>,
+        spawner: &Spawner,
         output: &OutputQueue,
         started: &std::sync::mpsc::SyncSender<Started>,
     ) -> Report {
@@ -432,7 +518,7 @@ impl Sandbox {
             });
         };
         let t0 = Instant::now();
-        let mut policy = self.policy.clone();
+        let mut policy = policy.unwrap_or_else(|| self.policy.clone());
         let mut kept: Option<PathBuf> = None;
         // The scratch size caps the ephemeral tmpfs only: a host directory (--scratch, --keep)
         // lives on the host's disk, where palisade has no size to enforce. Refused rather than
@@ -494,29 +580,28 @@ impl Sandbox {
         let started_ns = palisade_linux::fs::coarse_now_ns();
         // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
         // one, refuse, unless the user waived it by name.
-        let (manager, waived) =
-            match palisade_cgroup::detect(&self.cgroup_root, palisade_linux::host::cgroup_uid()) {
-                Ok(m) => (Some(m), None),
-                Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
-                    (None, Some(e.to_string()))
-                }
-                Err(e) => {
-                    let msg = format!(
-                        "{e}; or add `cgroup` to layers.allow_degraded to run with rlimits only"
-                    );
-                    // Without user namespaces nothing can run whatever the cgroup: that is the
-                    // error to give first (found by the VM matrix's no-userns guest, where an
-                    // undelegated user was told only about the cgroup). `doctor` lists both.
-                    let e = match palisade_linux::host::try_user_namespace() {
-                        Err(errno) => palisade_linux::namespaces_error(errno),
-                        Ok(()) => SetupError::Supervisor {
-                            op: "set up the cgroup (memory and process ceilings)",
-                            source: std::io::Error::other(msg),
-                        },
-                    };
-                    return fail(&e, scratch);
-                }
-            };
+        let (manager, waived) = match self.cgroups() {
+            Ok(m) => (Some(m), None),
+            Err(e) if policy.allow_degraded.contains(&Degradable::Cgroup) => {
+                (None, Some(e.to_string()))
+            }
+            Err(e) => {
+                let msg = format!(
+                    "{e}; or add `cgroup` to layers.allow_degraded to run with rlimits only"
+                );
+                // Without user namespaces nothing can run whatever the cgroup: that is the error
+                // to give first (found by the VM matrix's no-userns guest, where an undelegated
+                // user was told only about the cgroup). `doctor` lists both.
+                let e = match palisade_linux::host::try_user_namespace() {
+                    Err(errno) => palisade_linux::namespaces_error(errno),
+                    Ok(()) => SetupError::Supervisor {
+                        op: "set up the cgroup (memory and process ceilings)",
+                        source: std::io::Error::other(msg),
+                    },
+                };
+                return fail(&e, scratch);
+            }
+        };
         // The run's cgroup is made while init builds the view (palisade_linux::BeforeStart): init
         // then moves itself in through the v1 `tasks` files (cheap), or, on v2, is moved.
         let cgroup: RefCell<Option<Box<dyn RunCgroup>>> = RefCell::new(None);
@@ -539,9 +624,33 @@ impl Sandbox {
             Ok(files)
         };
         let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
-        let mut running = match palisade_linux::spawn(&policy, stdin.into(), Some(&prepare)) {
+        let (spawned, engine_name) = match spawner {
+            Spawner::Cold => {
+                let engine = match self.resolved.get_or_init(|| self.engine.resolve()) {
+                    Ok(e) => e,
+                    Err(why) => {
+                        let e = SetupError::Supervisor {
+                            op: "find palisade's init program",
+                            source: std::io::Error::other(why.clone()),
+                        };
+                        return fail(&e, scratch);
+                    }
+                };
+                let r = palisade_linux::spawn_with(&policy, stdin.into(), Some(&prepare), engine);
+                (r, engine.name())
+            }
+            Spawner::Template(t) => (
+                t.engine.spawn(&policy, stdin.into(), Some(&prepare)),
+                "template",
+            ),
+        };
+        let mut running = match spawned {
             Ok(r) => r,
-            Err(e) => return fail(&e, scratch),
+            Err(e) => {
+                let mut r = fail(&e, scratch);
+                r.set_engine(engine_name);
+                return r;
+            }
         };
         // The egress proxy, on the listeners init made inside the sandbox's network namespace.
         let egress = if policy.network.enabled() {
@@ -583,6 +692,7 @@ impl Sandbox {
         }
         let ws_layer = running.take_workspace();
         let ids = running.ids();
+        let running_engine = running.engine();
         let landlock = running.landlock().clone();
         let protection = running.protection().clone();
         // The CPU-time limit, over every process of the sandbox, from the cgroup's accounting.
@@ -644,6 +754,7 @@ impl Sandbox {
             let ws = self.keep_changes(tmpfs, &base, store, started_ns, &policy, &report);
             report.set_workspace(ws);
         }
+        report.set_engine(running_engine);
         report
     }
 }
@@ -776,16 +887,192 @@ impl Sandbox {
     }
 }
 
+/// Who makes a run's sandbox.
+pub(crate) enum Spawner {
+    /// The sandbox's engine, from scratch.
+    Cold,
+    /// A prepared template's zygote.
+    Template(Arc<TemplateInner>),
+}
+
+impl Sandbox {
+    /// Prepares this sandbox's policy as a [`Template`]: a zygote (palisade's init program, see
+    /// [`Engine`]) builds the part of the view every run shares once, and each
+    /// [`Template::start`] then makes a fresh sandbox from it in a fraction of a cold start.
+    /// Every run still gets its own pid, mount, IPC, UTS, network and user namespace, scratch,
+    /// cgroup and limits (docs/engine.md says what runs of one template share). Needs palisade's
+    /// init program: the engine must not be [`Engine::InProcess`].
+    ///
+    /// ```no_run
+    /// use palisade::{Io, Sandbox, Status};
+    ///
+    /// let template = Sandbox::builder().command(["true"]).build().unwrap().prepare().unwrap();
+    /// for i in 0..3 {
+    ///     let out = template.start(["sh", "-c", "echo $N"], &[("N", &i.to_string())], Io::default()).wait_output();
+    ///     assert_eq!(out.report.status, Status::Ok);
+    ///     assert_eq!(out.report.engine, Some("template"));
+    /// }
+    /// ```
+    pub fn prepare(&self) -> Result<Template, SetupError> {
+        let prog = match self.resolved.get_or_init(|| self.engine.resolve()) {
+            Ok(palisade_linux::Engine::Exec(p)) => p.clone(),
+            Ok(palisade_linux::Engine::InProcess) => {
+                return Err(SetupError::Supervisor {
+                    op: "prepare a template",
+                    source: std::io::Error::other(
+                        "a template needs palisade's init program: set PALISADE_INIT, choose Engine::InitProgram, or call palisade::engine::run_if_init() first in main",
+                    ),
+                })
+            }
+            Err(why) => {
+                return Err(SetupError::Supervisor {
+                    op: "find palisade's init program",
+                    source: std::io::Error::other(why.clone()),
+                })
+            }
+        };
+        // The zygote and every run's init are children of this thread (their parent-death signal
+        // is tied to it): it lives until the template and its last run are gone.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (alive, until) = std::sync::mpsc::channel::<()>();
+        let policy = self.policy.clone();
+        let thread = std::thread::Builder::new()
+            .name("palisade-template".into())
+            .spawn(move || {
+                let made = palisade_linux::Template::new(&policy, &prog);
+                let ok = made.is_ok();
+                let _ = tx.send(made);
+                if ok {
+                    let _ = until.recv();
+                }
+            })
+            .map_err(|source| SetupError::Supervisor {
+                op: "start the template's thread",
+                source,
+            })?;
+        let engine = rx.recv().map_err(|_| SetupError::Supervisor {
+            op: "prepare a template",
+            source: std::io::Error::other("its thread ended"),
+        })??;
+        Ok(Template {
+            sandbox: self.clone(),
+            inner: Arc::new(TemplateInner {
+                engine,
+                _thread: TemplateThread {
+                    alive: Some(alive),
+                    thread: Some(thread),
+                },
+            }),
+        })
+    }
+}
+
+/// A prepared sandbox: [`Sandbox::prepare`]. Cheap to clone, `Send` and `Sync`; runs can start
+/// from any thread, at the same time. Dropping every clone ends the template once its last run
+/// has ended.
+#[derive(Clone)]
+pub struct Template {
+    sandbox: Sandbox,
+    inner: Arc<TemplateInner>,
+}
+
+pub(crate) struct TemplateInner {
+    engine: palisade_linux::Template,
+    /// Dropped after `engine`: the thread the zygote and the runs' inits belong to.
+    _thread: TemplateThread,
+}
+
+struct TemplateThread {
+    alive: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for TemplateThread {
+    fn drop(&mut self) {
+        self.alive = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Template")
+            .field("sandbox", &self.sandbox)
+            .field("engine", &self.inner.engine)
+            .finish()
+    }
+}
+
+impl Template {
+    /// Starts `command` in a fresh sandbox of the template, with `env` added to the policy's
+    /// variables (a name given in both takes the value given here). Returns like
+    /// [`Sandbox::start`]; the report's `engine` is `template`. A bad command or variable is a
+    /// run whose report says so (`sandbox-error`, the field named), nothing is started.
+    pub fn start<I, S>(&self, command: I, env: &[(&str, &str)], io: Io) -> Run
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut policy = self.sandbox.policy.clone();
+        policy.command = command.into_iter().map(Into::into).collect();
+        if let Err(e) = run_values(&mut policy, env) {
+            let e = SetupError::Policy(e);
+            return failed_run(&self.sandbox, &e);
+        }
+        self.sandbox
+            .start_with(io, Some(policy), Spawner::Template(self.inner.clone()))
+    }
+
+    /// The sandbox this template was prepared from.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+}
+
+/// A run's own command and variables, checked as the policy's are (`Policy::validate_values`
+/// for the command, `EnvVar::new` for each variable).
+fn run_values(policy: &mut Policy, env: &[(&str, &str)]) -> Result<(), PolicyError> {
+    let bad = |value: &str, expected: &'static str| PolicyError::Invalid {
+        field: "command",
+        value: value.to_owned(),
+        expected,
+    };
+    match policy.command.first() {
+        None => {
+            return Err(bad(
+                "",
+                "a program to run, e.g. [\"python3\", \"script.py\"]",
+            ))
+        }
+        Some(p) if p.is_empty() => return Err(bad("", "a non-empty program name or path")),
+        _ => {}
+    }
+    if let Some(a) = policy.command.iter().find(|a| a.contains('\0')) {
+        return Err(bad(a, "arguments without NUL bytes"));
+    }
+    for (name, value) in env {
+        let v = palisade_policy::EnvVar::new(name, value)?;
+        policy.env.retain(|o| o.name != v.name);
+        policy.env.push(v);
+    }
+    Ok(())
+}
+
 /// Output kept in memory for a streaming reader before the payload is held back.
 pub(crate) const STREAM_BUFFER: usize = 1 << 20;
 
-/// A run that never started: its report says why.
-fn failed_run(sandbox: &Sandbox, e: std::io::Error) -> Run {
-    let e = SetupError::Supervisor {
+fn thread_error(source: std::io::Error) -> SetupError {
+    SetupError::Supervisor {
         op: "start the run's supervising thread",
-        source: e,
-    };
-    let report = Report::from_error(&e, Duration::ZERO, None, sandbox.policy.limits);
+        source,
+    }
+}
+
+/// A run that never started: its report says why.
+fn failed_run(sandbox: &Sandbox, e: &SetupError) -> Run {
+    let report = Report::from_error(e, Duration::ZERO, None, sandbox.policy.limits);
     Run {
         shared: Arc::new(Shared {
             report: Mutex::new(None),

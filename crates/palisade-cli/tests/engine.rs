@@ -1,0 +1,824 @@
+//! The engines (docs/engine.md), attacked from inside: a sandbox started by palisade's exec'd init
+//! program holds nothing of its caller, and one started by a template's zygote is as isolated as
+//! a cold one and from every other run of the template. Run as root and as an unprivileged user.
+//!
+//! The init program is the real `palisade` binary (`PALISADE_BIN`, or the one cargo built); the
+//! probe is bound in at `/probe`.
+
+mod common;
+#[path = "common/testnet.rs"]
+mod testnet;
+use common::*;
+use palisade::policy::{Bind, Policy};
+use palisade::{Engine, Io, Report, Sandbox, Status, Template};
+use std::sync::{Mutex, MutexGuard};
+
+/// Every test of this binary takes turns: some measure this process (its memory, descriptors,
+/// threads, children), which another test's runs in flight would blur.
+fn serial() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A policy running `sh -c script` with the probe bound at `/probe`.
+fn policy(script: &str) -> Policy {
+    let mut p = Policy::new(["/bin/sh", "-c", script]).unwrap();
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    p
+}
+
+fn exec_engine() -> Engine {
+    Engine::InitProgram(palisade_bin())
+}
+
+/// The value of `field` (in kB) in a `/proc/PID/status` text.
+fn status_kb(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in:\n{status}"))
+}
+
+/// The sandbox's init (pid 1 inside) maps none of the caller's memory when palisade's init
+/// program is exec'd; the in-process engine's does (the control, which shows that the measure
+/// sees a copied image). The caller holds 256 MiB it has touched; the payload reads its init's
+/// resident anonymous memory from `/proc/1/status`.
+#[test]
+fn the_exec_engines_init_holds_none_of_the_callers_memory() {
+    let _one = serial();
+    let mut heap = vec![0u8; 256 << 20];
+    for i in (0..heap.len()).step_by(4096) {
+        heap[i] = 1;
+    }
+    let sandbox = Sandbox::from_policy(policy("cat /proc/1/status; cat /proc/1/cmdline")).unwrap();
+    let exec = sandbox.clone().engine(exec_engine()).output();
+    let inproc = sandbox.engine(Engine::InProcess).output();
+    std::hint::black_box(&heap);
+    for (o, name) in [(&exec, "exec"), (&inproc, "in-process")] {
+        assert_eq!(o.report.status, Status::Ok, "{name}: {:?}", o.report);
+        assert_eq!(o.report.engine, Some(name));
+    }
+    let exec_out = String::from_utf8_lossy(&exec.stdout);
+    let inproc_out = String::from_utf8_lossy(&inproc.stdout);
+    let (e, i) = (
+        status_kb(&exec_out, "RssAnon:"),
+        status_kb(&inproc_out, "RssAnon:"),
+    );
+    assert!(
+        e < 64 << 10,
+        "the exec'd init holds {e} kB of anonymous memory"
+    );
+    assert!(
+        i >= 200 << 10,
+        "control: the in-process init should show the caller's 256 MiB, shows {i} kB"
+    );
+    // And it is palisade's init program, not a copy of this test.
+    assert!(exec_out.contains("palisade-init"), "{exec_out}");
+}
+
+/// An init program that cannot be used fails the run as palisade's own error, naming the
+/// program; the payload never runs.
+#[test]
+fn an_init_program_that_cannot_be_used_is_a_sandbox_error() {
+    let _one = serial();
+    let d = TempDir::new("init");
+    let marker = d.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let missing = d.path().join("no-such-palisade");
+    let out = Sandbox::from_policy(policy(&script))
+        .unwrap()
+        .engine(Engine::InitProgram(missing.clone()))
+        .output();
+    assert_eq!(out.report.status, Status::SandboxError);
+    let err = out.report.error.clone().unwrap_or_default();
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    // A program that is not palisade (it exits without reading its plan): the run fails, the
+    // payload never starts.
+    let out = Sandbox::from_policy(policy(&script))
+        .unwrap()
+        .engine(Engine::InitProgram("/bin/true".into()))
+        .output();
+    assert_eq!(out.report.status, Status::SandboxError, "{:?}", out.report);
+    assert_eq!(out.report.engine, Some("exec"));
+    assert!(!marker.exists());
+}
+
+// ---- Templates ----
+
+/// A template of `p` (the probe bound at `/probe`) made by palisade's init program.
+fn template(mut p: Policy) -> Template {
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    Sandbox::from_policy(p)
+        .unwrap()
+        .engine(exec_engine())
+        .prepare()
+        .expect("a template")
+}
+
+/// A template of the default policy.
+fn default_template() -> Template {
+    template(Policy::new(["true"]).unwrap())
+}
+
+/// Runs `sh -c script` from `t`; the result as the boundary tests read it, and the report.
+fn trun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
+    let out = t
+        .start(["/bin/sh", "-c", script], env, Io::default())
+        .wait_output();
+    assert_eq!(out.report.engine, Some("template"), "{:?}", out.report);
+    let r = Run {
+        code: out.report.exit_code_for_cli(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (r, out.report)
+}
+
+/// The boundary tests' attacks (boundary.rs), from sandboxes a template made: the same walls
+/// hold, and the report names the same layers as a cold run's.
+#[test]
+fn template_runs_hold_the_boundary() {
+    let _one = serial();
+    let t = default_template();
+    // Files of the invoking user and of the host.
+    let home = home_dir();
+    let canary = home.join(format!(".palisade-canary-{}", unique("t")));
+    std::fs::write(&canary, "CANARY-SECRET").expect("a canary in the test user's home");
+    let (r, _) = trun(&t, &format!("/probe read {}", canary.display()), &[]);
+    let _ = std::fs::remove_file(&canary);
+    assert_eq!(r.probe(&format!("read {}", canary.display())), "absent");
+    let (r, _) = trun(
+        &t,
+        "/probe read /etc/shadow; /probe read /etc/machine-id; /probe read /etc/passwd",
+        &[],
+    );
+    assert_eq!(r.probe("read /etc/shadow"), "absent");
+    assert_eq!(r.probe("read /etc/machine-id"), "absent");
+    assert!(!r.probe("read /etc/passwd").contains("palisade-test:x"));
+    // Writes outside the scratch directory.
+    let paths = [
+        "/usr/palisade-x",
+        "/etc/palisade-x",
+        "/palisade-x",
+        "/bin/palisade-x",
+        "/dev/palisade-x",
+        "/proc/sys/kernel/hostname",
+    ];
+    let script: Vec<String> = paths.iter().map(|p| format!("/probe write {p}")).collect();
+    let (r, _) = trun(&t, &script.join("; "), &[]);
+    for p in paths {
+        let got = r.probe(&format!("write {p}"));
+        assert!(
+            got.starts_with("denied"),
+            "write to {p} was not refused: {got}"
+        );
+    }
+    let (r, _) = trun(
+        &t,
+        "/probe write /workspace/x; /probe write /tmp/x; /probe write /dev/shm/x",
+        &[],
+    );
+    for p in ["/workspace/x", "/tmp/x", "/dev/shm/x"] {
+        assert_eq!(r.probe(&format!("write {p}")), "ok", "{}", r.stdout);
+    }
+    // No capability, no privilege, the filter installed.
+    let (r, rep) = trun(&t, "/probe caps; /probe whoami", &[]);
+    let caps = r.probe("caps");
+    for want in [
+        "CapEff=0000000000000000",
+        "CapPrm=0000000000000000",
+        "CapBnd=0000000000000000",
+        "CapAmb=0000000000000000",
+        "NoNewPrivs=1",
+        "Seccomp=2",
+    ] {
+        assert!(caps.contains(want), "{caps}");
+    }
+    assert_ne!(rep.host_uid, Some(0));
+    // The environment: built from scratch, the init's unreadable.
+    let (r, _) = trun(&t, "/probe env; /probe read /proc/1/environ", &[]);
+    assert!(
+        r.stdout.contains("probe env: HOME=/workspace"),
+        "{}",
+        r.stdout
+    );
+    let init_env = r.probe("read /proc/1/environ");
+    assert!(
+        init_env.starts_with("denied") || init_env == "ok 0 bytes ",
+        "{init_env}"
+    );
+    for l in r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("probe env: "))
+    {
+        let n = l.split('=').next().unwrap();
+        assert!(
+            ["PATH", "HOME", "LANG", "PWD", "SHLVL", "_"].contains(&n),
+            "unexpected variable {l}"
+        );
+    }
+    // Processes: only the sandbox's own; a host process cannot be signalled.
+    let mut victim = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let vp = victim.id();
+    let (r, _) = trun(&t, &format!("/probe pids; /probe kill {vp}"), &[]);
+    let pids: Vec<u32> = r
+        .probe("pids")
+        .trim_start_matches("ok ")
+        .split(',')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(
+        pids.contains(&1) && pids.len() <= 4,
+        "pids inside: {pids:?}"
+    );
+    assert_eq!(r.probe(&format!("kill {vp}")), "denied ESRCH");
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host process was killed"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // The host's cgroup tree is hidden.
+    let (r, _) = trun(&t, "/probe read /proc/self/cgroup", &[]);
+    let cg = r.probe("read /proc/self/cgroup");
+    assert!(!cg.contains("palisade") && !cg.contains(".."), "{cg}");
+    // The run's own user namespace has its own ceilings: no nested namespace of any kind, few
+    // inotify instances.
+    let (r, _) = trun(
+        &t,
+        "cd /proc/sys/user && cat max_user_namespaces max_net_namespaces max_pid_namespaces max_inotify_instances max_fanotify_groups",
+        &[],
+    );
+    assert_eq!(r.stdout, "0\n0\n0\n32\n0\n", "{}", r.stderr);
+    // The filter refuses the risky calls, and nested namespaces.
+    let (r, _) = trun(&t, "/probe syscalls; /probe unshare-user", &[]);
+    for what in [
+        "sys io_uring_setup",
+        "sys bpf",
+        "sys userfaultfd",
+        "sys keyctl",
+        "sys process_vm_readv",
+        "sys unshare-user",
+        "sys clone-newnet",
+        "sys ptrace-traceme",
+        "sys open_tree_attr",
+        "sys fanotify_init",
+    ] {
+        assert_eq!(r.probe(what), "denied EPERM", "{what}\n{}", r.stdout);
+    }
+    assert_eq!(r.probe("sys socket-netlink"), "denied EAFNOSUPPORT");
+    assert!(r.probe("unshare-user").starts_with("denied"));
+    // The host's loopback and its abstract unix sockets.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::net::TcpStream::connect(addr).expect("control: the host listener accepts");
+    use std::os::linux::net::SocketAddrExt;
+    let name = unique("palisade-abstract");
+    let ua = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+    let ul = std::os::unix::net::UnixListener::bind_addr(&ua).unwrap();
+    ul.set_nonblocking(true).unwrap();
+    drop(std::os::unix::net::UnixStream::connect_addr(&ua).expect("control connect"));
+    ul.accept().expect("the control connection");
+    let (r, _) = trun(
+        &t,
+        &format!("/probe connect {addr}; /probe unix-abstract {name}"),
+        &[],
+    );
+    assert!(
+        r.probe(&format!("connect {addr}")).starts_with("denied"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        r.probe(&format!("unix-abstract {name}")),
+        "denied ECONNREFUSED"
+    );
+    assert!(ul.accept().is_err(), "a connection from inside arrived");
+    // Descriptors: 0, 1, 2 only, whatever this process holds.
+    let (r, _) = trun(&t, "/probe fds", &[]);
+    let fds = r.probe("fds");
+    let nums: Vec<&str> = fds
+        .trim_start_matches("ok ")
+        .split(',')
+        .map(|e| e.split("->").next().unwrap())
+        .collect();
+    assert_eq!(nums, ["0", "1", "2"], "{fds}");
+    // Exit codes and signals pass through.
+    for code in [0, 1, 42] {
+        let (r, _) = trun(&t, &format!("exit {code}"), &[]);
+        assert_eq!(r.code, code);
+    }
+    let (_, rep) = trun(&t, "exec /probe segv", &[]);
+    assert_eq!((rep.status, rep.signal), (Status::Signal, Some(11)));
+    // A daemon does not outlive its run.
+    let marker = unique("palisade-daemon-marker");
+    let (r, _) = trun(&t, &format!("/probe daemon {marker}; /probe pids"), &[]);
+    assert_eq!(r.probe("daemon"), "ok");
+    assert!(r.probe("pids").split(',').count() >= 4, "{}", r.stdout);
+    assert_eq!(
+        host_pids_with(&marker),
+        Vec::<u32>::new(),
+        "the daemon outlived the run"
+    );
+    // The report: the same layers, each as enforced as in a cold run.
+    let (_, rep) = trun(&t, "true", &[]);
+    let cold = Sandbox::from_policy(policy("true"))
+        .unwrap()
+        .engine(Engine::InProcess)
+        .output()
+        .report;
+    let layers = |r: &Report| {
+        r.layers
+            .iter()
+            .map(|l| (l.name, l.enforced))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(layers(&rep), layers(&cold));
+    assert_eq!(rep.landlock_abi, cold.landlock_abi);
+    assert_eq!(
+        (rep.uid, rep.host_uid.map(|u| u != 0)),
+        (cold.uid, Some(true))
+    );
+}
+
+/// What run N leaves is not visible to run N+1 of the same template: a file in each writable
+/// place, a SysV shared-memory segment, a daemon, its environment. (Listening sockets die with
+/// their processes; the runs at the same time below show that another run's cannot be reached.)
+#[test]
+fn nothing_of_one_run_is_visible_to_the_next() {
+    let _one = serial();
+    let t = default_template();
+    let marker = unique("palisade-left-behind");
+    let (r, rep) = trun(
+        &t,
+        &format!(
+            "for d in /tmp /dev/shm /workspace; do /probe write $d/left-{marker}; done; /probe sysv-shm 1; cat /proc/sysvipc/shm | wc -l; /probe daemon {marker}; echo \"secret=$RUN_SECRET\""
+        ),
+        &[("RUN_SECRET", "sx-1")],
+    );
+    assert_eq!(rep.status, Status::Ok, "{rep:?}");
+    for d in ["/tmp", "/dev/shm", "/workspace"] {
+        assert_eq!(r.probe(&format!("write {d}/left-{marker}")), "ok");
+    }
+    assert_eq!(r.probe("sysv-shm 1"), "ok 1 MiB");
+    assert!(
+        r.stdout.contains("\n2\n"),
+        "control: the segment exists in run N: {}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("secret=sx-1"));
+    let (r, rep) = trun(
+        &t,
+        &format!(
+            "for d in /tmp /dev/shm /workspace; do /probe read $d/left-{marker}; done; cat /proc/sysvipc/shm | wc -l; /probe pids; echo \"secret=$RUN_SECRET\""
+        ),
+        &[],
+    );
+    assert_eq!(rep.status, Status::Ok, "{rep:?}");
+    for d in ["/tmp", "/dev/shm", "/workspace"] {
+        assert_eq!(
+            r.probe(&format!("read {d}/left-{marker}")),
+            "absent",
+            "{}",
+            r.stdout
+        );
+    }
+    assert!(
+        r.stdout.contains("\n1\n"),
+        "run N's SysV segment is visible: {}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("secret=\n"), "{}", r.stdout);
+    assert!(r.probe("pids").split(',').count() <= 4, "{}", r.stdout);
+    assert_eq!(
+        host_pids_with(&marker),
+        Vec::<u32>::new(),
+        "run N's daemon is alive"
+    );
+}
+
+/// Two runs of one template at the same time: the one cannot reach the other's TCP listener, its
+/// abstract unix socket, its processes, its files or its SysV segments, while the other shows
+/// (a control) that they are there.
+#[test]
+fn runs_at_the_same_time_do_not_see_each_other() {
+    let _one = serial();
+    let mut p = Policy::new(["true"]).unwrap();
+    p.network.local_ports.push(8123);
+    let t = template(p);
+    let name = unique("palisade-run-abstract");
+    let holder = format!(
+        r#"import os, socket, subprocess, sys, time
+t = socket.socket(); t.bind(("127.0.0.1", 8123)); t.listen()
+u = socket.socket(socket.AF_UNIX); u.bind("\0{name}"); u.listen()
+open("/tmp/holder-file", "w").write("x")
+subprocess.run(["/probe", "sysv-shm", "1"], check=True, stdout=subprocess.DEVNULL)
+c = socket.create_connection(("127.0.0.1", 8123)); c.close()
+v = socket.socket(socket.AF_UNIX); v.connect("\0{name}"); v.close()
+print("ready", os.getpid(), flush=True)
+time.sleep(60)
+"#
+    );
+    let mut a = t.start(
+        ["python3", "-c", &holder],
+        &[],
+        Io {
+            stream_buffer: Some(1 << 16),
+            ..Io::default()
+        },
+    );
+    let mut seen = String::new();
+    while !seen.contains("ready") {
+        match a.recv_output(None) {
+            palisade::Chunk::Data(_, d) => seen.push_str(&String::from_utf8_lossy(&d)),
+            palisade::Chunk::Timeout => {}
+            palisade::Chunk::End => panic!("the holder ended: {seen} {:?}", a.wait()),
+        }
+    }
+    let (r, rep) = trun(
+        &t,
+        &format!("/probe connect 127.0.0.1:8123; /probe unix-abstract {name}; /probe read /tmp/holder-file; cat /proc/sysvipc/shm | wc -l; /probe pids"),
+        &[],
+    );
+    a.kill();
+    let arep = a.wait();
+    assert_eq!(rep.status, Status::Ok, "{rep:?}");
+    assert_eq!(
+        r.probe("connect 127.0.0.1:8123"),
+        "denied ECONNREFUSED",
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        r.probe(&format!("unix-abstract {name}")),
+        "denied ECONNREFUSED"
+    );
+    assert_eq!(r.probe("read /tmp/holder-file"), "absent");
+    assert!(r.stdout.contains("\n1\n"), "{}", r.stdout);
+    assert!(r.probe("pids").split(',').count() <= 4, "{}", r.stdout);
+    assert_eq!(arep.status, Status::Cancelled, "{arep:?}");
+}
+
+/// Limits and reports are each run's own: a run holding most of the process limit leaves another
+/// run of the template, at the same time, its whole allowance (the process counts are per run:
+/// own user namespace, own cgroup); each report counts its own run only.
+#[test]
+fn limits_and_reports_are_per_run() {
+    let _one = serial();
+    let mut p = Policy::new(["true"]).unwrap();
+    p.limits.pids = 64;
+    let t = template(p);
+    let holder = r#"import subprocess, time
+kids = [subprocess.Popen(["sleep", "60"]) for _ in range(50)]
+print("ready", flush=True)
+time.sleep(60)
+"#;
+    let mut a = t.start(
+        ["python3", "-c", holder],
+        &[],
+        Io {
+            stream_buffer: Some(1 << 16),
+            ..Io::default()
+        },
+    );
+    let mut seen = String::new();
+    while !seen.contains("ready") {
+        match a.recv_output(None) {
+            palisade::Chunk::Data(_, d) => seen.push_str(&String::from_utf8_lossy(&d)),
+            palisade::Chunk::Timeout => {}
+            palisade::Chunk::End => panic!("the holder ended: {seen} {:?}", a.wait()),
+        }
+    }
+    let (r, rep) = trun(&t, "/probe forks 40; exit 3", &[]);
+    a.kill();
+    let arep = a.wait();
+    assert_eq!(
+        r.probe("forks 40"),
+        "ok spawned=40 error=none",
+        "{}",
+        r.stdout
+    );
+    assert_eq!((rep.status, rep.exit_code), (Status::Exit, Some(3)));
+    // The run's own ceiling still holds it: 64 processes at most.
+    let (r, _) = trun(&t, "/probe forks 100", &[]);
+    let got = r.probe("forks 100");
+    assert!(
+        got.starts_with("ok spawned=6") && got.ends_with("error=EAGAIN"),
+        "{got}"
+    );
+    assert_eq!(arep.status, Status::Cancelled);
+    if let (Some(ap), Some(bp)) = (arep.pids_peak, rep.pids_peak) {
+        assert!(
+            ap >= 50 && (40..=45).contains(&bp),
+            "pids peaks {ap} and {bp}"
+        );
+    }
+    assert_eq!(
+        rep.stdout_bytes as usize,
+        "probe forks 40: ok spawned=40 error=none\n".len()
+    );
+}
+
+/// Runs of a template leave nothing behind: no process, no mount in this process's namespace,
+/// no cgroup, no descriptor, no thread; and once the template is dropped, no zygote. 1,000
+/// runs here; `PALISADE_SOAK_RUNS` for more (`bench/soak.sh --template`).
+#[test]
+fn many_template_runs_leave_nothing_behind() {
+    let _one = serial();
+    let runs: usize = std::env::var("PALISADE_SOAK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let before = held();
+    let t = default_template();
+    for _ in 0..20 {
+        assert_eq!(trun(&t, "true", &[]).1.status, Status::Ok);
+    }
+    let warm = held();
+    for i in 0..runs {
+        let out = t.start(["/bin/true"], &[], Io::default()).wait_output();
+        assert_eq!(
+            out.report.status,
+            Status::Ok,
+            "run {i}: {:?}",
+            out.report.error
+        );
+    }
+    let after = held();
+    eprintln!("template soak: {runs} runs; held before {warm:?}, after {after:?}");
+    assert!(
+        after.fds <= warm.fds + 8,
+        "descriptors {} -> {} over {runs} runs",
+        warm.fds,
+        after.fds
+    );
+    assert_eq!(after.threads, warm.threads, "threads");
+    assert_eq!(after.children, warm.children, "children (the zygote only)");
+    assert_eq!(after.mounts, warm.mounts, "mounts");
+    assert!(
+        after.cgroups.len() <= 8,
+        "run cgroups left: {:?}",
+        after.cgroups
+    );
+    drop(t);
+    let gone = held();
+    assert_eq!(
+        gone.children, before.children,
+        "the zygote outlived its template"
+    );
+    assert_eq!(
+        gone.threads, before.threads,
+        "the template's thread outlived it"
+    );
+    assert!(
+        gone.fds <= before.fds + 8,
+        "descriptors {} -> {}",
+        before.fds,
+        gone.fds
+    );
+}
+
+/// What this process holds that a leaked run would leave behind.
+#[derive(Debug)]
+struct Held {
+    fds: usize,
+    /// palisade's own threads (a run's, a template's).
+    threads: usize,
+    children: Vec<u32>,
+    mounts: usize,
+    cgroups: Vec<String>,
+}
+
+fn held() -> Held {
+    let me = std::process::id();
+    let count = |d: &str| std::fs::read_dir(d).map(|r| r.count()).unwrap_or(0);
+    let mut children = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+            let ppid: u32 = after
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            if ppid == me {
+                children.push(pid);
+            }
+        }
+    }
+    children.sort();
+    let mut cgroups = Vec::new();
+    let prefix = format!("run-{me}-");
+    for base in [
+        "/sys/fs/cgroup/memory/palisade",
+        "/sys/fs/cgroup/pids/palisade",
+        "/sys/fs/cgroup/palisade",
+    ] {
+        let dir = if euid() == 0 {
+            base.into()
+        } else {
+            std::path::Path::new(base).join(format!("user-{}", euid()))
+        };
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            cgroups.extend(
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&prefix)),
+            );
+        }
+    }
+    Held {
+        fds: count("/proc/self/fd"),
+        threads: std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read_to_string(e.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("palisade-"))
+            })
+            .count(),
+        children,
+        mounts: std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .count(),
+        cgroups,
+    }
+}
+
+/// A supervisor killed with SIGKILL takes its template's zygote and every run with it. The
+/// supervisor is this test binary again, started to hold a template and a run, and killed.
+#[test]
+fn a_zygote_whose_supervisor_dies_takes_everything_with_it() {
+    let _one = serial();
+    const HOLDER: &str = "PALISADE_TEST_TEMPLATE_HOLDER";
+    if let Some(marker) = std::env::var_os(HOLDER) {
+        let t = default_template();
+        let marker = marker.to_string_lossy().into_owned();
+        let _run = t.start(["/probe", "linger", &marker], &[], Io::default());
+        println!("holding");
+        std::thread::sleep(std::time::Duration::from_secs(120));
+        return;
+    }
+    let marker = unique("palisade-held-run");
+    let mut holder = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_zygote_whose_supervisor_dies_takes_everything_with_it",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HOLDER, &marker)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let payload = format!("/probe\0linger\0{marker}");
+    let mut run_pids = Vec::new();
+    for _ in 0..800 {
+        run_pids = host_pids_starting(&payload);
+        if !run_pids.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(!run_pids.is_empty(), "the held run never started");
+    let zygotes = || {
+        host_pids_starting("palisade-zygote\0")
+            .into_iter()
+            .filter(|&p| parent_of(p) == holder.id())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        !zygotes().is_empty(),
+        "control: the holder's zygote is there"
+    );
+    holder.kill().unwrap(); // SIGKILL
+    holder.wait().unwrap();
+    for _ in 0..400 {
+        if host_pids_starting(&payload).is_empty()
+            && host_pids_starting("palisade-zygote\0")
+                .iter()
+                .all(|&p| parent_of(p) != holder.id())
+        {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("left behind: run {:?}", host_pids_starting(&payload));
+}
+
+fn parent_of(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s[s.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// A template with a host scratch directory: every run mounts it afresh (checked by device and
+/// inode), writes land on the host owned as in a cold run, and they are what the next run finds.
+#[test]
+fn a_template_with_a_host_scratch_directory() {
+    let _one = serial();
+    let d = TempDir::new("tscratch");
+    let mut p = Policy::new(["true"]).unwrap();
+    p.scratch = palisade::policy::Scratch::Host {
+        path: d.path().to_owned(),
+    };
+    let t = template(p);
+    let (r, rep) = trun(&t, "/probe write /workspace/out.txt", &[]);
+    assert_eq!(r.probe("write /workspace/out.txt"), "ok", "{rep:?}");
+    let meta = std::fs::metadata(d.path().join("out.txt")).expect("on the host");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), euid());
+    let (r, _) = trun(&t, "/probe read /workspace/out.txt", &[]);
+    assert!(
+        r.probe("read /workspace/out.txt").starts_with("ok"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// A run's command and variables are checked before anything starts, the field named; a request
+/// too large for the template's socket is refused with its size.
+#[test]
+fn a_templates_run_requests_are_checked() {
+    let _one = serial();
+    let t = default_template();
+    let out = t
+        .start(Vec::<String>::new(), &[], Io::default())
+        .wait_output();
+    assert_eq!(out.report.status, Status::SandboxError);
+    assert!(out.report.error.unwrap().contains("command"));
+    let out = t
+        .start(["true"], &[("1BAD", "x")], Io::default())
+        .wait_output();
+    assert_eq!(out.report.status, Status::SandboxError);
+    assert!(out.report.error.unwrap().contains("1BAD"));
+    let big = "x".repeat(200 * 1024);
+    let out = t
+        .start(["/bin/echo", &big], &[], Io::default())
+        .wait_output();
+    assert_eq!(out.report.status, Status::SandboxError);
+    assert!(
+        out.report
+            .error
+            .clone()
+            .unwrap_or_default()
+            .contains("at most"),
+        "{:?}",
+        out.report
+    );
+    // The template still serves.
+    assert_eq!(trun(&t, "true", &[]).1.status, Status::Ok);
+}
+
+/// The egress proxy serves each run of a template on listeners made in that run's own network
+/// namespace: two runs reach an allowed host of the test internet through it, and the host sees
+/// each request (`scripts/testnet.sh up` first, as for the egress tests).
+#[test]
+fn a_templates_runs_reach_an_allowed_host_through_their_own_proxy() {
+    let _one = serial();
+    testnet::require();
+    let mut p = Policy::new(["true"]).unwrap();
+    for rule in ["allowed.test:80", testnet::WEB] {
+        p.network
+            .allow
+            .push(palisade::policy::net::NetRule::parse("network.allow", rule).unwrap());
+    }
+    for pin in testnet::pins(&["allowed.test"]).chunks(2) {
+        p.network
+            .resolve
+            .push(palisade::policy::net::Pin::parse(&pin[1]).unwrap());
+    }
+    let t = template(p);
+    for i in 0..2 {
+        let m = unique(&format!("tproxy{i}"));
+        let (r, rep) = trun(
+            &t,
+            &format!("python3 -c \"import urllib.request; print('status', urllib.request.urlopen('http://allowed.test/{m}').status)\""),
+            &[],
+        );
+        assert_eq!(rep.status, Status::Ok, "{rep:?} {}", r.stderr);
+        assert!(r.stdout.contains("status 200"), "{}", r.stdout);
+        assert!(
+            !testnet::seen(&m).is_empty(),
+            "the test host never saw run {i}'s request"
+        );
+        assert_eq!(rep.network.allowed, 1, "{:?}", rep.network);
+    }
+}

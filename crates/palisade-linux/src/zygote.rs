@@ -1,0 +1,923 @@
+//! Templates: a prepared policy that starts fresh sandboxes quickly (docs/engine.md).
+//!
+//! A [`Template`] is one zygote: palisade's own program, exec'd once (see `engine`) in a user
+//! namespace of its own (the template's, T) and a mount namespace, where it builds the part of the
+//! view that is the same for every run (system directories, `/etc`, `/dev`'s nodes, the policy's
+//! binds outside per-run places), makes it read-only and pivots into it; it also holds a
+//! descriptor for each Landlock rule of that part. It is small, single-threaded and holds nothing
+//! of the supervisor. For each run the supervisor sends it a request on the template's socket
+//! (`SOCK_SEQPACKET`, one bounded record: the program, the run's part of the view, the run's
+//! descriptors); the zygote clones a per-run init with `CLONE_NEWUSER | CLONE_NEWPID` and
+//! `CLONE_PARENT` (so the init is the supervisor's child: the supervisor waits for it, gets its
+//! rusage, owns its pidfd), then goes back to waiting. The per-run init:
+//!
+//! - maps itself into its new user namespace (P, a child of T: one uid and one gid, each to
+//!   itself; the kernel lets a process map its own ids), so that the per-user counts of the run
+//!   (processes, queued signals, inotify instances) and the ceilings of `/proc/sys/user` are its
+//!   own, and every mount copied from the zygote is locked;
+//! - unshares new mount, network, IPC and UTS namespaces (owned by P): the network namespace,
+//!   the costliest, is made in parallel with the zygote serving the next request;
+//! - mounts its per-run part on the prepared view's mount points (`plan::PER_RUN_MOUNTS`): a
+//!   fresh `/proc` for its pid namespace, `/dev/pts`, `/dev/shm`, `/tmp`, the scratch
+//!   directory and what lies under them; the prepared part is read-only, and locked so (the copy
+//!   of a mount into a less privileged namespace keeps its read-only flag for good);
+//! - then runs the in-process engine's steps 10–20 (Landlock, hostname, loopback, egress
+//!   listeners, pty, the cgroup join, the payload).
+//!
+//! The zygote never talks to a payload: a payload runs in a pid namespace where the zygote does
+//! not exist, in a user namespace that has no capability over T, and the per-run init has closed
+//! the template's socket before anything of the run's own happens. What runs of one template
+//! share is written in docs/engine.md.
+
+use crate::child::{self, ChildFds, Msg, Prepared, Step};
+use crate::engine::{self, InitProgram};
+use crate::error::SetupError;
+use crate::plan::{self, Ids, Op, Plan, RunPart, Source};
+use crate::spawn::{self, BeforeStart, IdLease, Running, Stdin, Views};
+use crate::sys;
+use crate::wire::{self, Reader, WireError, Writer};
+use libc::c_int;
+use palisade_policy::{Policy, Scratch};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+
+/// Message kinds on a template's socket.
+const KIND_TEMPLATE: u8 = 2;
+const KIND_READY: u8 = 3;
+const KIND_RUN: u8 = 4;
+const KIND_FAILED: u8 = 5;
+
+/// Most bytes of one message on a template's socket (a `SOCK_SEQPACKET` record, which the
+/// kernel refuses past the socket's send buffer, ~208 KiB by default): a run's program,
+/// arguments and environment together must fit.
+pub const MAX_RECORD: usize = 160 * 1024;
+
+/// How long a run waits for the zygote's answer (the new init's pid), in milliseconds.
+const ZYGOTE_ANSWER_MS: i32 = 30_000;
+
+/// The namespaces the zygote is made in: the template's user namespace and a mount namespace
+/// (from which it makes the prepared view's own).
+const ZYGOTE_NAMESPACES: u64 = sys::CLONE_NEWUSER | sys::CLONE_NEWNS;
+
+/// A prepared policy: one zygote, ready to start runs. Dropping it ends the zygote; runs already
+/// started are not affected. Its runs' inits are children of the thread that made it (their
+/// parent-death signal is tied to it): keep that thread alive as long as the template and its
+/// runs.
+pub struct Template {
+    ctl: OwnedFd,
+    zygote: i32,
+    _zygote_pidfd: OwnedFd,
+    /// Root: the template's user namespace, through which a run's writable trees are idmapped.
+    userns: Option<File>,
+    ids: Ids,
+    /// The template's plan, for the supervisor: what a run's report says (Landlock, sockets), and
+    /// the per-run part a run with an ephemeral scratch reuses.
+    plan: Plan,
+    part: RunPart,
+    _lease: Option<IdLease>,
+}
+
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Template")
+            .field("zygote", &self.zygote)
+            .field("ids", &self.ids)
+            .finish_non_exhaustive()
+    }
+}
+
+fn supervisor(op: &'static str, e: i32) -> SetupError {
+    SetupError::Supervisor {
+        op,
+        source: io::Error::from_raw_os_error(e),
+    }
+}
+
+/// Templates do not take a workspace: its overlay, and the upper layer the supervisor reads
+/// after the run, are one run's own from the first step, which a prepared view cannot share.
+fn no_workspace(policy: &Policy) -> Result<(), SetupError> {
+    match &policy.scratch {
+        Scratch::Workspace { .. } => Err(SetupError::Supervisor {
+            op: "use a template",
+            source: io::Error::new(
+                io::ErrorKind::Unsupported,
+                "filesystem.workspace: a workspace is one run's own; templates take an \
+                 ephemeral or host scratch directory (start a workspace run with Sandbox::start)",
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn owned(fd: c_int) -> OwnedFd {
+    // SAFETY: callers pass a descriptor they just received or made and nobody else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+impl Template {
+    /// Prepares `policy` (its command is the default for runs): starts the zygote with `prog`,
+    /// which builds the prepared view, and returns once it is ready. Root launches claim one
+    /// host id for the template's lifetime, which all its runs use.
+    pub fn new(policy: &Policy, prog: &InitProgram) -> Result<Template, SetupError> {
+        no_workspace(policy)?;
+        let (ids, scratch_seen, lease) = spawn::choose_ids(policy)?;
+        let mut plan = plan::build(policy, ids, &plan::RealHost)?;
+        spawn::check_scratch(&plan, scratch_seen)?;
+        let part = plan::run_part(&plan);
+        // Root: the sources of the prepared view the supervisor opens itself. The run's own are
+        // opened for each run (a tree mounts once).
+        let prepared: Vec<bool> = (0..plan.sources.len())
+            .map(|i| {
+                plan.ops.iter().any(
+                    |o| matches!(o, Op::Bind { source, .. } if *source == i && !plan::is_per_run(o)),
+                )
+            })
+            .collect();
+        let mut opened: Vec<Source> = plan
+            .sources
+            .iter()
+            .zip(&prepared)
+            .map(|(s, &p)| Source {
+                in_supervisor: s.in_supervisor && p,
+                ..s.clone()
+            })
+            .collect();
+        let trees = spawn::open_trees(&mut opened)?;
+        for (s, o) in plan.sources.iter_mut().zip(&opened) {
+            s.tree = o.tree;
+        }
+        let (ours, theirs) = sys::socketpair(libc::SOCK_SEQPACKET)
+            .map_err(|e| supervisor("socketpair for the template", e))?;
+        let ctl = spawn::above2(owned(ours))?;
+        let theirs = spawn::above2(owned(theirs))?;
+        let null = spawn::devnull()?;
+        let n = null.as_raw_fd();
+        let switched = spawn::switch_ids(ids)?;
+        let started = engine::exec_in_namespaces(
+            prog,
+            ZYGOTE_NAMESPACES,
+            "zygote",
+            engine::ZYGOTE_ARGV0,
+            &[theirs.as_raw_fd()],
+            [n, n, n],
+            &[theirs.as_raw_fd()],
+        );
+        drop(switched);
+        let z = started.map_err(spawn::exec_error)?;
+        drop((theirs, null));
+        let pid = z.pid;
+        let mut t = Template {
+            ctl,
+            zygote: pid,
+            _zygote_pidfd: z.pidfd,
+            userns: None,
+            ids,
+            plan,
+            part,
+            _lease: lease,
+        };
+        // The maps, as for a cold run (spawn.rs, step e).
+        if ids.privileged {
+            spawn::write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
+            spawn::write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+            let ns = File::open(format!("/proc/{pid}/ns/user"))
+                .map_err(spawn::io_err("open the template's user namespace"))?;
+            spawn::idmap_trees(&t.plan.sources, ns.as_raw_fd())?;
+            t.userns = Some(ns);
+        } else {
+            spawn::write_proc(pid, "setgroups", "deny")?;
+            spawn::write_proc(pid, "uid_map", &format!("{} {} 1\n", ids.uid, ids.host_uid))?;
+            spawn::write_proc(pid, "gid_map", &format!("{} {} 1\n", ids.gid, ids.host_gid))?;
+        }
+        // The plan, with the trees of the prepared view.
+        let mut w = Writer::new(KIND_TEMPLATE);
+        wire::write_plan(&mut w, &t.plan);
+        let with_tree: Vec<usize> = (0..t.plan.sources.len())
+            .filter(|&i| t.plan.sources[i].tree >= 0)
+            .collect();
+        w.len(with_tree.len());
+        with_tree.iter().for_each(|&i| w.len(i));
+        let raw: Vec<c_int> = with_tree.iter().map(|&i| t.plan.sources[i].tree).collect();
+        let bytes = w.into_bytes();
+        if bytes.len() > MAX_RECORD {
+            return Err(supervisor("send the template its plan", libc::EMSGSIZE));
+        }
+        sys::send_msg(t.ctl.as_raw_fd(), &bytes, &raw)
+            .map_err(|e| supervisor("send the template its plan", e))?;
+        drop(trees);
+        for s in &mut t.plan.sources {
+            s.tree = -1;
+        }
+        // Ready, or why not.
+        let mut buf = vec![0u8; 64];
+        let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
+        let got = sys::recv_msg(t.ctl.as_raw_fd(), &mut buf, &mut fds)
+            .map_err(|e| supervisor("hear from the template's zygote", e))?;
+        fds[..got.nfds].iter().for_each(|&fd| sys::close(fd));
+        let reply = Reader::new(&buf[..got.len]);
+        match reply {
+            Ok((KIND_READY, r)) => match r.finish() {
+                Ok(()) => Ok(t),
+                Err(e) => Err(SetupError::Supervisor {
+                    op: "prepare the template",
+                    source: io::Error::other(e),
+                }),
+            },
+            Ok((KIND_FAILED, mut r)) => {
+                let m = Msg {
+                    kind: child::MSG_SETUP_ERROR,
+                    step: r.u32("step").unwrap_or(0),
+                    index: r.u32("index").unwrap_or(0),
+                    value: r.i32("errno").unwrap_or(libc::EIO),
+                };
+                let views = Views {
+                    sources: &t.plan.sources,
+                    ops: &t.plan.ops,
+                    plan: &t.plan,
+                    program: &policy.command[0],
+                };
+                Err(spawn::setup_error(&m, &views))
+            }
+            _ => Err(SetupError::Supervisor {
+                op: "prepare the template",
+                source: io::Error::other("its zygote ended during its setup"),
+            }),
+        }
+    }
+
+    /// The ids of every run of this template, and their host mapping.
+    pub fn ids(&self) -> Ids {
+        self.ids
+    }
+
+    /// Starts `policy`'s command in a fresh sandbox of this template and returns once it has
+    /// been exec'd (or failed to). `policy` must be the template's own with only the command, the
+    /// environment and the scratch directory changed (the facade makes it so); a host scratch
+    /// directory must belong to the template's ids.
+    pub fn spawn(
+        &self,
+        policy: &Policy,
+        stdin: Stdin,
+        before_start: Option<BeforeStart<'_>>,
+    ) -> Result<Running, SetupError> {
+        let setup_cpu0 = sys::thread_cpu_time();
+        no_workspace(policy)?;
+        let exec = plan::exec_plan(policy)?;
+        // The run's part of the view: the template's, or, with a host scratch directory, from a
+        // plan made now (the directory's protected paths are as they are now).
+        let fresh = match &policy.scratch {
+            Scratch::Ephemeral | Scratch::Workspace { .. } => None,
+            Scratch::Host { .. } => {
+                let (ids, seen) = spawn::inside_ids(policy)?;
+                if (ids.uid, ids.gid) != (self.ids.uid, self.ids.gid) {
+                    return Err(SetupError::Supervisor {
+                        op: "start a run of the template",
+                        source: io::Error::other(format!(
+                            "its scratch directory belongs to uid {} gid {}, the template's runs are uid {} gid {}",
+                            ids.uid, ids.gid, self.ids.uid, self.ids.gid
+                        )),
+                    });
+                }
+                let p = plan::build(policy, self.ids, &plan::RealHost)?;
+                spawn::check_scratch(&p, seen)?;
+                Some(p)
+            }
+        };
+        let mut part = match &fresh {
+            Some(p) => plan::run_part(p),
+            None => self.part.clone(),
+        };
+        let mut ch = spawn::channels(policy.tty, stdin)?;
+        let trees = spawn::open_trees(&mut part.sources)?;
+        if let Some(ns) = &self.userns {
+            spawn::idmap_trees(&part.sources, ns.as_raw_fd())?;
+        }
+        // The request: the program, the run's part, and its descriptors.
+        let mut w = Writer::new(KIND_RUN);
+        wire::write_exec(&mut w, &exec);
+        wire::write_run_part(&mut w, &part);
+        w.bool(ch.pty_child.is_some());
+        let bytes = w.into_bytes();
+        if bytes.len() > MAX_RECORD {
+            return Err(SetupError::Supervisor {
+                op: "start a run of the template",
+                source: io::Error::other(format!(
+                    "the run's program, arguments, environment and view take {} bytes; a template's run takes at most {MAX_RECORD}",
+                    bytes.len()
+                )),
+            });
+        }
+        let mut fds: Vec<c_int> = ch.stdio.to_vec();
+        fds.push(ch.init_fd(&ch.msg_w));
+        fds.push(ch.init_fd(&ch.go_r));
+        fds.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
+        fds.extend(trees.iter().map(|t| t.as_raw_fd()));
+        let started = Instant::now();
+        sys::send_msg(self.ctl.as_raw_fd(), &bytes, &fds).map_err(|e| SetupError::Supervisor {
+            op: "start a run of the template",
+            source: io::Error::new(
+                io::Error::from_raw_os_error(e).kind(),
+                format!("its zygote is gone ({})", io::Error::from_raw_os_error(e)),
+            ),
+        })?;
+        // The zygote and the init hold their own copies now.
+        ch.close_init_side();
+        drop(trees);
+        // The zygote's answer: the init's pid. An error of the init itself may come first (the
+        // init reports it before the zygote has written the pid), and is the one to report.
+        let mut early: Option<Msg> = None;
+        let pid = loop {
+            let mut b = [0u8; 16];
+            // The zygote answers at once; one that does not within the bound is broken, and the
+            // run fails instead of waiting for it (no deadline of the run is running yet).
+            if !sys::readable_within(ch.msg_r_raw(), ZYGOTE_ANSWER_MS) {
+                return Err(SetupError::Supervisor {
+                    op: "start a run of the template",
+                    source: io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "its zygote did not answer within 30 s",
+                    ),
+                });
+            }
+            match sys::read_full(ch.msg_r_raw(), &mut b) {
+                Ok(16) => {}
+                _ => {
+                    let views = self.views(&part, fresh.as_ref(), policy);
+                    return Err(
+                        early.map_or(SetupError::InitVanished, |m| spawn::setup_error(&m, &views))
+                    );
+                }
+            }
+            let m = Msg::from_bytes(&b);
+            if m.kind == child::MSG_SPAWNED && m.value > 0 {
+                break m.value;
+            }
+            early.get_or_insert(m);
+        };
+        // The init is our child (CLONE_PARENT) and unreaped: its pid cannot name another process.
+        let pidfd = sys::pidfd_open(pid).map_err(|e| supervisor("open a pidfd for the run", e))?;
+        let mut running = Running::new(
+            pid,
+            owned(pidfd),
+            ch,
+            started,
+            self.ids,
+            None,
+            policy,
+            fresh.as_ref().unwrap_or(&self.plan),
+            "template",
+        )?;
+        let views = self.views(&part, fresh.as_ref(), policy);
+        running.complete(before_start, early, &views, setup_cpu0)?;
+        Ok(running)
+    }
+
+    fn views<'a>(
+        &'a self,
+        part: &'a RunPart,
+        fresh: Option<&'a Plan>,
+        policy: &'a Policy,
+    ) -> Views<'a> {
+        Views {
+            sources: &part.sources,
+            ops: &part.ops,
+            plan: fresh.unwrap_or(&self.plan),
+            program: &policy.command[0],
+        }
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        // The zygote sees the end of its socket and exits; then it is reaped.
+        // SAFETY: shutting down our own socket, then waiting for our own child.
+        unsafe {
+            libc::shutdown(self.ctl.as_raw_fd(), libc::SHUT_RDWR);
+            let mut st = 0;
+            libc::waitpid(self.zygote, &mut st, 0);
+        }
+    }
+}
+
+// ---- The zygote: palisade's own program, exec'd once per template. ----
+
+/// What the zygote holds between runs.
+struct Zygote {
+    plan: Plan,
+    /// The mount namespace it was made in: a copy of the host's, where a run's host paths are
+    /// looked up (unprivileged: the zygote opens them itself).
+    host_ns: c_int,
+    /// The prepared view's mount namespace, where it lives.
+    base_ns: c_int,
+    /// The host's `/proc`, where each run's init writes its own id maps (`self/uid_map`).
+    host_proc: c_int,
+    /// For each Landlock rule, its path opened in the prepared view, or -1 (a per-run path).
+    rule_fds: Vec<c_int>,
+}
+
+/// A zygote's setup failure: the step, an index, the errno.
+type Fail = child::Fail;
+
+fn reply_failed(ctl: c_int, (step, index, errno): Fail) {
+    let mut w = Writer::new(KIND_FAILED);
+    w.u32(step as u32);
+    w.u32(index);
+    w.i32(errno);
+    let _ = sys::send_msg(ctl, &w.into_bytes(), &[]);
+}
+
+/// The zygote's `main`: reads the template, prepares the view, says ready, serves runs until the
+/// supervisor closes the socket.
+pub(crate) fn main(ctl: c_int) -> ! {
+    let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _);
+    let mut buf = vec![0u8; MAX_RECORD + 1];
+    let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
+    let got = match sys::recv_msg(ctl, &mut buf, &mut fds) {
+        Ok(g) if g.len > 0 && !g.truncated && g.len <= MAX_RECORD => g,
+        _ => sys::exit(1),
+    };
+    let decoded = Reader::new(&buf[..got.len]).and_then(|(kind, mut r)| {
+        if kind != KIND_TEMPLATE {
+            return Err(WireError("kind"));
+        }
+        let mut plan = wire::read_plan(&mut r)?;
+        let n = r.count(sys::MAX_MSG_FDS, 4, "template trees")?;
+        if n != got.nfds {
+            return Err(WireError("template trees (count)"));
+        }
+        for &fd in &fds[..n] {
+            let i = r.index(plan.sources.len(), "template tree source")?;
+            plan.sources[i].tree = fd;
+        }
+        r.finish()?;
+        Ok(plan)
+    });
+    let plan = match decoded {
+        Ok(p) => p,
+        Err(_) => {
+            reply_failed(ctl, (Step::Engine, 0, libc::EPROTO));
+            sys::exit(1)
+        }
+    };
+    match prepare(plan, ctl) {
+        Ok(mut z) => {
+            if sys::send_msg(ctl, &Writer::new(KIND_READY).into_bytes(), &[]).is_err() {
+                sys::exit(1);
+            }
+            serve(&mut z, ctl, &mut buf)
+        }
+        Err(f) => {
+            reply_failed(ctl, f);
+            sys::exit(1)
+        }
+    }
+}
+
+fn open_dir(path: &std::ffi::CStr, flags: c_int) -> Result<c_int, i32> {
+    sys::openat(libc::AT_FDCWD, path, flags, 0)
+}
+
+/// Builds the prepared view (the template's part of the plan), pivots into it and makes it
+/// read-only. The steps are the in-process engine's (child.rs) where they are the same.
+fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
+    let at = child::at;
+    // Become the mapped ids (the supervisor wrote the maps before it sent the plan).
+    let ids = plan.ids;
+    if ids.privileged {
+        sys::setgroups_empty().map_err(|e| (Step::Ids, 0, e))?;
+    }
+    sys::setresgid(ids.gid).map_err(|e| (Step::Ids, 1, e))?;
+    sys::setresuid(ids.uid).map_err(|e| (Step::Ids, 2, e))?;
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
+    if sys::hung_up(ctl) {
+        sys::exit(1);
+    }
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::Dumpable))?;
+    // SAFETY: umask only changes this process's file-creation mask (modes in the plan exact).
+    unsafe { libc::umask(0) };
+    // The host's mount namespace as the zygote sees it (a copy, slave of the host's shared
+    // mounts), kept for looking up a run's host paths; the host's /proc, for the runs' maps.
+    let host_ns =
+        open_dir(c"/proc/self/ns/mnt", libc::O_RDONLY).map_err(at(Step::MountsPrivate))?;
+    let host_proc =
+        open_dir(c"/proc", libc::O_PATH | libc::O_DIRECTORY).map_err(at(Step::MountsPrivate))?;
+    // The prepared view's own mount namespace: private, so nothing crosses to or from the host.
+    sys::unshare(libc::CLONE_NEWNS).map_err(at(Step::MountsPrivate))?;
+    sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(at(Step::MountsPrivate))?;
+    let base_ns =
+        open_dir(c"/proc/self/ns/mnt", libc::O_RDONLY).map_err(at(Step::MountsPrivate))?;
+    // Open the prepared part's sources (step 5), before anything is mounted over them.
+    let used: Vec<bool> = (0..plan.sources.len())
+        .map(|i| {
+            plan.ops.iter().any(
+                |o| matches!(o, Op::Bind { source, .. } if *source == i && !plan::is_per_run(o)),
+            )
+        })
+        .collect();
+    for (i, s) in plan.sources.iter_mut().enumerate() {
+        if s.tree >= 0 || !used[i] {
+            continue;
+        }
+        let fd = sys::open_path_noresolve(
+            &s.path,
+            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+        )
+        .map_err(|e| (Step::OpenSource, i as u32, e))?;
+        match sys::dev_ino(fd) {
+            Ok((d, n)) if d == s.dev && n == s.ino => s.fd = fd,
+            Ok(_) => return Err((Step::SourceChanged, i as u32, libc::ESTALE)),
+            Err(e) => return Err((Step::OpenSource, i as u32, e)),
+        }
+    }
+    // The new root (step 6), its prepared part (step 7).
+    sys::mount(
+        Some(c"palisade"),
+        c"/tmp",
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(c"mode=0755,size=4m"),
+    )
+    .map_err(at(Step::RootTmpfs))?;
+    // SAFETY: chdir to a NUL-terminated path.
+    if unsafe { libc::chdir(c"/tmp".as_ptr()) } != 0 {
+        return Err((Step::RootTmpfs, 1, child::errno()));
+    }
+    for (i, op) in plan.ops.iter().enumerate() {
+        if !plan::is_per_run(op) {
+            child::run_op(&plan, op).map_err(|e| (Step::Op, i as u32, e))?;
+        }
+    }
+    // A procfs that is fully visible in the prepared view: the kernel lets a run mount its own
+    // /proc only where one already is. It is the procfs of a pid namespace that has died (a
+    // helper's, which exits at once), so it shows no process; every run covers it with its own.
+    helper_proc().map_err(at(Step::TemplateProc))?;
+    // Step 8: pivot into the view, detach the host's tree.
+    sys::pivot_root(c".", c".").map_err(at(Step::PivotRoot))?;
+    sys::umount2(c".", libc::MNT_DETACH).map_err(at(Step::DetachOldRoot))?;
+    // SAFETY: chdir to a NUL-terminated path.
+    unsafe { libc::chdir(c"/".as_ptr()) };
+    // Step 9, for every run at once: the prepared part's own file systems read-only (the root,
+    // /dev); in a run's namespace the flag is locked.
+    sys::mount_setattr(libc::AT_FDCWD, c"/", 0, sys::MOUNT_ATTR_RDONLY, 0, -1)
+        .map_err(at(Step::RootReadOnly))?;
+    for op in plan.ops.iter().filter(|o| !plan::is_per_run(o)) {
+        if let Op::Tmpfs { path, .. } = op {
+            sys::mount_setattr(libc::AT_FDCWD, path, 0, sys::MOUNT_ATTR_RDONLY, 0, -1)
+                .map_err(at(Step::RootReadOnly))?;
+        }
+    }
+    // The Landlock rules' paths in the prepared part, opened once (step 10 for every run).
+    let mut rule_fds = Vec::new();
+    if let Some(ll) = plan.landlock.ruleset() {
+        for (i, r) in ll.rules.iter().enumerate() {
+            if plan::is_per_run_path(r.path.to_bytes()) {
+                rule_fds.push(-1);
+                continue;
+            }
+            match sys::openat(libc::AT_FDCWD, &r.path, libc::O_PATH, 0) {
+                Ok(fd) => rule_fds.push(fd),
+                Err(libc::ENOENT) if r.optional => rule_fds.push(-1),
+                Err(e) => return Err((Step::LandlockRule, i as u32, e)),
+            }
+        }
+    }
+    Ok(Zygote {
+        plan,
+        host_ns,
+        base_ns,
+        host_proc,
+        rule_fds,
+    })
+}
+
+/// Mounts `proc` (relative to the working directory) from a child in a new pid namespace that
+/// exits at once.
+fn helper_proc() -> Result<(), i32> {
+    // SAFETY: the zygote is single-threaded; the child only mounts and exits.
+    match unsafe { sys::clone3(sys::CLONE_NEWPID) }? {
+        sys::Forked::Child => {
+            let r = sys::mount(
+                Some(c"proc"),
+                c"proc",
+                Some(c"proc"),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                None,
+            );
+            sys::exit(if r.is_ok() { 0 } else { 1 })
+        }
+        sys::Forked::Parent { pid, pidfd } => {
+            sys::close(pidfd);
+            let mut st = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 {
+                Ok(())
+            } else {
+                Err(libc::EPERM)
+            }
+        }
+    }
+}
+
+/// One run's request, decoded.
+struct Request {
+    exec: plan::Exec,
+    part: RunPart,
+    fds: ChildFds,
+    /// Every descriptor that came with the request.
+    all: Vec<c_int>,
+}
+
+fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
+    let (kind, mut r) = Reader::new(bytes)?;
+    if kind != KIND_RUN {
+        return Err(WireError("kind"));
+    }
+    let exec = wire::read_exec(&mut r)?;
+    let mut part = wire::read_run_part(&mut r)?;
+    let pty = r.bool("pty")?;
+    r.finish()?;
+    let trees = part.sources.iter().filter(|s| s.tree >= 0).count();
+    let base = 5 + pty as usize;
+    if fds.len() != base + trees {
+        return Err(WireError("descriptors (count)"));
+    }
+    let mut t = fds[base..].iter();
+    for s in part.sources.iter_mut().filter(|s| s.tree >= 0) {
+        s.tree = *t.next().expect("counted above");
+    }
+    let mut keep: Vec<c_int> = fds[3..].to_vec();
+    keep.sort_unstable();
+    Ok(Request {
+        exec,
+        part,
+        fds: ChildFds {
+            stdio: [fds[0], fds[1], fds[2]],
+            msg: fds[3],
+            go: fds[4],
+            pty_sock: if pty { fds[5] } else { -1 },
+            keep,
+        },
+        all: fds.to_vec(),
+    })
+}
+
+/// Serves runs until the supervisor closes the socket.
+fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
+    let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
+    loop {
+        let got = match sys::recv_msg(ctl, buf, &mut fds) {
+            Ok(g) if g.len == 0 => sys::exit(0),
+            Ok(g) => g,
+            Err(libc::EINTR) => continue,
+            Err(_) => sys::exit(1),
+        };
+        let received = &fds[..got.nfds];
+        let req = if got.truncated || got.len > MAX_RECORD {
+            Err(WireError("longer than a record"))
+        } else {
+            decode_request(&buf[..got.len], received)
+        };
+        match req {
+            Ok(req) => {
+                // The previous run's program, arguments and environment, swapped out of the
+                // plan by `run`, and this request's bytes: wiped, so that no later run's init
+                // (a copy of this process) holds them, not even in freed memory.
+                let previous = run(z, req);
+                wipe(previous);
+                wipe_bytes(&mut buf[..got.len]);
+            }
+            // Malformed: nothing to answer on; closing the run's descriptors ends it (its
+            // supervisor reads the end of its message pipe).
+            Err(_) => received.iter().for_each(|&fd| sys::close(fd)),
+        }
+    }
+}
+
+/// Overwrites bytes so that the write is not optimized away.
+fn wipe_bytes(b: &mut [u8]) {
+    for x in b.iter_mut() {
+        // SAFETY: a write through a valid, exclusive reference.
+        unsafe { std::ptr::write_volatile(x, 0) };
+    }
+}
+
+/// Wipes the strings of a program (arguments, environment) before they are freed.
+fn wipe(exec: plan::Exec) {
+    let plan::Exec {
+        candidates,
+        argv,
+        envp,
+        ..
+    } = exec;
+    for s in candidates.into_iter().chain(argv).chain(envp) {
+        wipe_bytes(&mut s.into_bytes());
+    }
+}
+
+/// One run: its host paths opened (unprivileged), its init cloned; the zygote keeps nothing of
+/// it. Returns the program it replaced in the plan (the previous run's), for the caller to wipe.
+fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
+    let msg = req.fds.msg;
+    let done = |req: &Request| req.all.iter().for_each(|&fd| sys::close(fd));
+    let fail = |req: &Request, (step, index, value): Fail| {
+        child::send(
+            msg,
+            Msg {
+                kind: child::MSG_SETUP_ERROR,
+                step: step as u32,
+                index,
+                value,
+            },
+        );
+        done(req);
+    };
+    // Unprivileged: the run's host paths (a host scratch directory, binds under per-run places)
+    // opened here, in the host's mount namespace, as detached trees checked by device and inode.
+    if let Err(f) = open_run_sources(z, &mut req.part.sources) {
+        // Trees made before the failure are the zygote's own.
+        for s in req.part.sources.iter().filter(|s| s.tree >= 0) {
+            if !req.all.contains(&s.tree) {
+                sys::close(s.tree);
+            }
+        }
+        // The request's own program, never used: wiped all the same.
+        fail(&req, f);
+        return req.exec;
+    }
+    let made: Vec<c_int> = req
+        .part
+        .sources
+        .iter()
+        .filter(|s| s.tree >= 0 && !req.all.contains(&s.tree))
+        .map(|s| s.tree)
+        .collect();
+    std::mem::swap(&mut z.plan.exec, &mut req.exec);
+    // SAFETY: the zygote is single-threaded: the child may run ordinary code. It never returns.
+    match unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) }
+    {
+        Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made),
+        Ok(sys::Forked::Parent { pid, pidfd }) => {
+            sys::close(pidfd);
+            child::send(
+                msg,
+                Msg {
+                    kind: child::MSG_SPAWNED,
+                    step: 0,
+                    index: 0,
+                    value: pid,
+                },
+            );
+            made.iter().for_each(|&fd| sys::close(fd));
+            done(&req);
+        }
+        Err(e) => {
+            made.iter().for_each(|&fd| sys::close(fd));
+            fail(&req, (Step::Fork, 0, e));
+        }
+    }
+    req.exec
+}
+
+/// Opens each run source that came without a tree: in the host's mount namespace, with no
+/// symlink resolution, checked by device and inode, cloned as a detached tree.
+fn open_run_sources(z: &Zygote, sources: &mut [Source]) -> Result<(), Fail> {
+    if sources.iter().all(|s| s.tree >= 0) {
+        return Ok(());
+    }
+    sys::setns(z.host_ns, libc::CLONE_NEWNS).map_err(|e| (Step::OpenSource, 0, e))?;
+    let mut result = Ok(());
+    for (i, s) in sources.iter_mut().enumerate().filter(|(_, s)| s.tree < 0) {
+        let i = i as u32;
+        let fd = match sys::open_path_noresolve(
+            &s.path,
+            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                result = Err((Step::OpenSource, i, e));
+                break;
+            }
+        };
+        let checked = match sys::dev_ino(fd) {
+            Ok((d, n)) if d == s.dev && n == s.ino => Ok(()),
+            Ok(_) => Err((Step::SourceChanged, i, libc::ESTALE)),
+            Err(e) => Err((Step::OpenSource, i, e)),
+        };
+        let tree = checked.and_then(|()| {
+            let flags = sys::OPEN_TREE_CLONE
+                | sys::OPEN_TREE_CLOEXEC
+                | libc::AT_EMPTY_PATH as u32
+                | libc::AT_RECURSIVE as u32;
+            sys::open_tree(fd, c"", flags).map_err(|e| (Step::OpenSource, i, e))
+        });
+        sys::close(fd);
+        match tree {
+            Ok(t) => s.tree = t,
+            Err(f) => {
+                result = Err(f);
+                break;
+            }
+        }
+    }
+    // Back into the prepared view, whatever happened (its root becomes the working directory).
+    if let Err(e) = sys::setns(z.base_ns, libc::CLONE_NEWNS) {
+        // Without its view the zygote can serve nothing more.
+        let _ = e;
+        sys::exit(1);
+    }
+    result
+}
+
+/// The per-run init (a clone of the zygote, pid 1 of a new pid namespace, in a new user
+/// namespace): the run's own namespaces and mounts, then the in-process engine's last steps.
+fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int]) -> ! {
+    let mut ready = Prepared {
+        slave: -1,
+        ruleset: -1,
+    };
+    if let Err((step, index, errno)) = run_setup(z, part, fds, made, &mut ready) {
+        child::send(
+            fds.msg,
+            Msg {
+                kind: child::MSG_SETUP_ERROR,
+                step: step as u32,
+                index,
+                value: errno,
+            },
+        );
+        sys::exit(1);
+    }
+    let stack_top = z.plan.payload_stack.as_mut_ptr_range().end;
+    child::supervise(&z.plan, fds, ready, stack_top)
+}
+
+fn run_setup(
+    z: &mut Zygote,
+    part: &RunPart,
+    fds: &ChildFds,
+    made: &[c_int],
+    ready: &mut Prepared,
+) -> Result<(), Fail> {
+    let at = child::at;
+    // 1. Die with the template's thread (whose child this init is, by CLONE_PARENT).
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
+    // 2. The standard streams in place; every descriptor but the run's own, the trees and what
+    //    the next steps need closed: the template's socket above all.
+    for (target, src) in fds.stdio.iter().enumerate() {
+        if *src != target as c_int {
+            sys::dup2(*src, target as c_int).map_err(|e| (Step::Stdio, target as u32, e))?;
+        }
+    }
+    let mut keep: Vec<c_int> = fds.keep.clone();
+    keep.extend_from_slice(made);
+    keep.push(z.host_proc);
+    keep.extend(z.rule_fds.iter().copied().filter(|&fd| fd >= 0));
+    keep.sort_unstable();
+    keep.dedup();
+    sys::close_all_but(&keep).map_err(at(Step::CloseFds))?;
+    // 3. The run's user namespace maps its ids to themselves (the kernel allows a process to
+    //    map its own uid and gid, the gid once setgroups is denied); then become them.
+    let ids = z.plan.ids;
+    let write = |file: &std::ffi::CStr, data: &str, index: u32| -> Result<(), Fail> {
+        let fd =
+            sys::openat(z.host_proc, file, libc::O_WRONLY, 0).map_err(|e| (Step::Ids, index, e))?;
+        let r = sys::write_all(fd, data.as_bytes());
+        sys::close(fd);
+        r.map_err(|e| (Step::Ids, index, e))
+    };
+    // Dumpable for as long as it writes them: the files of a process that is not are root's, and
+    // an unprivileged init could not open its own (the zygote it was cloned from is not).
+    sys::prctl(libc::PR_SET_DUMPABLE, 1).map_err(at(Step::Dumpable))?;
+    write(c"self/setgroups", "deny", 3)?;
+    write(c"self/uid_map", &format!("{0} {0} 1\n", ids.uid), 4)?;
+    write(c"self/gid_map", &format!("{0} {0} 1\n", ids.gid), 5)?;
+    sys::close(z.host_proc);
+    sys::setresgid(ids.gid).map_err(|e| (Step::Ids, 1, e))?;
+    sys::setresuid(ids.uid).map_err(|e| (Step::Ids, 2, e))?;
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
+    if sys::hung_up(fds.go) {
+        sys::exit(1);
+    }
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::Dumpable))?;
+    // SAFETY: umask only changes this process's file-creation mask (modes in the plan exact).
+    unsafe { libc::umask(0) };
+    // The run's own mount, network, IPC and UTS namespaces, owned by its user namespace.
+    sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
+        .map_err(at(Step::MountsPrivate))?;
+    // 7. The run's part of the view, on the prepared view's mount points.
+    for (i, op) in part.ops.iter().enumerate() {
+        child::run_op_with(&part.sources, op).map_err(|e| (Step::Op, i as u32, e))?;
+    }
+    // 10. Landlock: the prepared part's rules through the zygote's descriptors, the run's own
+    //     by path, now that its mounts are there.
+    if let Some(ll) = z.plan.landlock.ruleset() {
+        ready.ruleset = child::landlock_ruleset_with(ll, &z.rule_fds)?;
+    }
+    z.rule_fds.iter().for_each(|&fd| sys::close(fd));
+    // 11, 12: host name, loopback, egress listeners, pty.
+    child::finish_view(&z.plan, fds, ready)
+}
