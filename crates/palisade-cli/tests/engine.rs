@@ -753,6 +753,29 @@ fn a_template_with_a_host_scratch_directory() {
     );
 }
 
+/// A workspace is one run's own: preparing a template with one is refused, the field named, and
+/// the project is left as it was.
+#[test]
+fn a_template_refuses_a_workspace() {
+    let _one = serial();
+    let d = TempDir::new("tworkspace");
+    std::fs::write(d.path().join("file"), "before\n").unwrap();
+    let mut p = policy("echo after > /workspace/file");
+    p.scratch = palisade::policy::Scratch::Workspace {
+        path: d.path().to_owned(),
+    };
+    let e = Sandbox::from_policy(p)
+        .unwrap()
+        .engine(exec_engine())
+        .prepare()
+        .expect_err("a template with a workspace was prepared");
+    assert!(e.to_string().contains("filesystem.workspace"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("file")).unwrap(),
+        "before\n"
+    );
+}
+
 /// A run's command and variables are checked before anything starts, the field named; a request
 /// too large for the template's socket is refused with its size.
 #[test]

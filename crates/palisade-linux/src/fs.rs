@@ -369,10 +369,26 @@ impl Dir {
     }
 }
 
-/// The file-system clock now (`CLOCK_REALTIME_COARSE`), in nanoseconds since the epoch: a file
-/// changed after this moment has a status-change time at or after it.
-pub fn coarse_now_ns() -> i128 {
-    sys::realtime_coarse_ns()
+/// A moment on the file-system clock that splits what happened before this call from what
+/// happens after it returns: every change made before the call has a status-change time before
+/// the value, every change made after the return one at or after it.
+///
+/// File systems stamp changes with the coarse clock (`CLOCK_REALTIME_COARSE`, one tick of 1 to
+/// 10 ms), or since Linux 6.13 sometimes with a finer time within the tick; either way a change
+/// made just before the call can carry the current tick's time or more. The next tick's time is
+/// after the call began and before any change made after it is seen, so the call waits for the
+/// tick to turn (at most one tick; 100 ms if the clock stands still, then the current tick's
+/// time, which errs towards calling a change a conflict).
+pub fn next_tick_ns() -> i128 {
+    let first = sys::realtime_coarse_ns();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    loop {
+        let now = sys::realtime_coarse_ns();
+        if now != first || std::time::Instant::now() >= give_up {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(250));
+    }
 }
 
 #[cfg(test)]

@@ -576,8 +576,11 @@ impl Sandbox {
             _ => None,
         };
         // The file-system clock at the start: a project file changed at or after it was changed
-        // during the run (a conflict for the change set).
-        let started_ns = palisade_linux::fs::coarse_now_ns();
+        // during the run (a conflict for the change set). Only a workspace run waits for it.
+        let started_ns = match &policy.scratch {
+            Scratch::Workspace { .. } => palisade_linux::fs::next_tick_ns(),
+            _ => 0,
+        };
         // The cgroup: memory and process ceilings for the sandbox as a whole. Fail closed: without
         // one, refuse, unless the user waived it by name.
         let (manager, waived) = match self.cgroups() {
