@@ -13,6 +13,8 @@ use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
+mod serve;
+
 /// A kernel-enforced sandbox for code nobody has read.
 #[derive(Parser, Debug)]
 #[command(name = "palisade", version, about)]
@@ -49,6 +51,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PolicyCmd,
     },
+    /// Serve the HTTP API: one-shot runs, batches, sessions, files, a SandboxFusion-compatible
+    /// /run_code (docs/server.md). The policy file is the ceiling of every request.
+    Serve(Box<serve::ServeArgs>),
+    /// The server's agent inside a sandbox (not for direct use).
+    #[command(name = "__agent", hide = true)]
+    Agent,
 }
 
 #[derive(Subcommand, Debug)]
@@ -238,6 +246,14 @@ fn main() {
                 EXIT_SANDBOX_ERROR
             }
         },
+        Cmd::Serve(a) => match serve::main(*a) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisade: error: {e:#}");
+                EXIT_SANDBOX_ERROR
+            }
+        },
+        Cmd::Agent => palisade_service::agent::main(),
         Cmd::CgroupDelegate { user } => match delegate(&user) {
             Ok(()) => 0,
             Err(e) => {
