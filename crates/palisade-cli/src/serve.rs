@@ -390,19 +390,40 @@ async fn run_code(State(app): State<App>, body: Body) -> Res<Response> {
     Ok(json(&r))
 }
 
-/// NDJSON lines from a channel; the client going away drops the receiver.
-fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<T>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        let mut line = serde_json::to_vec(&item).unwrap_or_default();
-        line.push(b'\n');
-        Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), rx))
+/// A streamed body from a channel, with a keep-alive chunk after each second of silence: a
+/// client that went away is noticed at the next write, which drops the receiver, which kills
+/// the work behind it (a batch's runs, an exec).
+fn stream_body<T, F>(rx: tokio::sync::mpsc::Receiver<T>, render: F, beat: &'static [u8]) -> Body
+where
+    T: Send + 'static,
+    F: Fn(T) -> Bytes + Send + Sync + 'static,
+{
+    let stream = futures_util::stream::unfold((rx, render), move |(mut rx, render)| async move {
+        let chunk = match tokio::time::timeout(HEARTBEAT, rx.recv()).await {
+            Ok(Some(item)) => render(item),
+            Ok(None) => return None,
+            Err(_) => Bytes::from_static(beat),
+        };
+        Some((Ok::<_, std::convert::Infallible>(chunk), (rx, render)))
     });
-    (
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response()
+    Body::from_stream(stream)
+}
+
+/// Silence after which a streamed answer gets a keep-alive chunk.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// NDJSON lines from a channel; blank lines are keep-alives.
+fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<T>) -> Response {
+    let body = stream_body(
+        rx,
+        |item| {
+            let mut line = serde_json::to_vec(&item).unwrap_or_default();
+            line.push(b'\n');
+            Bytes::from(line)
+        },
+        b"\n",
+    );
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }
 
 async fn batch(State(app): State<App>, body: Body) -> Res<Response> {
@@ -458,28 +479,26 @@ async fn exec(
         "stream" => Ok(ndjson(app.svc.exec_stream(&id, req).await?)),
         "sse" => {
             let rx = app.svc.exec_stream(&id, req).await?;
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                let ev = rx.recv().await?;
-                let name = match &ev {
-                    api::ExecEvent::Start { .. } => "start",
-                    api::ExecEvent::Stdout { .. } => "stdout",
-                    api::ExecEvent::Stderr { .. } => "stderr",
-                    api::ExecEvent::Exit { .. } => "exit",
-                };
-                let data = serde_json::to_string(&ev).unwrap_or_default();
-                Some((
-                    Ok::<_, std::convert::Infallible>(Bytes::from(format!(
-                        "event: {name}\ndata: {data}\n\n"
-                    ))),
-                    rx,
-                ))
-            });
+            let body = stream_body(
+                rx,
+                |ev| {
+                    let name = match &ev {
+                        api::ExecEvent::Start { .. } => "start",
+                        api::ExecEvent::Stdout { .. } => "stdout",
+                        api::ExecEvent::Stderr { .. } => "stderr",
+                        api::ExecEvent::Exit { .. } => "exit",
+                    };
+                    let data = serde_json::to_string(&ev).unwrap_or_default();
+                    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+                },
+                b": keep-alive\n\n",
+            );
             Ok((
                 [
                     (header::CONTENT_TYPE, "text/event-stream"),
                     (header::CACHE_CONTROL, "no-cache"),
                 ],
-                Body::from_stream(stream),
+                body,
             )
                 .into_response())
         }

@@ -269,26 +269,27 @@ impl Service {
                 }
                 let mut argv: Vec<String> = lang.run.iter().map(|s| s.to_string()).collect();
                 argv.extend(req.args.iter().cloned());
-                let compile =
-                    match (lang.compile, &req.compile) {
-                        (Some(c), s) => {
-                            let mut p = stage_limits(
-                                s.as_ref().unwrap_or(&api::StageLimits::default()),
-                                "compile",
-                            )?;
-                            p.argv = c.iter().map(|s| s.to_string()).collect();
-                            Some(p)
-                        }
-                        (None, Some(_)) => return Err(ServiceError::invalid(
+                let compile = match (lang.compile, &req.compile) {
+                    (Some(c), s) => {
+                        let mut p = stage_limits(
+                            s.as_ref().unwrap_or(&api::StageLimits::default()),
+                            "compile",
+                        )?;
+                        p.argv = c.iter().map(|s| s.to_string()).collect();
+                        Some(p)
+                    }
+                    (None, Some(_)) => {
+                        return Err(ServiceError::invalid(
                             f("compile"),
                             "set",
                             format!(
                                 "a compile stage only for compiled languages; {} is interpreted",
                                 lang.name
                             ),
-                        )),
-                        (None, None) => None,
-                    };
+                        ))
+                    }
+                    (None, None) => None,
+                };
                 (
                     argv,
                     compile,
@@ -761,6 +762,8 @@ pub(crate) async fn capture(
                 if c.exit.is_none() { let _ = conn.signal(exec.id, 9).await; }
             },
             _ = tokio::time::sleep_until(grace_end.unwrap_or(deadline)), if grace_end.is_some() => break,
+            // A streaming client went away (acted on below).
+            _ = async { tap.expect("guarded").closed().await }, if tap.is_some() && killed_at.is_none() => {},
         }
         if c.output_hit && killed_at.is_none() {
             killed_at = Some(tokio::time::Instant::now());

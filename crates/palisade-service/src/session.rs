@@ -24,7 +24,12 @@ pub type ExecStream = tokio::sync::mpsc::Receiver<ExecEvent>;
 pub(crate) struct Registry {
     map: Mutex<HashMap<String, Arc<Session>>>,
     keys: Mutex<HashMap<String, String>>,
+    /// Sessions that ended, and why (the latest [`ENDED_KEPT`]): a call for one is 410, not 404.
+    ended: Mutex<std::collections::VecDeque<(String, String)>>,
 }
+
+/// How many ended sessions are remembered.
+const ENDED_KEPT: usize = 4096;
 
 impl Registry {
     pub(crate) fn len(&self) -> usize {
@@ -309,14 +314,26 @@ impl Service {
     }
 
     fn session(&self, id: &str) -> Result<Arc<Session>, ServiceError> {
-        self.inner
+        let found = self
+            .inner
             .sessions
             .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
-            .cloned()
-            .ok_or_else(|| ServiceError::not_found("session", id))
+            .cloned();
+        found.ok_or_else(|| {
+            let ended = self
+                .inner
+                .sessions
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match ended.iter().find(|(e, _)| e == id) {
+                Some((_, why)) => ServiceError::gone(id, why),
+                None => ServiceError::not_found("session", id),
+            }
+        })
     }
 
     /// `GET /v1/sandboxes/{id}`.
@@ -363,6 +380,18 @@ impl Service {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(k);
+        }
+        {
+            let mut ended = self
+                .inner
+                .sessions
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if ended.len() >= ENDED_KEPT {
+                ended.pop_front();
+            }
+            ended.push_back((id.to_owned(), why.to_owned()));
         }
         tracing::info!(session = %id, why, "session destroyed");
         let report = teardown(&s).await;
@@ -414,7 +443,15 @@ impl Service {
         let _ = tx.send(ExecEvent::Start { id: eid }).await;
         let tx2 = tx.clone();
         let fwd = tokio::spawn(async move {
-            while let Some((err, b)) = crx.recv().await {
+            loop {
+                let (err, b) = tokio::select! {
+                    m = crx.recv() => match m {
+                        Some(m) => m,
+                        None => break,
+                    },
+                    // The client went away: dropping `crx` tells the exec's capture.
+                    _ = tx2.closed() => break,
+                };
                 let data = Data::new(b, false);
                 let ev = if err {
                     ExecEvent::Stderr { data }
