@@ -358,6 +358,12 @@ impl Service {
         })
     }
 
+    /// Checks a request the way [`Service::run`] does, without running it: the error names the
+    /// field (front ends use it for a dry run; the fuzz target for request decoding calls it).
+    pub fn check_run(&self, req: &RunRequest) -> Result<(), ServiceError> {
+        self.plan(req, "").map(|_| ())
+    }
+
     /// `POST /v1/run`: checks, waits for a slot (or `busy`), runs.
     pub async fn run(&self, req: RunRequest) -> Result<RunResult, ServiceError> {
         let plan = self.plan(&req, "")?;
