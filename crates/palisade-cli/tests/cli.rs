@@ -297,6 +297,7 @@ fn help_texts_match_their_snapshots() {
             &["cgroup-delegate", "--help"][..],
         ),
         ("help-policy.txt", &["policy", "--help"][..]),
+        ("help-serve.txt", &["serve", "--help"][..]),
     ] {
         let o = std::process::Command::new(palisade_bin())
             .args(args)
@@ -325,7 +326,7 @@ fn help_texts_match_their_snapshots() {
     }
     // Every subcommand has its own description, not an empty one.
     let top = std::fs::read_to_string(dir.join("help.txt")).unwrap();
-    for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy "] {
+    for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy ", "serve "] {
         let line = top
             .lines()
             .find(|l| l.trim_start().starts_with(cmd))
