@@ -309,6 +309,10 @@ fn router(app: App) -> Router {
         .route("/v1/sandboxes/{id}/exec/{exec}/signal", post(exec_signal))
         .route("/v1/sandboxes/{id}/files", get(list_files))
         .route(
+            "/v1/sandboxes/{id}/archive",
+            get(get_archive).put(put_archive),
+        )
+        .route(
             "/v1/sandboxes/{id}/files/{*path}",
             get(get_file).put(put_file).delete(remove_file),
         )
@@ -613,6 +617,30 @@ async fn put_file(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+async fn get_archive(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Res<Response> {
+    let (tar, skipped) = app.svc.get_archive(&id, &q.path).await?;
+    let mut r = ([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response();
+    if let Ok(v) = HeaderValue::from_str(&skipped.to_string()) {
+        r.headers_mut().insert("x-palisade-skipped", v);
+    }
+    Ok(r)
+}
+
+async fn put_archive(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+    body: Body,
+) -> Res<Response> {
+    let data = read_body(&app, body).await?;
+    app.svc.put_archive(&id, &q.path, data.to_vec()).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 async fn remove_file(
     State(app): State<App>,
     Path((id, path)): Path<(String, String)>,
@@ -707,6 +735,11 @@ pub fn openapi() -> String {
                 "get": {"summary": "Read a regular file (never through a symlink)", "responses": with(serde_json::json!({"200": {"description": "The bytes", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}}))},
                 "put": {"summary": "Write a file (parents created; never through a symlink)", "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Written"}}))},
                 "delete": {"summary": "Remove a file (?recursive=true for a directory)", "responses": with(serde_json::json!({"204": {"description": "Removed"}}))}
+            },
+            "/v1/sandboxes/{id}/archive": {
+                "parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}],
+                "get": {"summary": "A tar of a directory, made inside: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed)", "responses": with(serde_json::json!({"200": {"description": "The archive", "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
+                "put": {"summary": "Unpack a tar under a directory, inside: regular files and directories with relative names only, checked whole first", "requestBody": {"content": {"application/x-tar": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Unpacked"}}))}
             },
             "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/readyz": {"get": {"summary": "Taking work", "security": [], "responses": {"200": {"description": "ready"}, "503": {"description": "shutting down"}}}},

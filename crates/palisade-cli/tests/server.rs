@@ -1100,6 +1100,123 @@ fn file_transfers_cannot_leave_the_sandbox() {
             .status,
         400
     );
+    // Archives: what comes out holds regular files and directories only (links skipped, never
+    // followed); what goes in must be files and directories with relative names, checked whole.
+    let r = s.get(&format!("/v1/sandboxes/{id}/archive"));
+    assert_eq!(
+        r.status,
+        400,
+        "the huge file is over --max-fetch: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["error"]["value"], "too-large");
+    assert_eq!(
+        s.req("DELETE", &format!("/v1/sandboxes/{id}/files/huge"), b"")
+            .status,
+        204
+    );
+    let r = s.get(&format!("/v1/sandboxes/{id}/archive"));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.header("x-palisade-skipped"),
+        Some("5"),
+        "four links and a fifo"
+    );
+    let mut names: Vec<String> = tar::Archive::new(&r.body[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["d/", "d/ok"]);
+    let mut good = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(5);
+    h.set_mode(0o755);
+    good.append_data(&mut h, "x/y/run.sh", &b"hello"[..])
+        .unwrap();
+    let good = good.into_inner().unwrap();
+    assert_eq!(
+        s.req("PUT", &format!("/v1/sandboxes/{id}/archive?path=up"), &good)
+            .status,
+        204
+    );
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/up/x/y/run.sh"))
+            .body,
+        b"hello"
+    );
+    let evil = |name: &[u8], kind: tar::EntryType, link: Option<&str>| {
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_entry_type(kind);
+        h.set_size(if kind == tar::EntryType::Regular {
+            1
+        } else {
+            0
+        });
+        h.set_mode(0o644);
+        if let Some(l) = link {
+            h.set_link_name(l).unwrap();
+        }
+        h.set_cksum();
+        let mut v = h.as_bytes().to_vec();
+        if kind == tar::EntryType::Regular {
+            v.extend_from_slice(b"x");
+            v.resize(1024, 0);
+        }
+        // A first, harmless entry, which must not be written either: the archive is checked whole.
+        let mut first = tar::Builder::new(Vec::new());
+        let mut fh = tar::Header::new_gnu();
+        fh.set_size(1);
+        first
+            .append_data(&mut fh, "first-entry", &b"1"[..])
+            .unwrap();
+        let mut out = first.into_inner().unwrap();
+        out.truncate(out.len() - 1024); // drop its end-of-archive blocks
+        out.extend_from_slice(&v);
+        out.extend_from_slice(&[0u8; 1024]);
+        out
+    };
+    for (what, tar) in [
+        (
+            "a `..` entry",
+            evil(b"../escape", tar::EntryType::Regular, None),
+        ),
+        (
+            "an absolute entry",
+            evil(b"/etc/cron.d/x", tar::EntryType::Regular, None),
+        ),
+        (
+            "a symlink entry",
+            evil(
+                b"link",
+                tar::EntryType::Symlink,
+                Some(&secret.display().to_string()),
+            ),
+        ),
+        (
+            "a hard link entry",
+            evil(b"hard", tar::EntryType::Link, Some("/etc/passwd")),
+        ),
+        ("a device", evil(b"dev", tar::EntryType::Char, None)),
+    ] {
+        let r = s.req("PUT", &format!("/v1/sandboxes/{id}/archive"), &tar);
+        assert_eq!(
+            r.status,
+            400,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["value"], "invalid", "{what}");
+    }
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/first-entry"))
+            .status,
+        404,
+        "nothing of a refused archive is written"
+    );
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret");
     // One-shot fetches refuse the same way, and the run's own files still come back.
     let j = s
         .post("/v1/run", &json!({"command": ["true"], "fetch": ["x"]}))

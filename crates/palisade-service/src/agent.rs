@@ -160,6 +160,7 @@ impl Agent {
                             id,
                             entries: Vec::new(),
                             pid: None,
+                            skipped: None,
                         },
                         &bytes,
                         &[],
@@ -187,6 +188,23 @@ impl Agent {
                 return;
             }
             Request::Signal { exec, signal, .. } => self.signal(exec, signal).map(|_| Vec::new()),
+            Request::TarOut { path, max, .. } => match self.tar_out(&path, max) {
+                Ok((bytes, skipped)) => {
+                    self.send(
+                        &Event::Ok {
+                            id,
+                            entries: Vec::new(),
+                            pid: None,
+                            skipped: Some(skipped),
+                        },
+                        &bytes,
+                        &[],
+                    );
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            Request::TarIn { path, .. } => self.tar_in(&path, &data).map(|_| Vec::new()),
         };
         match r {
             Ok(entries) => self.send(
@@ -194,6 +212,7 @@ impl Agent {
                     id,
                     entries,
                     pid: None,
+                    skipped: None,
                 },
                 &[],
                 &[],
@@ -442,6 +461,7 @@ impl Agent {
                 id,
                 entries: Vec::new(),
                 pid: Some(pid),
+                skipped: None,
             },
             &[],
             &[in_w.as_fd(), out_r.as_fd(), err_r.as_fd()],
@@ -490,6 +510,211 @@ impl Agent {
         let pid =
             rustix::process::Pid::from_raw(pgid).ok_or_else(|| Fail("invalid", "pid".into()))?;
         rustix::process::kill_process_group(pid, sig)?;
+        Ok(())
+    }
+}
+
+/// A file to write: its mode and content.
+type FileData = (u32, Vec<u8>);
+
+/// Most entries in an archive, either way.
+const MAX_TAR_ENTRIES: usize = 100_000;
+
+impl Agent {
+    fn base_dir(&self, path: &str, create: bool) -> Result<(OwnedFd, Vec<String>), Fail> {
+        if path.is_empty() || path == "." {
+            return Ok((self.open_dir(&[], create)?, Vec::new()));
+        }
+        let comps = check_path(path).map_err(|e| Fail("invalid", e.to_owned()))?;
+        Ok((
+            self.open_dir(&comps, create)?,
+            comps.iter().map(|c| c.to_string()).collect(),
+        ))
+    }
+
+    fn tar_out(&self, path: &str, max: u64) -> Result<(Vec<u8>, u64), Fail> {
+        let (dir, _) = self.base_dir(path, false)?;
+        let mut w = TarWalk {
+            b: tar::Builder::new(Vec::new()),
+            total: 0,
+            max,
+            skipped: 0,
+            entries: 0,
+        };
+        w.walk(&dir, "", 0)?;
+        let bytes = w.b.into_inner().map_err(|e| Fail("io", e.to_string()))?;
+        Ok((bytes, w.skipped))
+    }
+
+    fn tar_in(&self, path: &str, data: &[u8]) -> Result<(), Fail> {
+        // The whole archive is checked before anything is written.
+        // Each entry: its path, and for a file its mode and content (a directory: none).
+        let mut plan: Vec<(String, Option<FileData>)> = Vec::new();
+        let mut ar = tar::Archive::new(data);
+        let entries = ar
+            .entries()
+            .map_err(|e| Fail("invalid", format!("not a tar archive: {e}")))?;
+        for e in entries {
+            let mut e = e.map_err(|e| Fail("invalid", format!("a bad tar entry: {e}")))?;
+            if plan.len() >= MAX_TAR_ENTRIES {
+                return Err(Fail(
+                    "too-large",
+                    format!("more than {MAX_TAR_ENTRIES} entries"),
+                ));
+            }
+            let raw = e.path_bytes().into_owned();
+            let name = String::from_utf8(raw)
+                .map_err(|_| Fail("invalid", "an entry name that is not UTF-8".into()))?;
+            // `./a/b` is `a/b`; `..`, absolute names and NUL bytes are refused.
+            let comps: Vec<&str> = name
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .collect();
+            if name.starts_with('/') || comps.contains(&"..") {
+                return Err(Fail(
+                    "invalid",
+                    format!("entry `{}`: {}", name.escape_debug(), proto::PATH_EXPECTED),
+                ));
+            }
+            if comps.is_empty() {
+                continue; // the archive's own `./`
+            }
+            let rel = comps.join("/");
+            check_path(&rel)
+                .map_err(|e| Fail("invalid", format!("entry `{}`: {e}", name.escape_debug())))?;
+            match e.header().entry_type() {
+                tar::EntryType::Directory => plan.push((rel, None)),
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let mode = e.header().mode().unwrap_or(0o644) & 0o777;
+                    let mut v = Vec::new();
+                    e.read_to_end(&mut v).map_err(|err| Fail("invalid", format!("entry `{rel}`: {err}")))?;
+                    plan.push((rel, Some((mode, v))));
+                }
+                other => {
+                    return Err(Fail(
+                        "invalid",
+                        format!("entry `{rel}` is a {other:?}: only regular files and directories are unpacked"),
+                    ))
+                }
+            }
+        }
+        let (_, base) = self.base_dir(path, true)?;
+        for (rel, what) in plan {
+            let full = if base.is_empty() {
+                rel
+            } else {
+                format!("{}/{rel}", base.join("/"))
+            };
+            match what {
+                None => {
+                    self.dir(&full, true)?;
+                }
+                Some((mode, bytes)) => self.write(&full, mode, &bytes)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds an archive from inside, never following a link.
+struct TarWalk {
+    b: tar::Builder<Vec<u8>>,
+    total: u64,
+    max: u64,
+    skipped: u64,
+    entries: usize,
+}
+
+impl TarWalk {
+    fn walk(&mut self, dir: &OwnedFd, prefix: &str, depth: usize) -> Result<(), Fail> {
+        if depth > proto::MAX_DEPTH {
+            return Err(Fail("invalid", "directory tree too deep".into()));
+        }
+        let mut names: Vec<std::ffi::CString> = rustix::fs::Dir::read_from(dir)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_owned())
+            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+            .collect();
+        names.sort();
+        for n in names {
+            self.entries += 1;
+            if self.entries > MAX_TAR_ENTRIES {
+                return Err(Fail(
+                    "too-large",
+                    format!("more than {MAX_TAR_ENTRIES} entries"),
+                ));
+            }
+            let Ok(name) = n.to_str() else {
+                self.skipped += 1;
+                continue;
+            };
+            let rel = format!("{prefix}{name}");
+            let st = match rustix::fs::statat(
+                dir,
+                n.as_c_str(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                Ok(s) => s,
+                Err(_) => {
+                    self.skipped += 1;
+                    continue;
+                }
+            };
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(st.st_mode & 0o777);
+            h.set_mtime(st.st_mtime as u64);
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let sub = rustix::fs::openat(
+                        dir,
+                        n.as_c_str(),
+                        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_size(0);
+                    self.b
+                        .append_data(&mut h, format!("{rel}/"), std::io::empty())
+                        .map_err(|e| Fail("io", e.to_string()))?;
+                    self.walk(&sub, &format!("{rel}/"), depth + 1)?;
+                }
+                FileType::RegularFile => {
+                    let f = rustix::fs::openat(
+                        dir,
+                        n.as_c_str(),
+                        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    let st = rustix::fs::fstat(&f)?;
+                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                        self.skipped += 1;
+                        continue;
+                    }
+                    let room = self.max.saturating_sub(self.total);
+                    let mut v = Vec::new();
+                    std::fs::File::from(f)
+                        .take(room + 1)
+                        .read_to_end(&mut v)
+                        .map_err(|e| Fail("io", e.to_string()))?;
+                    if v.len() as u64 > room {
+                        return Err(Fail(
+                            "too-large",
+                            format!(
+                                "the files under the directory have more than {} bytes",
+                                self.max
+                            ),
+                        ));
+                    }
+                    self.total += v.len() as u64;
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(v.len() as u64);
+                    self.b
+                        .append_data(&mut h, &rel, &v[..])
+                        .map_err(|e| Fail("io", e.to_string()))?;
+                }
+                _ => self.skipped += 1,
+            }
+        }
         Ok(())
     }
 }

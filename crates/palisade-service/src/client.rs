@@ -25,6 +25,7 @@ pub enum Reply {
         data: Vec<u8>,
         pid: Option<i32>,
         fds: Vec<OwnedFd>,
+        skipped: Option<u64>,
     },
     /// Failed, with the agent's code and message.
     Err { code: String, message: String },
@@ -302,7 +303,12 @@ async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: us
 
 fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) {
     match ev {
-        Event::Ok { id, entries, pid } => {
+        Event::Ok {
+            id,
+            entries,
+            pid,
+            skipped,
+        } => {
             // An exec's reply takes the three descriptors that came with it; any other reply
             // takes none (and a stray descriptor is closed when the queue is dropped or trimmed).
             let mine: Vec<OwnedFd> = if pid.is_some() {
@@ -321,6 +327,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                     data,
                     pid,
                     fds: mine,
+                    skipped,
                 });
             }
         }

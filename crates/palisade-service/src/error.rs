@@ -213,7 +213,7 @@ impl ServiceError {
     pub fn file(field: &str, code: &str, message: &str) -> ServiceError {
         let class = match code {
             "not-found" => Class::NotFound,
-            "too-large" => Class::TooLarge,
+            // A file over --max-fetch is not a request body over --max-body (413): 400.
             _ => Class::BadRequest,
         };
         ServiceError {

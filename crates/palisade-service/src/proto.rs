@@ -57,6 +57,13 @@ pub enum Request {
     },
     /// Send `signal` to the process group of the exec `exec`.
     Signal { id: u64, exec: u64, signal: i32 },
+    /// A tar archive of the directory `path` (empty: the working directory): its regular files
+    /// and directories, at most `max` bytes of file content; anything else is skipped and
+    /// counted, never followed.
+    TarOut { id: u64, path: String, max: u64 },
+    /// Unpacks the tar archive in the frame's data under `path` (created): regular files and
+    /// directories only; the archive is checked whole (paths, kinds) before anything is written.
+    TarIn { id: u64, path: String },
 }
 
 impl Request {
@@ -69,7 +76,9 @@ impl Request {
             | Request::List { id, .. }
             | Request::Remove { id, .. }
             | Request::Exec { id, .. }
-            | Request::Signal { id, .. } => *id,
+            | Request::Signal { id, .. }
+            | Request::TarOut { id, .. }
+            | Request::TarIn { id, .. } => *id,
         }
     }
 }
@@ -86,6 +95,9 @@ pub enum Event {
         entries: Vec<Entry>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid: Option<i32>,
+        /// For a tar: entries skipped (neither a regular file nor a directory).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        skipped: Option<u64>,
     },
     /// The request `id` failed.
     Err {

@@ -822,6 +822,69 @@ impl Service {
     }
 }
 
+impl Service {
+    /// `GET /v1/sandboxes/{id}/archive?path=DIR`: a tar of the directory's regular files and
+    /// directories (at most `--max-fetch` bytes of content), made inside; the count of entries
+    /// skipped (links, fifos, sockets, devices) comes with it.
+    pub async fn get_archive(&self, id: &str, path: &str) -> Result<(Vec<u8>, u64), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        if !path.is_empty() && path != "." {
+            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        }
+        let rid = s.conn.id();
+        let max = self.inner.config.max_fetch_bytes;
+        let r = file_reply(
+            &s,
+            "path",
+            s.conn
+                .call(
+                    Request::TarOut {
+                        id: rid,
+                        path: path.into(),
+                        max,
+                    },
+                    &[],
+                )
+                .await,
+        )?;
+        match r {
+            Reply::Ok { data, skipped, .. } => Ok((data, skipped.unwrap_or(0))),
+            Reply::Err { .. } => Ok((Vec::new(), 0)),
+        }
+    }
+
+    /// `PUT /v1/sandboxes/{id}/archive?path=DIR`: unpacks a tar under the directory, inside;
+    /// only regular files and directories, with relative names (checked whole first).
+    pub async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        if !path.is_empty() && path != "." {
+            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        }
+        let rid = s.conn.id();
+        file_reply(
+            &s,
+            "archive",
+            s.conn
+                .call(
+                    Request::TarIn {
+                        id: rid,
+                        path: path.into(),
+                    },
+                    &tar,
+                )
+                .await,
+        )
+        .map(|_| ())
+    }
+}
+
 fn file_reply(
     s: &Session,
     field: &str,
