@@ -23,7 +23,8 @@ struct Server {
 impl Server {
     /// `palisade serve --listen unix:DIR/s.sock` with `policy` (TOML) as its ceiling.
     fn start(policy: &str, opts: &[&str]) -> Server {
-        let dir = TempDir::new("serve");
+        // A name of its own: a directory of an earlier server is never reused.
+        let dir = TempDir::new(&unique("serve").replace('-', ""));
         std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
         let sock = dir.path().join("s.sock");
         let log = std::fs::File::create(dir.path().join("log")).unwrap();
@@ -70,6 +71,9 @@ impl Server {
     }
 
     fn req(&self, method: &str, path: &str, body: &[u8]) -> Resp {
+        if UnixStream::connect(&self.sock).is_err() {
+            panic!("the server is gone: {}", self.log());
+        }
         request(&self.sock, method, path, &[], body)
     }
 
@@ -110,6 +114,16 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A server started by a test itself, killed if the test fails before stopping it.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -156,8 +170,11 @@ fn send(
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    let mut all = head.into_bytes();
+    all.extend_from_slice(body);
+    // A server may answer (401, 413) and close before it reads the whole body: the answer is
+    // still there to read.
+    let _ = s.write_all(&all);
     s
 }
 
@@ -799,7 +816,7 @@ fn a_token_is_required_when_given_and_off_loopback() {
             .spawn()
             .unwrap();
         wait_until("the socket", || sock.exists());
-        (child, sock)
+        (Reap(child), sock)
     };
     let r = request(&s.1, "POST", "/v1/run", &[], br#"{"command":["true"]}"#);
     assert_eq!(
@@ -828,9 +845,9 @@ fn a_token_is_required_when_given_and_off_loopback() {
         "health checks need no token"
     );
     let _ = Command::new("kill")
-        .args(["-TERM", &s.0.id().to_string()])
+        .args(["-TERM", &s.0 .0.id().to_string()])
         .status();
-    assert_eq!(s.0.wait().unwrap().code(), Some(0));
+    assert_eq!(s.0 .0.wait().unwrap().code(), Some(0));
     assert!(!s.1.exists(), "the socket is removed at exit");
 }
 
@@ -1012,6 +1029,29 @@ fn a_session_survives_many_execs_and_dies_at_its_ttl() {
         .contains("TTL"));
     assert_eq!(s.metric("palisade_sessions"), 0);
     assert_nothing_held(s.pid());
+    // Idle past its idle timeout: destroyed too, and the reason says so.
+    let id = s
+        .post("/v1/sandboxes", &json!({"ttl_s": 600, "idle_timeout_s": 1}))
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until("the idle timeout passes", || {
+        s.get(&format!("/v1/sandboxes/{id}")).status == 410
+    });
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["true"]}),
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("idle"),
+        "{:?}",
+        r.json()
+    );
+    assert!(s.metric("palisade_sessions_expired_total") >= 2);
     // Deleted explicitly: its report comes back, and it is gone.
     let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
         .as_str()
@@ -1246,6 +1286,39 @@ fn file_transfers_cannot_leave_the_sandbox() {
     assert_nothing_held(s.pid());
 }
 
+/// Egress: a request may name only the server's allow rules; what the proxy denies is in the
+/// run's report and counted in the metrics. (The denied name is never resolved or contacted: the
+/// proxy refuses it by the rule.)
+#[test]
+fn egress_is_the_servers_rules_at_most_and_denials_are_counted() {
+    let s = Server::start("[network]\nallow = [\"pypi.org\"]\n", &[]);
+    let code = "import urllib.request\ntry:\n    urllib.request.urlopen('http://denied.example/', timeout=5)\nexcept Exception as e:\n    print('refused', type(e).__name__)\n";
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"language": "python", "code": code, "allow_net": ["pypi.org"]}),
+        )
+        .json();
+    assert_eq!(j["status"], "ok", "{j}");
+    assert!(
+        j["stdout"]["data"].as_str().unwrap().starts_with("refused"),
+        "{j}"
+    );
+    assert_eq!(j["report"]["network"]["mode"], "allow-list");
+    assert!(
+        j["report"]["network"]["denied"].as_u64().unwrap() >= 1,
+        "{}",
+        j["report"]["network"]
+    );
+    assert!(s.metric("palisade_denied_egress_total") >= 1);
+    // Without allow_net the run has no network at all, whatever the server allows.
+    let j = s
+        .post("/v1/run", &json!({"language": "python", "code": code}))
+        .json();
+    assert_eq!(j["report"]["network"]["mode"], "none", "{j}");
+    assert_nothing_held(s.pid());
+}
+
 /// 200 requests at once against 4 slots and 46 places in the queue: exactly 50 are admitted (they
 /// wait at a gate the test holds shut), the other 150 get 429 with Retry-After; once the gate
 /// opens, the 50 complete; nothing is left behind.
@@ -1360,7 +1433,8 @@ fn sigterm_under_load_leaves_nothing() {
 /// programs sleep longer than `wait_until` waits, so work left running fails the test.)
 #[test]
 fn a_client_that_disconnects_kills_its_run() {
-    let s = Server::start(POLICY, &[]);
+    // A deadline far beyond the waits below, so that only the disconnection can end the work.
+    let s = Server::start("[limits]\ntimeout = \"10m\"\n", &[]);
     let marker = unique("gone");
     let body = json!({"command": ["sh", "-c", format!("sleep 300; : {marker}")]}).to_string();
     let c = send(&s.sock, "POST", "/v1/run", &[], body.as_bytes());
@@ -1433,13 +1507,15 @@ fn verls_sandboxfusion_client_scores_through_run_code() {
         python.display()
     );
     let dir = TempDir::new("serve-verl");
-    let mut child = Command::new(palisade_bin())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // The address it took, from its first log line.
-    let mut err = child.stderr.take().unwrap();
+    let mut err = child.0.stderr.take().unwrap();
     let mut seen = String::new();
     let mut buf = [0u8; 256];
     let addr = loop {
@@ -1484,9 +1560,9 @@ print(json.dumps(out))
         .output()
         .unwrap();
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status();
-    let _ = child.wait();
+    let _ = child.0.wait();
     assert!(
         out.status.success(),
         "veRL's client failed: {}",
