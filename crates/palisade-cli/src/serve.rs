@@ -684,9 +684,12 @@ pub fn openapi() -> String {
         "401": {"description": "Missing or wrong bearer token"},
         "403": {"description": "Above the server's ceiling, or not permitted by its policy (status policy-denied)", "content": {"application/json": {"schema": err}}},
         "404": {"description": "No such session, exec or file", "content": {"application/json": {"schema": err}}},
+        "409": {"description": "In conflict with the exec's state (its stdin is closed, it has ended)", "content": {"application/json": {"schema": err}}},
+        "410": {"description": "The session is gone: past its TTL or idle timeout, deleted, or killed by a session-wide limit", "content": {"application/json": {"schema": err}}},
         "413": {"description": "Body over --max-body", "content": {"application/json": {"schema": err}}},
         "429": {"description": "Queue full: retry after Retry-After seconds", "content": {"application/json": {"schema": err}}},
         "503": {"description": "Shutting down", "content": {"application/json": {"schema": err}}},
+        "500": {"description": "palisade failed on the server's side", "content": {"application/json": {"schema": err}}},
     });
     let with = |mut ok: serde_json::Value| {
         if let (Some(o), Some(e)) = (ok.as_object_mut(), errors.as_object()) {

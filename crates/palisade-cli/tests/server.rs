@@ -684,6 +684,20 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
             Some("env.1X"),
         ),
         (
+            "too few processes for the agent",
+            br#"{"language":"python","code":"","limits":{"pids":2}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("limits.pids"),
+        ),
+        (
+            "too few processes to run at all",
+            br#"{"command":["true"],"limits":{"pids":1}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("limits.pids"),
+        ),
+        (
             "no command",
             br#"{}"#.to_vec(),
             400,
@@ -779,6 +793,12 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
     let r = s.post("/v1/sandboxes/sb-nope/exec", &json!({"command": ["true"]}));
     assert_eq!(r.status, 404);
     assert_eq!(s.get("/v2/nothing").status, 404);
+    // Found by schemathesis: it was a 500 (the sandbox could not even start its agent).
+    let r = s.post("/v1/sandboxes", &json!({"limits": {"pids": 1}}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.pids"))
+    );
     let r = s.post("/v1/sandboxes", &json!({"ttl_s": 1_000_000}));
     assert_eq!(
         (r.status, r.json()["error"]["field"].as_str()),

@@ -21,6 +21,11 @@ const AGENT_SLACK: Duration = Duration::from_secs(30);
 /// How long the pipes of an exec may stay open after its program ended or was killed (a
 /// process that left its group may hold them), before the exec is given up.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
+/// Fewest processes a sandbox can run a command in: its init and the program.
+pub(crate) const DIRECT_MIN_PIDS: u64 = 2;
+/// Fewest processes and threads a sandbox with the agent needs: init, the agent, a thread that
+/// waits for the exec, and the program.
+pub(crate) const AGENT_MIN_PIDS: u64 = 4;
 /// Most files a request may fetch.
 const MAX_FETCH: usize = 256;
 /// Most files a request may write.
@@ -325,6 +330,25 @@ impl Service {
             files.insert(0, cf);
         }
         let direct = files.is_empty() && req.fetch.is_empty() && compile.is_none();
+        let min = if direct {
+            DIRECT_MIN_PIDS
+        } else {
+            AGENT_MIN_PIDS
+        };
+        if limits.pids < min {
+            return Err(ServiceError::invalid(
+                f("limits.pids"),
+                limits.pids.to_string(),
+                format!(
+                    "at least {min}: the sandbox's init, {}",
+                    if direct {
+                        "and the program"
+                    } else {
+                        "the agent that moves the files, its watcher and the program"
+                    }
+                ),
+            ));
+        }
         let policy = if direct {
             ceiling.policy_for(argv.clone(), limits, network, env)?
         } else {

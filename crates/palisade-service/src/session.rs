@@ -192,6 +192,13 @@ impl Service {
             Some(t) => t,
         };
         let mut limits = c.ceiling.limits(&req.limits, "limits")?;
+        if limits.pids < crate::run::AGENT_MIN_PIDS {
+            return Err(ServiceError::invalid(
+                "limits.pids",
+                limits.pids.to_string(),
+                format!("at least {}: the sandbox's init, the agent, a thread that waits for an exec, and the program", crate::run::AGENT_MIN_PIDS),
+            ));
+        }
         let network = c.ceiling.network(&req.allow_net, "allow_net")?;
         let env = c.ceiling.env(&req.env, "env")?;
         let env_pairs: Vec<(String, String)> = req
