@@ -793,7 +793,20 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
     let r = s.post("/v1/sandboxes/sb-nope/exec", &json!({"command": ["true"]}));
     assert_eq!(r.status, 404);
     assert_eq!(s.get("/v2/nothing").status, 404);
-    // Found by schemathesis: it was a 500 (the sandbox could not even start its agent).
+    // Found by schemathesis: these were 500s (the sandbox could not even start its agent).
+    let r = s.post("/v1/sandboxes", &json!({"limits": {"open_files": 1}}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.open_files"))
+    );
+    let r = s.post(
+        "/v1/run",
+        &json!({"command": ["true"], "limits": {"open_files": 3}}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.open_files"))
+    );
     let r = s.post("/v1/sandboxes", &json!({"limits": {"pids": 1}}));
     assert_eq!(
         (r.status, r.json()["error"]["field"].as_str()),
@@ -1014,6 +1027,19 @@ fn a_session_survives_many_execs_and_dies_at_its_ttl() {
     assert_eq!(
         s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["result"]["signal"],
         15
+    );
+    // A program that is not there: 400 naming the command (found by schemathesis: it was a 500).
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["no-such-program"]}),
+    );
+    assert_eq!(
+        (
+            r.status,
+            r.json()["error"]["code"].as_str(),
+            r.json()["error"]["field"].as_str()
+        ),
+        (400, Some("exec"), Some("command"))
     );
     // A per-exec deadline kills the exec, not the session.
     let j = s

@@ -26,6 +26,10 @@ pub(crate) const DIRECT_MIN_PIDS: u64 = 2;
 /// Fewest processes and threads a sandbox with the agent needs: init, the agent, a thread that
 /// waits for the exec, and the program.
 pub(crate) const AGENT_MIN_PIDS: u64 = 4;
+/// Fewest open files per process a sandbox starts with (its setup's own descriptors).
+pub(crate) const DIRECT_MIN_FILES: u64 = 4;
+/// Fewest open files per process for the agent (its socket, directories, an exec's pipes).
+pub(crate) const AGENT_MIN_FILES: u64 = 32;
 /// Most files a request may fetch.
 const MAX_FETCH: usize = 256;
 /// Most files a request may write.
@@ -330,6 +334,21 @@ impl Service {
             files.insert(0, cf);
         }
         let direct = files.is_empty() && req.fetch.is_empty() && compile.is_none();
+        let min_files = if direct {
+            DIRECT_MIN_FILES
+        } else {
+            AGENT_MIN_FILES
+        };
+        if limits.open_files < min_files {
+            return Err(ServiceError::invalid(
+                f("limits.open_files"),
+                limits.open_files.to_string(),
+                format!(
+                    "at least {min_files}: what the sandbox's own setup{} needs",
+                    if direct { "" } else { " and its agent" }
+                ),
+            ));
+        }
         let min = if direct {
             DIRECT_MIN_PIDS
         } else {
@@ -682,13 +701,17 @@ async fn stage(conn: &AgentConn, s: &StagePlan, stdin: Vec<u8>) -> Result<Stage,
     Ok(stage_of(&c))
 }
 
-/// The program could not be started (not found, not executable): reported as palisade's
-/// report does, a sandbox error of kind `exec`, never as the program's own result.
+/// The program could not be started (not found, not executable): in a run's result, a sandbox
+/// error of kind `exec` as palisade's report says it, never the program's own result; for a
+/// session's exec, a 400 naming `command`.
 pub(crate) fn exec_error(code: &str, message: &str) -> ServiceError {
-    let mut e = ServiceError::internal(crate::shorten(message, 500));
-    e.code = "exec";
-    e.value = Some(crate::shorten(code, 40));
-    e
+    ServiceError {
+        code: "exec",
+        field: Some("command".into()),
+        value: Some(crate::shorten(code, 40)),
+        class: crate::Class::BadRequest,
+        ..ServiceError::internal(crate::shorten(message, 500))
+    }
 }
 
 /// How a captured exec ended, in the run vocabulary.

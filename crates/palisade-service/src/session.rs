@@ -192,6 +192,16 @@ impl Service {
             Some(t) => t,
         };
         let mut limits = c.ceiling.limits(&req.limits, "limits")?;
+        if limits.open_files < crate::run::AGENT_MIN_FILES {
+            return Err(ServiceError::invalid(
+                "limits.open_files",
+                limits.open_files.to_string(),
+                format!(
+                    "at least {}: what the sandbox's setup and its agent need",
+                    crate::run::AGENT_MIN_FILES
+                ),
+            ));
+        }
         if limits.pids < crate::run::AGENT_MIN_PIDS {
             return Err(ServiceError::invalid(
                 "limits.pids",
