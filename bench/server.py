@@ -150,7 +150,8 @@ def main():
              f"{meta['date']}; {cpus} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
              f"`--max-concurrency {concurrency}`; closed-loop clients on loopback "
              "(bench/server.sh). `(agent)`: the run goes through the in-sandbox agent (files in), as code in a "
-             "language does; the others start the command directly.", "",
+             "language does; the others start the command directly. Compare rows of one run: the load average "
+             "says how busy the machine was.", "",
              "| via | payload | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.get('via', 'POST /v1/run')} | {r['payload']} | {r['clients']} | {r['requests']} | "

@@ -274,10 +274,9 @@ async fn serve(
                 .await?;
         }
         Listen::Unix(path) => {
-            let l = tokio::net::UnixListener::bind(&path)
+            let l = palisade_service::bind_private_unix(&path)
+                .and_then(tokio::net::UnixListener::from_std)
                 .with_context(|| format!("--listen unix:{}", path.display()))?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
             tracing::info!(listen = %path.display(), "palisade serve");
             let r = axum::serve(l, router)
                 .with_graceful_shutdown(shutdown)

@@ -851,6 +851,12 @@ fn a_token_is_required_when_given_and_off_loopback() {
         wait_until("the socket", || sock.exists());
         (Reap(child), sock)
     };
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&s.1).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "only the server's user may connect"
+    );
     let r = request(&s.1, "POST", "/v1/run", &[], br#"{"command":["true"]}"#);
     assert_eq!(
         (r.status, r.header("www-authenticate")),
@@ -882,6 +888,56 @@ fn a_token_is_required_when_given_and_off_loopback() {
         .status();
     assert_eq!(s.0 .0.wait().unwrap().code(), Some(0));
     assert!(!s.1.exists(), "the socket is removed at exit");
+}
+
+/// A socket left by a server that died is replaced; anything else at the path is not.
+#[test]
+fn a_stale_socket_is_replaced_and_nothing_else_is() {
+    let dir = TempDir::new("serve-stale");
+    let sock = dir.path().join("s.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the server answers", || {
+        UnixStream::connect(&sock).is_ok()
+            && request(&sock, "GET", "/healthz", &[], b"").status == 200
+    });
+    // A second server on a live socket is refused.
+    let out = Command::new(palisade_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not replaced"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+    // A regular file is never removed.
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").unwrap();
+    let out = Command::new(palisade_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", file.display()))
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
 
 #[test]
@@ -1303,6 +1359,15 @@ fn file_transfers_cannot_leave_the_sandbox() {
         "nothing of a refused archive is written"
     );
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret");
+    // One budget for all the files a run fetches: --max-fetch in all, not per file.
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"language": "bash", "code": "head -c 700000 /dev/zero > a; head -c 700000 /dev/zero > b", "fetch": ["a", "b"]}),
+        )
+        .json();
+    assert_eq!(j["files"]["a"]["bytes"], 700000, "{}", j["file_errors"]);
+    assert_eq!(j["file_errors"]["b"], "too-large");
     // One-shot fetches refuse the same way, and the run's own files still come back.
     let j = s
         .post("/v1/run", &json!({"command": ["true"], "fetch": ["x"]}))

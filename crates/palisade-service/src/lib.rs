@@ -319,3 +319,32 @@ pub fn raise_open_files() {
         );
     }
 }
+
+/// Binds a unix socket at `path` that only this user can connect to: created under a umask of
+/// 0177 (never group- or world-accessible, not even between bind and a chmod). A socket left there
+/// by a server that died (nobody accepts on it) is replaced; any other file is an error.
+pub fn bind_private_unix(
+    path: &std::path::Path,
+) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        let stale = m.file_type().is_socket()
+            && matches!(
+                std::os::unix::net::UnixStream::connect(path),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+            );
+        if !stale {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "something is there already (a live server, or not a socket): not replaced",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let r = std::os::unix::net::UnixListener::bind(path);
+    rustix::process::umask(old);
+    let l = r?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}

@@ -441,7 +441,12 @@ impl Service {
             stream_buffer: None,
             ..Io::default()
         };
+        let t0 = Instant::now();
         let mut held = Held::start(self, sandbox, io).await;
+        tracing::debug!(
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "agent sandbox started"
+        );
         let sock = held.run_mut().take_stdin();
         let Some(sock) = sock else {
             let out = held.finish().await;
@@ -454,8 +459,16 @@ impl Service {
             }
         };
         let mut result = agent_stages(&conn, &plan, self.inner.config.max_fetch_bytes).await;
+        tracing::debug!(
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "agent stages done"
+        );
         conn.close().await;
         let out = held.finish().await;
+        tracing::debug!(
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "agent sandbox ended"
+        );
         let report = serde_json::to_value(&out.report).ok();
         // What the sandbox's own report says overrides a stage left unfinished: it was killed
         // for the sandbox's deadline, CPU time or memory, or palisade failed.
@@ -651,6 +664,9 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResul
             return result;
         }
     }
+    // One budget for all the files of a run (--max-fetch), so that many fetches cannot make the
+    // server hold many times it.
+    let mut budget = max_fetch;
     for p in &plan.fetch {
         let id = conn.id();
         match conn
@@ -658,13 +674,14 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResul
                 Request::Read {
                     id,
                     path: p.clone(),
-                    max: max_fetch,
+                    max: budget,
                 },
                 &[],
             )
             .await
         {
             Ok(crate::client::Reply::Ok { data, .. }) => {
+                budget = budget.saturating_sub(data.len() as u64);
                 result.files.insert(p.clone(), Data::new(data, false));
             }
             Ok(crate::client::Reply::Err { code, .. }) => {
