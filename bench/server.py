@@ -33,10 +33,10 @@ def free_port():
     return p
 
 
-def start_server(port, concurrency):
+def start_server(port, concurrency, pool=0):
     log = tempfile.TemporaryFile()
     p = subprocess.Popen([benchlib.PALISADE, "serve", "--listen", f"127.0.0.1:{port}",
-                          "--max-concurrency", str(concurrency), "--max-queue", "4096"],
+                          "--max-concurrency", str(concurrency), "--max-queue", "4096", "--pool", str(pool)],
                          stdout=subprocess.DEVNULL, stderr=log)
     t0 = time.time()
     while time.time() - t0 < 30:
@@ -117,21 +117,24 @@ def main():
     cap = 20 if a.quick else 60
     cpus = os.cpu_count() or 1
     concurrency = 2 * cpus
-    port = free_port()
-    server = start_server(port, concurrency)
     rows = []
-    try:
-        for name, body in PAYLOADS.items():
+    runs = [(name, body, 0) for name, body in PAYLOADS.items()]
+    # The warm pool serves runs through the agent with the default policy.
+    runs += [(name + " +pool", body, 8) for name, body in PAYLOADS.items() if "agent" in name]
+    for name, body, pool in runs:
+        port = free_port()
+        server = start_server(port, concurrency, pool)
+        try:
             load(port, body, 2, 4, cap)  # warm up
             for c in clients_list:
                 total = max(30 if not a.quick else 4, per_client * c if c < 16 else 20 * c)
                 lat, wall, st = load(port, body, c, total, cap)
                 r = row(name, c, lat, wall, st)
                 rows.append(r)
-                print(f"serve  {name:<20} clients {c:>2}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  {st}", flush=True)
-    finally:
-        server.terminate()
-        server.wait()
+                print(f"serve  {name:<26} clients {c:>2}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  {st}", flush=True)
+        finally:
+            server.terminate()
+            server.wait()
     n = 5 if a.quick else 100
     for name, args in [("true", ["true"]), ("python -c", ["python3", "-c", "print(sum(range(1000)))"])]:
         lat, wall = cli_loop(n, args)
@@ -150,7 +153,7 @@ def main():
              f"{meta['date']}; {cpus} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
              f"`--max-concurrency {concurrency}`; closed-loop clients on loopback "
              "(bench/server.sh). `(agent)`: the run goes through the in-sandbox agent (files in), as code in a "
-             "language does; the others start the command directly. Compare rows of one run: the load average "
+             "language does; the others start the command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
              "says how busy the machine was.", "",
              "| via | payload | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// Sessions alive at once.
     #[arg(long = "max-sessions", value_name = "N", default_value_t = 64)]
     max_sessions: usize,
+    /// Keep N sandboxes started ahead for runs with the default policy (the ceiling's limits, no
+    /// egress, no variables of their own), each used by one run (default: no pool).
+    #[arg(long = "pool", value_name = "N", default_value_t = 0)]
+    pool: usize,
+    /// How long a pooled sandbox may wait before it is replaced.
+    #[arg(long = "pool-max-age", value_name = "DURATION", default_value = "60s")]
+    pool_max_age: String,
     /// At SIGTERM, how long running work may finish before it is killed.
     #[arg(
         long = "shutdown-grace",
@@ -193,6 +200,8 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
     config.max_sessions = a.max_sessions;
     config.shutdown_grace =
         palisade::policy::parse_duration("--shutdown-grace", &a.shutdown_grace)?;
+    config.pool_size = a.pool;
+    config.pool_max_age = palisade::policy::parse_duration("--pool-max-age", &a.pool_max_age)?;
     let max_body = palisade::policy::parse_size("--max-body", &a.max_body)?;
     anyhow::ensure!(
         max_body <= 1 << 30,
@@ -237,6 +246,7 @@ async fn serve(
     max_body: usize,
 ) -> anyhow::Result<()> {
     let svc = Service::new(config);
+    svc.start_pool();
     let app = App {
         svc: svc.clone(),
         token,

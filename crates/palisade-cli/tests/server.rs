@@ -71,8 +71,12 @@ impl Server {
     }
 
     fn req(&self, method: &str, path: &str, body: &[u8]) -> Resp {
-        if UnixStream::connect(&self.sock).is_err() {
-            panic!("the server is gone: {}", self.log());
+        if let Err(e) = UnixStream::connect(&self.sock) {
+            panic!(
+                "the server is gone ({e}; socket there: {}): {}",
+                self.sock.exists(),
+                self.log()
+            );
         }
         request(&self.sock, method, path, &[], body)
     }
@@ -1430,6 +1434,58 @@ fn egress_is_the_servers_rules_at_most_and_denials_are_counted() {
     assert_nothing_held(s.pid());
 }
 
+/// The warm pool: runs with the default policy take a sandbox started ahead (each used once, the
+/// pool refilled); runs that narrow the policy start their own; the counters say which.
+#[test]
+fn the_warm_pool_serves_default_runs_once_each() {
+    let s = Server::start(POLICY, &["--pool", "2"]);
+    wait_until("the pool is full", || s.metric("palisade_pool_ready") == 2);
+    assert_eq!(s.metric("palisade_pool_size"), 2);
+    for i in 0..6 {
+        let code = format!("import os\nprint({i}, os.path.exists('seen'))\nopen('seen', 'w')");
+        let j = s
+            .post("/v1/run", &json!({"language": "python", "code": code}))
+            .json();
+        assert_eq!(j["status"], "ok", "{j}");
+        // Each run sees a fresh sandbox: nothing of an earlier run is there.
+        assert_eq!(j["stdout"]["data"], format!("{i} False\n"), "{j}");
+        wait_until("the pool refills", || s.metric("palisade_pool_ready") == 2);
+    }
+    assert_eq!(
+        s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
+        6
+    );
+    assert_eq!(
+        s.metric("palisade_pool_hits_total"),
+        6,
+        "a full pool serves every run"
+    );
+    assert!(s.metric("palisade_pool_started_total") >= 8);
+    // A run that narrows the policy, or names variables, starts its own sandbox.
+    let before = s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total");
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "print(1)", "limits": {"memory_bytes": 128u64 << 20}})).json();
+    assert_eq!(
+        (
+            j["status"].as_str(),
+            j["report"]["limits"]["memory_bytes"].as_u64()
+        ),
+        (Some("ok"), Some(128 << 20))
+    );
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import os; print(os.environ['K'])", "env": {"K": "v"}})).json();
+    assert_eq!(j["stdout"]["data"], "v\n");
+    assert_eq!(
+        s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
+        before
+    );
+    // A narrower deadline still uses the pool: the server keeps each stage's.
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import time; time.sleep(30)", "limits": {"timeout_ms": 300}})).json();
+    assert_eq!(j["status"], "timeout", "{j}");
+    assert_eq!(
+        s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
+        before + 1
+    );
+}
+
 /// 200 requests at once against 4 slots and 46 places in the queue: exactly 50 are admitted (they
 /// wait at a gate the test holds shut), the other 150 get 429 with Retry-After; once the gate
 /// opens, the 50 complete; nothing is left behind.
@@ -1498,7 +1554,14 @@ fn a_full_queue_answers_429_and_the_accepted_complete() {
 fn sigterm_under_load_leaves_nothing() {
     let mut s = Server::start(
         POLICY,
-        &["--shutdown-grace", "1s", "--max-concurrency", "8"],
+        &[
+            "--shutdown-grace",
+            "1s",
+            "--max-concurrency",
+            "8",
+            "--pool",
+            "2",
+        ],
     );
     let pid = s.pid();
     let marker = unique("sigterm");

@@ -22,6 +22,7 @@ mod error;
 pub mod fusion;
 pub mod lang;
 mod metrics;
+mod pool;
 pub mod proto;
 mod run;
 mod session;
@@ -60,6 +61,10 @@ pub struct Config {
     pub max_sessions: usize,
     /// At shutdown, how long running work may finish before it is killed.
     pub shutdown_grace: Duration,
+    /// Sandboxes kept started ahead for runs with the default policy (0: no pool).
+    pub pool_size: usize,
+    /// How long a pooled sandbox may wait before it is replaced.
+    pub pool_max_age: Duration,
 }
 
 impl Config {
@@ -75,6 +80,8 @@ impl Config {
             session_idle: Duration::from_secs(600),
             max_sessions: 64,
             shutdown_grace: Duration::from_secs(10),
+            pool_size: 0,
+            pool_max_age: Duration::from_secs(60),
         }
     }
 }
@@ -105,6 +112,7 @@ struct Inner {
     quiet: tokio::sync::Notify,
     stopping: AtomicBool,
     sessions: session::Registry,
+    pool: pool::Pool,
 }
 
 /// A place in the queue; dropping it gives the place back.
@@ -158,6 +166,7 @@ impl Service {
                 quiet: tokio::sync::Notify::new(),
                 stopping: AtomicBool::new(false),
                 sessions: session::Registry::default(),
+                pool: pool::Pool::default(),
             }),
         }
     }
@@ -201,6 +210,11 @@ impl Service {
         })
     }
 
+    /// Fills the warm pool (with `pool_size` set); call once from inside the runtime.
+    pub fn start_pool(&self) {
+        self.refill();
+    }
+
     /// Whether the service takes work (`/readyz`).
     pub fn ready(&self) -> bool {
         !self.inner.stopping.load(Ordering::SeqCst)
@@ -218,6 +232,11 @@ impl Service {
             sessions: self.inner.sessions.len(),
             max_concurrency: c.max_concurrency,
             max_queue: c.max_queue,
+            pool_size: c.pool_size,
+            pool_ready: self.inner.pool.len(),
+            pool_hits: self.inner.pool.hits.load(Ordering::Relaxed),
+            pool_misses: self.inner.pool.misses.load(Ordering::Relaxed),
+            pool_started: self.inner.pool.started.load(Ordering::Relaxed),
         })
     }
 
@@ -225,6 +244,7 @@ impl Service {
     /// left, destroys every session, and returns once no sandbox of this service is alive.
     pub async fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.pool.drain();
         self.destroy_all_sessions().await;
         let deadline = tokio::time::Instant::now() + self.inner.config.shutdown_grace;
         while self.inner.admitted.load(Ordering::SeqCst) > 0
@@ -259,6 +279,7 @@ impl Service {
             let _ = tokio::time::timeout(Duration::from_millis(100), n).await;
         }
         self.destroy_all_sessions().await;
+        self.inner.pool.drain();
         self.inner.slots.close();
     }
 

@@ -31,6 +31,11 @@ pub struct Gauges {
     pub sessions: usize,
     pub max_concurrency: usize,
     pub max_queue: usize,
+    pub pool_size: usize,
+    pub pool_ready: usize,
+    pub pool_hits: u64,
+    pub pool_misses: u64,
+    pub pool_started: u64,
 }
 
 impl Metrics {
@@ -179,6 +184,36 @@ impl Metrics {
             "palisade_execs_total",
             "Execs started in sessions.",
             get(&self.execs),
+        );
+        gauge(
+            &mut s,
+            "palisade_pool_size",
+            "Sandboxes the warm pool keeps ready (0: no pool).",
+            g.pool_size as u64,
+        );
+        gauge(
+            &mut s,
+            "palisade_pool_ready",
+            "Sandboxes ready in the warm pool now.",
+            g.pool_ready as u64,
+        );
+        counter(
+            &mut s,
+            "palisade_pool_hits_total",
+            "Runs that took a sandbox from the warm pool.",
+            g.pool_hits,
+        );
+        counter(
+            &mut s,
+            "palisade_pool_misses_total",
+            "Runs that could use the pool and found it empty.",
+            g.pool_misses,
+        );
+        counter(
+            &mut s,
+            "palisade_pool_started_total",
+            "Sandboxes started for the pool (its refill rate).",
+            g.pool_started,
         );
         s
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Time for the agent's own work (files in and out) on top of the stages' limits.
-const AGENT_SLACK: Duration = Duration::from_secs(30);
+pub(crate) const AGENT_SLACK: Duration = Duration::from_secs(30);
 /// How long the pipes of an exec may stay open after its program ended or was killed (a
 /// process that left its group may hold them), before the exec is given up.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
@@ -54,6 +54,8 @@ pub(crate) struct Plan {
     run: StagePlan,
     /// Start the command directly, without the agent.
     direct: bool,
+    /// The sandbox would be the warm pool's: the ceiling's limits, no egress, no variables.
+    poolable: bool,
 }
 
 /// A running sandbox held by the service: registered for shutdown, killed and cleaned up off the
@@ -390,7 +392,17 @@ impl Service {
             p.binds.push(agent_bind(&self.inner.config.agent_exe)?);
             p
         };
+        let poolable = {
+            let c = ceiling.policy().limits;
+            let mut same = limits;
+            same.timeout_ms = c.timeout_ms;
+            same.output_bytes = c.output_bytes;
+            let mut base = c;
+            base.cpu_time_ms = Some(c.cpu_time().as_millis() as u64);
+            !direct && same == base && req.allow_net.is_empty() && req.env.is_empty()
+        };
         Ok(Plan {
+            poolable,
             policy,
             stdin,
             files,
@@ -436,28 +448,42 @@ impl Service {
             let out = held.finish().await;
             return direct_result(out);
         }
-        let io = Io {
-            stdin: Some(Stdin::Socket),
-            stream_buffer: None,
-            ..Io::default()
-        };
         let t0 = Instant::now();
-        let mut held = Held::start(self, sandbox, io).await;
-        tracing::debug!(
-            ms = t0.elapsed().as_secs_f64() * 1000.0,
-            "agent sandbox started"
-        );
-        let sock = held.run_mut().take_stdin();
-        let Some(sock) = sock else {
-            let out = held.finish().await;
-            return direct_result(out);
+        let warm = if plan.poolable {
+            self.take_warm()
+        } else {
+            None
         };
-        let conn = match AgentConn::new(sock, self.inner.config.max_fetch_bytes as usize + 1) {
-            Ok(c) => c,
-            Err(e) => {
-                return sandbox_error(ServiceError::internal(format!("agent socket: {e}")), None)
+        let (held, conn) = match warm {
+            Some(w) => (w.held, w.conn),
+            None => {
+                let io = Io {
+                    stdin: Some(Stdin::Socket),
+                    stream_buffer: None,
+                    ..Io::default()
+                };
+                let mut held = Held::start(self, sandbox, io).await;
+                let Some(sock) = held.run_mut().take_stdin() else {
+                    let out = held.finish().await;
+                    return direct_result(out);
+                };
+                let conn =
+                    match AgentConn::new(sock, self.inner.config.max_fetch_bytes as usize + 1) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            return sandbox_error(
+                                ServiceError::internal(format!("agent socket: {e}")),
+                                None,
+                            )
+                        }
+                    };
+                (held, conn)
             }
         };
+        tracing::debug!(
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "agent sandbox ready"
+        );
         let mut result = agent_stages(&conn, &plan, self.inner.config.max_fetch_bytes).await;
         tracing::debug!(
             ms = t0.elapsed().as_secs_f64() * 1000.0,
