@@ -44,7 +44,8 @@ pub struct ServeArgs {
     /// Largest request body, e.g. 16MiB.
     #[arg(long = "max-body", value_name = "SIZE", default_value = "16MiB")]
     max_body: String,
-    /// Largest file read back from a sandbox, e.g. 16MiB.
+    /// Most bytes read back from a sandbox, e.g. 16MiB: all the files of a run together, one file
+    /// of a session, one archive.
     #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
     max_fetch: String,
     /// Longest (and default) session TTL, e.g. 1h.
