@@ -24,7 +24,9 @@ trap 'scripts/testnet.sh down' EXIT
 
 echo "== tests as root"
 cargo build --workspace --quiet  # the binaries the tests spawn: palisade and palisade-probe
-cargo test --workspace --quiet 2>&1 | tee /tmp/palisade-root-tests.log
+# Tests that need root are #[ignore]d with the reason (an unprivileged run lists them as ignored);
+# this pass includes them.
+cargo test --workspace --quiet -- --include-ignored 2>&1 | tee /tmp/palisade-root-tests.log
 
 echo "== tests as $TEST_USER (unprivileged)"
 # The one-time delegation root gives a user so that their sandboxes get cgroup ceilings.

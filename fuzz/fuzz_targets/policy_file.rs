@@ -1,30 +1,28 @@
-//! The policy-file parser on arbitrary input: it must never panic, and what it accepts must be a
-//! policy that validates and renders to a file it accepts again.
-//! Run: `cargo +nightly fuzz run policy_file` (from the repository root; needs cargo-fuzz).
+//! The policy-file parser on arbitrary input: it must never panic; what it accepts must give a
+//! policy that renders to a file reading back to the same policy, every field; and a file's own
+//! ceiling must hold the defaults once lowered to it.
+//! Run: `scripts/fuzz.sh policy_file` (or `cargo +nightly fuzz run policy_file`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use palisade_policy::file::PolicyFile;
+use palisade_policy::file::{read_render_read, PolicyFile};
 use palisade_policy::Policy;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    if let Some((p, back, shown)) = read_render_read(text) {
+        assert_eq!(p, back, "the rendered policy reads back different:\n{shown}");
+    }
     let Ok(f) = PolicyFile::parse("fuzz.toml", text) else {
         return;
     };
-    let mut p = Policy::new(["true"]).unwrap();
-    p.binds = f.binds.clone();
-    p.env = f.env_set.clone();
-    p.network.allow = f.allow_net.clone();
-    p.network.deny = f.deny_net.clone();
-    p.network.resolve = f.resolve.clone();
-    p.network.dns_server = f.dns_server;
-    p.network.local_ports = f.local_ports.clone();
-    f.limits.apply(&mut p.limits);
-    if p.validate().is_ok() {
-        let shown = PolicyFile::render(&p, false);
-        PolicyFile::parse("shown.toml", &shown).expect("a rendered policy reads back");
+    if let Ok(b) = f.ceiling() {
+        let mut d = Policy::new(["true"]).expect("the defaults are valid");
+        d.clamp_to(&b);
+        if let Err(e) = d.check_within(&b) {
+            panic!("the defaults lowered to a ceiling do not fit it: {e}");
+        }
     }
 });

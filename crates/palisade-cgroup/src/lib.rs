@@ -4,13 +4,20 @@
 //! root, `palisade/user-UID/` once root has delegated it to a user with
 //! [`delegate`]). The sandbox's init joins it before the payload starts, so every process of the
 //! sandbox is inside; the limits hold for all of them together, and the accounting (peak memory, OOM
-//! kills) covers all of them. The cgroup is removed after the run; stale ones left by a killed
-//! supervisor are removed on the next start.
+//! kills) covers all of them. The cgroup is removed after the run. Run cgroups left by a killed
+//! supervisor are removed by a later one, once per process ([`Manager::clean_stale_once`]); who
+//! owns a run cgroup is decided by a lock its supervisor holds, not by a pid, so supervisors in
+//! different pid namespaces sharing one cgroupfs never take each other's runs for stale (the
+//! protocol, and why a lock: the `owner` module).
 //!
-//! Only file writes, no system calls of our own: the root of the hierarchies is injectable, so the
-//! writers are tested on a temporary directory.
+//! What a run's cgroup does not hold within its memory ceiling on a given host (socket buffers on
+//! cgroup v1, say) is listed by [`RunCgroup::gaps`], for the report.
+//!
+//! File writes plus two system calls through rustix (`flock`, `getrandom`); the root of the
+//! hierarchies is injectable, so the writers and the cleanup are tested on a temporary directory.
 #![forbid(unsafe_code)]
 
+mod owner;
 mod v1;
 mod v2;
 
@@ -50,6 +57,26 @@ pub struct CgroupStats {
     /// CPU time of every process that ever ran in the cgroup, those the kernel reaped itself at a
     /// kill included.
     pub cpu: Option<CpuUsage>,
+    /// Peak of the socket buffers (TCP, UDP) where the kernel keeps them in a counter of their own,
+    /// outside `memory_peak`: cgroup v1's `memory.kmem.tcp`. `None` on v2, where they are part of
+    /// `memory_peak`, and where they are not accounted at all (see [`RunCgroup::gaps`]).
+    pub socket_memory_peak: Option<u64>,
+}
+
+/// Something the run's cgroup does not hold within its memory ceiling on this host: what escapes,
+/// and what bounds it instead. For the report, so that a limit is never claimed wider than it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    /// What escapes the memory ceiling, e.g. `socket buffers`.
+    pub what: &'static str,
+    /// What bounds it instead, and why the cgroup cannot.
+    pub bound: String,
+}
+
+impl std::fmt::Display for Gap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.bound)
+    }
 }
 
 /// CPU time a cgroup accounted.
@@ -62,13 +89,34 @@ pub struct CpuUsage {
 /// Why a cgroup could not be used.
 #[derive(Debug, Error)]
 pub enum CgroupError {
-    #[error("no usable cgroup hierarchy with the memory and pids controllers under {}", root.display())]
+    #[error(
+        "no usable cgroup hierarchy with the memory and pids controllers under {}",
+        root.display()
+    )]
     NoHierarchy { root: PathBuf },
-    #[error("no cgroup delegated to uid {uid}: {}; as root, run `palisade cgroup-delegate --user <name>` once (on systemd hosts, run palisade inside a session with a delegated user slice)", tried.display())]
+    #[error(
+        "no cgroup delegated to uid {uid}: {}; as root, run `palisade cgroup-delegate --user \
+         <name>` once (on systemd hosts, run palisade inside a session with a delegated user \
+         slice)",
+        tried.display()
+    )]
     NotDelegated { uid: u32, tried: PathBuf },
-    #[error("palisade runs in cgroup {}, which is not delegated to uid {uid} (owned by the user and marked with the user.delegate or trusted.delegate attribute): on cgroup v2 a user's run cgroups must live under the user's own. On systemd hosts start palisade in a delegated scope: `systemd-run --user --scope -p Delegate=yes palisade run …`; elsewhere, as root, run `palisade cgroup-delegate --user <name>` once and start the user's palisade from a process moved into its leaf (as root: `echo PID > /sys/fs/cgroup/palisade/user-UID/palisade-procs/cgroup.procs`)", own.display())]
+    #[error(
+        "palisade runs in cgroup {}, which is not delegated to uid {uid} (owned by the user and \
+         marked with the user.delegate or trusted.delegate attribute): on cgroup v2 a user's run \
+         cgroups must live under the user's own. On systemd hosts start palisade in a delegated \
+         scope: `systemd-run --user --scope -p Delegate=yes palisade run …`; elsewhere, as root, \
+         run `palisade cgroup-delegate --user <name>` once and start the user's palisade from a \
+         process moved into its leaf (as root: `echo PID > \
+         /sys/fs/cgroup/palisade/user-UID/palisade-procs/cgroup.procs`)",
+        own.display()
+    )]
     NotDelegatedV2 { uid: u32, own: PathBuf },
-    #[error("cgroup {} does not offer the {missing} controller(s) to its children; enable them in the parent's cgroup.subtree_control (on systemd: `Delegate=memory pids cpu` for the unit)", path.display())]
+    #[error(
+        "cgroup {} does not offer the {missing} controller(s) to its children; enable them in the \
+         parent's cgroup.subtree_control (on systemd: `Delegate=memory pids cpu` for the unit)",
+        path.display()
+    )]
     MissingControllers { path: PathBuf, missing: String },
     #[error("cannot {op} {}: {source}", path.display())]
     Io {
@@ -98,10 +146,16 @@ pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
 pub trait Manager: Send + Sync {
     /// `"v1"` or `"v2"`, for the report.
     fn version(&self) -> &'static str;
-    /// Creates the cgroup of one run, named `name`, with `limits` written.
-    fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError>;
-    /// Removes run cgroups whose supervisor is gone (their name carries its pid).
-    fn clean_stale(&self);
+    /// Creates the cgroup of one run, with `limits` written, under a name of its own
+    /// (`run-PID-TOKEN-SEQ`), locked by this process until it is removed.
+    fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError>;
+    /// Removes the run cgroups whose supervisor is provably gone (nobody holds their lock), in
+    /// whatever pid namespace it ran, and returns them. Reads the whole palisade parent: on the
+    /// way to a run, call [`Manager::clean_stale_once`].
+    fn clean_stale(&self) -> Vec<PathBuf>;
+    /// [`Manager::clean_stale`] the first time it is called for this parent in this process;
+    /// nothing after that.
+    fn clean_stale_once(&self);
 }
 
 /// The cgroup of one run. Dropping it removes it (it must be empty by then).
@@ -121,51 +175,75 @@ pub trait RunCgroup: Send {
     /// The CPU quota written for this run (µs per period), if one was: a requested quota the host
     /// could not apply (no cpu controller for palisade) is `None`.
     fn cpu_quota_us(&self) -> Option<u64>;
-    /// Removes the cgroup; waits briefly for the kernel to finish freeing dead processes.
+    /// What this run's cgroup does not hold within its memory ceiling on this host, each with what
+    /// bounds it instead; empty where the ceiling covers everything it is documented to.
+    fn gaps(&self) -> &[Gap];
+    /// Removes the cgroup. One the kernel still reports busy a few milliseconds after its
+    /// processes are gone is not waited for: this process keeps it locked and retries at its next
+    /// run, or, if it exits first, the next supervisor's stale cleanup removes it.
     fn remove(&mut self) -> Result<(), CgroupError>;
 }
 
-/// The name of a run's cgroup: the supervisor's pid (for stale detection) and a counter.
-pub fn run_name(seq: u64) -> String {
-    format!("run-{}-{seq}", std::process::id())
-}
-
-pub(crate) fn stale_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("run-")?;
-    rest.split('-').next()?.parse().ok()
-}
-
-pub(crate) fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Removes a directory, retrying for a short while: right after the last process of a cgroup is
-/// reaped, the kernel may still report it busy.
-pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
-    let mut last = None;
-    for i in 0..200 {
-        match std::fs::remove_dir(path) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(16) => {
-                // EBUSY
-                last = Some(e);
-                std::thread::sleep(std::time::Duration::from_micros(100 * (i + 1).min(50)));
-            }
-            Err(e) => {
-                return Err(CgroupError::Io {
-                    op: "remove",
-                    path: path.to_owned(),
-                    source: e,
-                })
-            }
+/// Makes a run's directories with `make` (one per hierarchy, each locked) under a fresh name,
+/// starting over with another when a concurrent stale cleanup removed one between its creation
+/// and its lock.
+pub(crate) fn make_run<T>(
+    mut make: impl FnMut(&str) -> Result<T, owner::MakeError>,
+) -> Result<T, CgroupError> {
+    owner::retry_pending();
+    let mut name = String::new();
+    for _ in 0..owner::ATTEMPTS {
+        name = owner::next_name();
+        match make(&name) {
+            Ok(t) => return Ok(t),
+            Err(owner::MakeError::Failed(e)) => return Err(e),
+            Err(owner::MakeError::Raced) => {}
         }
     }
     Err(CgroupError::Io {
-        op: "remove",
-        path: path.to_owned(),
-        source: last.expect("set in the loop"),
+        op: "create",
+        path: PathBuf::from(name),
+        source: io::Error::other(format!(
+            "a concurrent stale cleanup removed it {} times in a row",
+            owner::ATTEMPTS
+        )),
     })
+}
+
+/// What the kernel's boot options take out of every memory cgroup, from the `/proc/cmdline` text:
+/// `cgroup.memory=nosocket` (socket buffers) and `cgroup.memory=nokmem` (kernel memory).
+pub(crate) fn boot_gaps(cmdline: &str) -> Vec<Gap> {
+    let opts: Vec<&str> = cmdline
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("cgroup.memory="))
+        .flat_map(|v| v.split(','))
+        .collect();
+    let mut v = Vec::new();
+    if opts.contains(&"nosocket") {
+        v.push(Gap {
+            what: "socket buffers",
+            bound: "not charged to any memory cgroup (the kernel was booted with \
+                    cgroup.memory=nosocket): only the host-wide net.ipv4.tcp_mem and udp_mem \
+                    bound them"
+                .into(),
+        });
+    }
+    if opts.contains(&"nokmem") {
+        v.push(Gap {
+            what: "kernel memory",
+            bound: "pipe and unix socket buffers, page tables and the kernel objects the code \
+                    makes are not charged to the memory cgroup (the kernel was booted with \
+                    cgroup.memory=nokmem)"
+                .into(),
+        });
+    }
+    v
+}
+
+/// [`boot_gaps`] of this host, read once.
+pub(crate) fn host_boot_gaps() -> &'static [Gap] {
+    static GAPS: std::sync::OnceLock<Vec<Gap>> = std::sync::OnceLock::new();
+    GAPS.get_or_init(|| boot_gaps(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default()))
 }
 
 /// Finds the manager for this host and caller under `root` (normally `/sys/fs/cgroup`): v2 when
@@ -230,6 +308,7 @@ pub(crate) fn read_stats(
         pids_peak: read_number(pids_peak),
         cpu_quota_us,
         cpu,
+        socket_memory_peak: None,
     }
 }
 
@@ -255,10 +334,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn run_names_carry_the_supervisor_pid() {
-        let n = run_name(7);
-        assert_eq!(stale_pid(&n), Some(std::process::id()));
-        assert_eq!(stale_pid("user-1000"), None);
-        assert_eq!(stale_pid("run-x-1"), None);
+    fn boot_options_that_take_memory_out_of_cgroups_are_gaps() {
+        assert_eq!(boot_gaps("quiet console=ttyS0 psi=1"), vec![]);
+        let g = boot_gaps("quiet cgroup.memory=nokmem,nosocket ro");
+        let what: Vec<&str> = g.iter().map(|g| g.what).collect();
+        assert_eq!(what, ["socket buffers", "kernel memory"]);
+        assert!(
+            g[0].to_string().contains("cgroup.memory=nosocket"),
+            "{}",
+            g[0]
+        );
+        assert_eq!(
+            boot_gaps("cgroup.memory=nosocket")[0].what,
+            "socket buffers"
+        );
+        assert_eq!(
+            boot_gaps("xcgroup.memory=nosocket cgroup.memory=nobpf"),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn error_messages_read_as_one_line_with_the_fix() {
+        let e = CgroupError::NotDelegatedV2 {
+            uid: 1000,
+            own: "/sys/fs/cgroup/user.slice".into(),
+        }
+        .to_string();
+        assert!(!e.contains('\n') && !e.contains("  "), "{e}");
+        assert!(
+            e.contains("run `palisade cgroup-delegate --user <name>` once"),
+            "{e}"
+        );
+        assert!(
+            e.contains("(as root: `echo PID > /sys/fs/cgroup/palisade/user-UID/palisade-procs/"),
+            "{e}"
+        );
     }
 }

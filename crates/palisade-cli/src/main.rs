@@ -3,10 +3,13 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use palisade::policy::file::PolicyFile;
+use palisade::policy::net::{parse_dns_server, NetRule, Pin};
+use palisade::policy::protect::ProtectedPath;
 use palisade::policy::untrusted::Untrusted;
 use palisade::policy::{
-    parse_count, parse_cpus, parse_duration, parse_size, Bind, Degradable, EnvVar, MAX_OPEN_FILES,
-    MAX_PIDS,
+    parse_count, parse_cpus, parse_duration, parse_size, Bind, Degradable, EnvName, EnvVar, Policy,
+    PolicyError, PolicyOverlay, MAX_OPEN_FILES, MAX_PIDS,
 };
 use palisade::term::{ForwardedSignals, RawTerminal};
 use palisade::{Report, Sandbox, EXIT_SANDBOX_ERROR};
@@ -265,126 +268,298 @@ fn main() {
     std::process::exit(code);
 }
 
-/// The sandbox builder for `a`: defaults, then the policy file's profiles, the `--profile`
-/// options, the file's own fields, and the other options last.
-fn builder(a: &RunArgs, tty: bool) -> anyhow::Result<palisade::Builder> {
-    let mut b = Sandbox::builder().command(a.command.clone()).tty(tty);
-    let file = match &a.policy {
-        Some(p) => Some(read_policy_file(p)?),
-        None => None,
+/// Policy fields and the options that set them. The library names fields as a policy file does
+/// (`filesystem.rw`); what `palisade run` prints names its options (`--rw`).
+const OPTIONS: &[(&str, &str)] = &[
+    ("profiles", "--profile"),
+    ("filesystem.scratch", "--scratch"),
+    ("filesystem.keep_scratch", "--keep"),
+    ("filesystem.ro", "--ro"),
+    ("filesystem.rw", "--rw"),
+    ("filesystem.protect", "--protect"),
+    ("filesystem.unprotect", "--unprotect"),
+    ("env.set", "--env"),
+    ("env.pass", "--env"),
+    ("network.allow", "--allow-net"),
+    ("network.deny", "--deny-net"),
+    ("network.resolve", "--resolve"),
+    ("network.dns_server", "--dns-server"),
+    ("network.local_ports", "--allow-local-port"),
+    ("limits.timeout", "--timeout"),
+    ("limits.cpu_time", "--cpu-time"),
+    ("limits.memory", "--memory"),
+    ("limits.pids", "--pids"),
+    ("limits.open_files", "--open-files"),
+    ("limits.file_size", "--file-size"),
+    ("limits.output", "--output-limit"),
+    ("limits.tmp_size", "--tmp-size"),
+    ("limits.scratch_size", "--scratch-size"),
+    ("limits.cpus", "--cpus"),
+    ("layers.allow_degraded", "--allow-degraded"),
+    ("layers.allow_ptrace", "--allow-ptrace"),
+    ("tty", "--tty"),
+];
+
+/// A library message in the command line's words: each policy field (`a.b`) named as the option
+/// that sets it, and "add `VALUE` to FIELD" as "pass --OPTION VALUE". Text in backticks quotes
+/// values and is left alone.
+fn in_option_words(text: &str) -> String {
+    let dotted = || OPTIONS.iter().filter(|(f, _)| f.contains('.'));
+    // A field ends where no name character (nor `.` and one) follows.
+    let ends = |rest: &str| {
+        let mut c = rest.chars();
+        match c.next() {
+            None => true,
+            Some(x) if x.is_ascii_alphanumeric() || x == '_' => false,
+            Some('.') => !c
+                .next()
+                .is_some_and(|y| y.is_ascii_alphanumeric() || y == '_'),
+            Some(_) => true,
+        }
     };
-    if let Some(f) = &file {
-        for p in &f.profiles {
-            b = b.profile(p);
+    let field_at = |s: &str| dotted().find(|(f, _)| s.starts_with(f) && ends(&s[f.len()..]));
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        let word_start = !out
+            .chars()
+            .next_back()
+            .is_some_and(|p| p.is_ascii_alphanumeric() || matches!(p, '_' | '.' | '-'));
+        if word_start {
+            if let Some(after) = rest.strip_prefix("add `") {
+                if let Some(end) = after.find('`') {
+                    let to = after[end + 1..].strip_prefix(" to ").unwrap_or("");
+                    if let Some((field, option)) = field_at(to) {
+                        out.push_str(&format!("pass {option} {}", &after[..end]));
+                        rest = &to[field.len()..];
+                        continue;
+                    }
+                }
+            }
+            if let Some((field, option)) = field_at(rest) {
+                out.push_str(option);
+                rest = &rest[field.len()..];
+                continue;
+            }
         }
-    }
-    for p in &a.profile {
-        b = b.profile(p);
-    }
-    if let Some(f) = &file {
-        b = b.overlay(f);
-    }
-    if a.allow_ptrace {
-        b = b.allow_ptrace(true);
-    }
-    if a.keep {
-        b = b.keep_scratch(true);
-    }
-    for p in &a.protect {
-        b = b.protect(p);
-    }
-    for p in &a.unprotect {
-        b = b.unprotect(p);
-    }
-    if let Some(s) = &a.scratch {
-        b = b.scratch_dir(s);
-    }
-    if let Some(t) = &a.timeout {
-        b = b.timeout(parse_duration("--timeout", t)?);
-    }
-    if let Some(o) = &a.output_limit {
-        b = b.output_limit(parse_size("--output-limit", o)?);
-    }
-    let mut limits = b.current_limits();
-    if let Some(t) = &a.cpu_time {
-        limits.cpu_time_ms = Some(parse_duration("--cpu-time", t)?.as_millis() as u64);
-    }
-    if let Some(p) = &a.pids {
-        limits.pids = parse_count("--pids", p, MAX_PIDS)?;
-    }
-    if let Some(n) = &a.open_files {
-        limits.open_files = parse_count("--open-files", n, MAX_OPEN_FILES)?;
-    }
-    if let Some(f) = &a.file_size {
-        limits.file_size_bytes = parse_size("--file-size", f)?;
-    }
-    if let Some(m) = &a.memory {
-        limits.memory_bytes = parse_size("--memory", m)?;
-    }
-    if let Some(c) = &a.cpus {
-        limits.cpu_milli = Some(parse_cpus("--cpus", c)?);
-    }
-    if let Some(t) = &a.tmp_size {
-        limits.tmp_bytes = parse_size("--tmp-size", t)?;
-    }
-    if let Some(t) = &a.scratch_size {
-        limits.scratch_bytes = parse_size("--scratch-size", t)?;
-    }
-    b = b.limits(limits);
-    for l in &a.allow_degraded {
-        b = b.allow_degraded(Degradable::parse(l)?);
-    }
-    for s in &a.ro {
-        b = b.bind_spec(Bind::parse(s, false)?);
-    }
-    for s in &a.rw {
-        b = b.bind_spec(Bind::parse(s, true)?);
-    }
-    let mut has_term = false;
-    for e in &a.env {
-        let v = if e.contains('=') {
-            EnvVar::parse(e)?
-        } else {
-            let val = std::env::var(e).with_context(|| {
-                format!(
-                    "--env {e}: `{e}` is not set in palisade's environment; use --env {e}=VALUE"
-                )
-            })?;
-            EnvVar::new(e, &val)?
-        };
-        has_term |= v.name.as_str() == "TERM";
-        b = b.env(v.name.as_str(), &v.value);
-    }
-    if tty && !has_term {
-        if let Ok(t) = std::env::var("TERM") {
-            b = b.env("TERM", &t);
+        if c == '`' {
+            let end = rest[1..].find('`').map_or(rest.len(), |e| e + 2);
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
         }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
     }
-    for r in &a.allow_net {
-        b = b.allow_net(r);
-    }
-    for r in &a.deny_net {
-        b = b.deny_net(r);
-    }
-    if let Some(d) = &a.dns_server {
-        b = b.dns_server(d);
-    }
-    for r in &a.resolve {
-        b = b.resolve(r);
-    }
-    for &p in &a.allow_local_port {
-        b = b.allow_local_port(p);
-    }
-    Ok(b)
+    out
 }
 
-fn read_policy_file(p: &std::path::Path) -> anyhow::Result<palisade::policy::file::PolicyFile> {
+/// A policy error as the command line says it: the field as its option.
+fn option_error(e: PolicyError) -> anyhow::Error {
+    let field = e
+        .field()
+        .and_then(|f| OPTIONS.iter().find(|(p, _)| *p == f));
+    let e = match field {
+        Some((_, option)) => e.in_field(option),
+        None => e,
+    };
+    anyhow::anyhow!(in_option_words(&e.to_string()))
+}
+
+/// The options as an overlay on the policy (the file's, or the defaults). Values are parsed here,
+/// so that errors name the option; `--env` keeps the last value given for a name.
+fn options(a: &RunArgs, tty: bool) -> anyhow::Result<PolicyOverlay> {
+    let mut o = PolicyOverlay {
+        profiles: a.profile.clone(),
+        scratch: a.scratch.clone(),
+        keep_scratch: a.keep.then_some(true),
+        allow_ptrace: a.allow_ptrace.then_some(true),
+        local_ports: a.allow_local_port.clone(),
+        // A terminal is a default (lowered under a file's bounds) unless asked for by name.
+        tty: (a.tty || a.no_tty).then_some(tty),
+        ..PolicyOverlay::default()
+    };
+    for (list, paths, option) in [
+        (&mut o.protect, &a.protect, "--protect"),
+        (&mut o.unprotect, &a.unprotect, "--unprotect"),
+    ] {
+        for p in paths {
+            list.push(ProtectedPath::new(p).map_err(|e| option_error(e.in_field(option)))?);
+        }
+    }
+    for (specs, writable) in [(&a.ro, false), (&a.rw, true)] {
+        for s in specs {
+            o.binds
+                .push(Bind::parse(s, writable).map_err(option_error)?);
+        }
+    }
+    for e in &a.env {
+        if e.contains('=') {
+            let v = EnvVar::parse(e).map_err(option_error)?;
+            o.env_pass.retain(|n| *n != v.name);
+            o.env_set.retain(|x| x.name != v.name);
+            o.env_set.push(v);
+        } else {
+            let n = EnvName::new(e).map_err(option_error)?;
+            o.env_set.retain(|x| x.name != n);
+            if !o.env_pass.contains(&n) {
+                o.env_pass.push(n);
+            }
+        }
+    }
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let l = &mut o.limits;
+    for (given, option, to) in [
+        (&a.timeout, "--timeout", &mut l.timeout_ms),
+        (&a.cpu_time, "--cpu-time", &mut l.cpu_time_ms),
+    ] {
+        if let Some(t) = given {
+            *to = Some(ms(parse_duration(option, t).map_err(option_error)?));
+        }
+    }
+    for (given, option, to) in [
+        (&a.output_limit, "--output-limit", &mut l.output_bytes),
+        (&a.file_size, "--file-size", &mut l.file_size_bytes),
+        (&a.memory, "--memory", &mut l.memory_bytes),
+        (&a.tmp_size, "--tmp-size", &mut l.tmp_bytes),
+        (&a.scratch_size, "--scratch-size", &mut l.scratch_bytes),
+    ] {
+        if let Some(s) = given {
+            *to = Some(parse_size(option, s).map_err(option_error)?);
+        }
+    }
+    for (given, option, max, to) in [
+        (&a.pids, "--pids", MAX_PIDS, &mut l.pids),
+        (
+            &a.open_files,
+            "--open-files",
+            MAX_OPEN_FILES,
+            &mut l.open_files,
+        ),
+    ] {
+        if let Some(n) = given {
+            *to = Some(parse_count(option, n, max).map_err(option_error)?);
+        }
+    }
+    if let Some(c) = &a.cpus {
+        l.cpu_milli = Some(parse_cpus("--cpus", c).map_err(option_error)?);
+    }
+    for d in &a.allow_degraded {
+        let d = Degradable::parse(d).map_err(option_error)?;
+        if !o.allow_degraded.contains(&d) {
+            o.allow_degraded.push(d);
+        }
+    }
+    for (rules, option, to) in [
+        (&a.allow_net, "--allow-net", &mut o.allow_net),
+        (&a.deny_net, "--deny-net", &mut o.deny_net),
+    ] {
+        for r in rules {
+            to.push(NetRule::parse(option, r).map_err(option_error)?);
+        }
+    }
+    for r in &a.resolve {
+        o.resolve.push(Pin::parse(r).map_err(option_error)?);
+    }
+    if let Some(d) = &a.dns_server {
+        o.dns_server = Some(parse_dns_server(d).map_err(option_error)?);
+    }
+    Ok(o)
+}
+
+/// What to do with the variables passed by name.
+#[derive(Clone, Copy, PartialEq)]
+enum PassedVars {
+    /// Give them palisade's own values (`run`).
+    Resolve,
+    /// Check that palisade has a value for each, and keep them as names (`policy show`, which
+    /// prints no value from the environment).
+    Check,
+}
+
+/// The policy `a` gives: the defaults (with `tty`, the terminal found), the file's profiles,
+/// each `--profile`, the file's own fields, the other options (docs/policy.md), within the
+/// file's bounds when it has a `[bounds]` table. Errors are said in the file's words when the
+/// file alone gives them, in the options' otherwise.
+fn policy_for(
+    a: &RunArgs,
+    tty: bool,
+    command: Vec<String>,
+    vars: PassedVars,
+) -> anyhow::Result<Policy> {
+    let file = match &a.policy {
+        Some(p) => Some((p.display().to_string(), read_policy_file(p)?)),
+        None => None,
+    };
+    let options = options(a, tty)?;
+    let mut base = Policy::new(command).map_err(option_error)?;
+    base.tty = tty;
+    let empty = PolicyFile::default();
+    let f = file.as_ref().map_or(&empty, |(_, f)| f);
+    let mut p = match f.policy(base.clone(), &options) {
+        Ok(p) => p,
+        Err(e) => match &file {
+            Some((name, f))
+                if f.policy(base, &PolicyOverlay::default()).err() == Some(e.clone()) =>
+            {
+                anyhow::bail!("{name}: {e}")
+            }
+            // An option beyond the file's [bounds]: say whose bounds.
+            Some((name, _)) if matches!(e, PolicyError::Bounds(_)) => {
+                let e = option_error(e).to_string();
+                anyhow::bail!(
+                    "{}",
+                    e.replacen("the bounds", &format!("the bounds of {name}"), 1)
+                )
+            }
+            _ => return Err(option_error(e)),
+        },
+    };
+    // Values for the names to pass: from palisade's own environment, which only this caller may
+    // read; the library never does.
+    let mut check = p.clone();
+    check
+        .resolve_env(|n| std::env::var(n.as_str()).ok())
+        .map_err(|e| {
+            let name = match &e {
+                PolicyError::Invalid { value, .. } => value.clone(),
+                _ => String::new(),
+            };
+            match &file {
+                Some((file, _)) if !options.env_pass.iter().any(|n| n.as_str() == name) => {
+                    anyhow::anyhow!("{file}: env.pass `{name}` is not set in palisade's environment; set it, or give its value in env.set")
+                }
+                _ => anyhow::anyhow!(
+                    "--env {name}: `{name}` is not set in palisade's environment; use --env {name}=VALUE"
+                ),
+            }
+        })?;
+    if vars == PassedVars::Resolve {
+        p = check;
+    }
+    let named = |p: &Policy, n: &str| {
+        p.env.iter().any(|v| v.name.as_str() == n) || p.env_pass.iter().any(|v| v.as_str() == n)
+    };
+    if p.tty && !named(&p, "TERM") {
+        if let Ok(t) = std::env::var("TERM") {
+            p.env.push(EnvVar::new("TERM", &t).map_err(option_error)?);
+        }
+    }
+    Ok(p)
+}
+
+/// The sandbox builder for `a` (see [`policy_for`]), with the variables passed by name given
+/// palisade's own values.
+fn builder(a: &RunArgs, tty: bool) -> anyhow::Result<palisade::Builder> {
+    let p = policy_for(a, tty, a.command.clone(), PassedVars::Resolve)?;
+    p.validate().map_err(option_error)?;
+    Ok(Sandbox::builder().policy(p))
+}
+
+fn read_policy_file(p: &std::path::Path) -> anyhow::Result<PolicyFile> {
     let text = std::fs::read_to_string(p)
         .with_context(|| format!("--policy {}: cannot read the file", p.display()))?;
-    Ok(palisade::policy::file::PolicyFile::parse(
-        &p.display().to_string(),
-        &text,
-    )?)
+    Ok(PolicyFile::parse(&p.display().to_string(), &text)?)
 }
 
 fn run(a: RunArgs) -> anyhow::Result<i32> {
@@ -403,16 +578,9 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
     if a.net_log || !a.quiet {
         let all = a.net_log;
         sandbox = sandbox.on_net_event(std::sync::Arc::new(move |e: &palisade::NetEvent| {
-            if all || e.decision != "allowed" {
-                eprintln!(
-                    "palisade: net: {} {} {}:{} ({}: {})",
-                    e.decision,
-                    e.via,
-                    Untrusted::new(&e.host),
-                    e.port,
-                    e.reason,
-                    Untrusted::new(&e.detail)
-                );
+            if all || e.decision != palisade::NetDecision::Allowed {
+                // Every field the sandbox could shape is stored escaped and cut (palisade-net).
+                eprintln!("palisade: net: {e}");
             }
         }));
     }
@@ -459,19 +627,16 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
 }
 
 fn policy_cmd(cmd: PolicyCmd) -> anyhow::Result<i32> {
-    use palisade::policy::file::PolicyFile;
     match cmd {
         PolicyCmd::Check { file } => {
             let f = read_policy_file(&file)?;
             let name = file.display();
-            // The whole policy as a run would build it (duplicate targets, the proxy's ports),
-            // then the host paths it names, which a run would refuse.
-            let sandbox = Sandbox::builder()
-                .command(["true"])
-                .policy_file(&f)
-                .build()
+            // The whole policy as a run would build it (duplicate targets, the proxy's ports, its
+            // own bounds), then the host paths it names, which a run would refuse. Variables
+            // passed by name are the running environment's business, not the file's.
+            let p = f
+                .policy(Policy::new(["true"])?, &PolicyOverlay::default())
                 .with_context(|| format!("{name}"))?;
-            let p = sandbox.policy();
             if let palisade::policy::Scratch::Host { path } = &p.scratch {
                 if !path.is_dir() {
                     anyhow::bail!(
@@ -482,13 +647,9 @@ fn policy_cmd(cmd: PolicyCmd) -> anyhow::Result<i32> {
             }
             for b in &p.binds {
                 if std::fs::symlink_metadata(&b.source).is_err() {
-                    let field = if b.writable {
-                        "filesystem.rw"
-                    } else {
-                        "filesystem.ro"
-                    };
                     anyhow::bail!(
-                        "{name}: {field} `{}`: no such path on this host",
+                        "{name}: {} `{}`: no such path on this host",
+                        Bind::field(b.writable),
                         b.source.display()
                     );
                 }
@@ -497,17 +658,16 @@ fn policy_cmd(cmd: PolicyCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         PolicyCmd::Show(a) => {
-            let sandbox = builder(&a, a.tty)?
-                .command(if a.command.is_empty() {
-                    vec!["true".to_owned()]
-                } else {
-                    a.command.clone()
-                })
-                .build()?;
+            let command = if a.command.is_empty() {
+                vec!["true".to_owned()]
+            } else {
+                a.command.clone()
+            };
+            let p = policy_for(&a, a.tty, command, PassedVars::Check)?;
             if !a.command.is_empty() {
                 println!("# command: {}", a.command.join(" "));
             }
-            print!("{}", PolicyFile::render(sandbox.policy(), a.keep));
+            print!("{}", PolicyFile::render(&p));
             Ok(0)
         }
         PolicyCmd::Schema => {
@@ -685,6 +845,9 @@ impl ReportTarget {
     }
 }
 
+/// Most characters of the summary line printed (it lists every refused call and blocked path).
+const SUMMARY_MAX: usize = 16 * 1024;
+
 fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
     if !a.quiet
         || matches!(
@@ -692,11 +855,19 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
             palisade::Status::SandboxError | palisade::Status::ProtectionFailed
         )
     {
-        eprintln!("{}", report.summary());
+        // One line, whatever a path or a name in it holds.
+        let line = in_option_words(&report.summary());
+        eprintln!("{}", Untrusted::new(&line).max(SUMMARY_MAX));
+        if report.network.notify_suppressed > 0 {
+            eprintln!(
+                "palisade: {} more net decisions not printed (the report lists them)",
+                report.network.notify_suppressed
+            );
+        }
     } else {
         // Even when quiet: something the code left to run later was found and moved aside.
         for b in &report.protected.blocked {
-            eprintln!(
+            let line = format!(
                 "palisade: protected path {} was created inside: {}",
                 b.path,
                 b.moved_to
@@ -704,6 +875,7 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
                     .map(|t| format!("moved to {t}"))
                     .unwrap_or_else(|| format!("NOT moved: {}", b.error.as_deref().unwrap_or("?")))
             );
+            eprintln!("{}", Untrusted::new(&line).max(SUMMARY_MAX));
         }
     }
     match to {
@@ -725,4 +897,72 @@ fn emit(a: &RunArgs, report: &Report, to: ReportTarget) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Each row of the table is a policy-file field (or `tty`) and an option of `run`, so the
+    /// words cannot drift from what the two accept.
+    #[test]
+    fn the_option_table_names_real_fields_and_options() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").unwrap();
+        let longs: Vec<String> = run
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect();
+        let schema = palisade::policy::file::json_schema();
+        for (field, option) in OPTIONS {
+            assert!(longs.iter().any(|l| l == option), "{option}");
+            let in_schema = match field.split_once('.') {
+                Some((t, f)) => schema["properties"][t]["properties"].get(f).is_some(),
+                None => schema["properties"].get(*field).is_some() || *field == "tty",
+            };
+            assert!(in_schema, "{field}");
+        }
+    }
+
+    #[test]
+    fn library_words_become_option_words() {
+        for (library, cli) in [
+            (
+                "invalid limits.memory `512k`: expected a size",
+                "invalid --memory `512k`: expected a size",
+            ),
+            (
+                "invalid network.deny/network.resolve/network.dns_server `(given)`: expected network.allow rules as well",
+                "invalid --deny-net/--resolve/--dns-server `(given)`: expected --allow-net rules as well",
+            ),
+            (
+                "replace it with a regular file or directory, or add `.bashrc` to filesystem.unprotect",
+                "replace it with a regular file or directory, or pass --unprotect .bashrc",
+            ),
+            (
+                "{hint}; or add `landlock` to layers.allow_degraded to run with the mount view",
+                "{hint}; or pass --allow-degraded landlock to run with the mount view",
+            ),
+            ("filesystem.rw `/srv/x`: No such file", "--rw `/srv/x`: No such file"),
+            // Values in backticks, longer names and other words are left alone.
+            (
+                "filesystem.ro `/srv/filesystem.ro`: gone",
+                "--ro `/srv/filesystem.ro`: gone",
+            ),
+            ("env.set.A: expected a string", "env.set.A: expected a string"),
+            ("my.limits.memory and limits.memoryx", "my.limits.memory and limits.memoryx"),
+            ("add `x` to hostname", "add `x` to hostname"),
+            ("limits.memory.", "--memory."),
+            ("", ""),
+            ("`unclosed limits.memory", "`unclosed limits.memory"),
+        ] {
+            assert_eq!(in_option_words(library), cli, "{library}");
+        }
+        // A structured field without a dot: mapped from the error, not from the text.
+        let e = palisade::policy::profile::overlay("nope").unwrap_err();
+        assert!(option_error(e)
+            .to_string()
+            .starts_with("invalid --profile `nope`: expected one of the built-in profiles"));
+    }
 }

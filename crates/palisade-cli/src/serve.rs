@@ -156,11 +156,6 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("--policy {}", p.display()))?;
             let f = palisade::policy::file::PolicyFile::parse(&p.display().to_string(), &text)?;
-            anyhow::ensure!(
-                f.keep_scratch != Some(true),
-                "--policy {}: filesystem.keep_scratch: a server's runs each get a fresh scratch that goes with them",
-                p.display()
-            );
             b = b.policy_file(&f);
         }
         b.build()?.policy().clone()

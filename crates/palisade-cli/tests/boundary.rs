@@ -784,11 +784,129 @@ fn tiocsti_cannot_inject_into_the_callers_terminal() {
     );
 }
 
+/// With `--tty` the payload's terminal is a pty of the sandbox's own devpts instance: the caller's
+/// terminal and the host's other ptys are not in its `/dev/pts`, and its pty is not on the host's.
 #[test]
 fn tty_mode_gives_a_private_pty() {
-    let r = probe(&["--tty"], &["isatty"]);
-    let got = r.probe("isatty");
-    assert!(got.starts_with("ok /dev/pts/"), "{got} {}", r.stderr);
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    // The caller's terminal: a pty of the host's devpts, palisade's stdin and controlling
+    // terminal, as in a user's shell. Ptys are opened until one is not pts/0, all held to the
+    // end: devpts numbers from the lowest free, so the host's pts/0 is taken meanwhile, and a pty
+    // the sandbox got from the host's devpts could not be /dev/pts/0.
+    let mut held: Vec<(OwnedFd, OwnedFd)> = Vec::new();
+    let caller_n = loop {
+        let (mut m, mut s) = (0, 0);
+        // SAFETY: openpty fills two descriptors, which nothing else owns.
+        let r = unsafe {
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty failed: a pty is needed for this test");
+        // SAFETY: both were just opened by openpty; these are their only owners.
+        let pair = unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
+        let name = std::fs::read_link(format!("/proc/self/fd/{}", pair.1.as_raw_fd())).unwrap();
+        let n: u32 = name
+            .to_str()
+            .and_then(|p| p.strip_prefix("/dev/pts/"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the host's pty is {}, not in /dev/pts", name.display()));
+        held.push(pair);
+        if n != 0 {
+            break n;
+        }
+    };
+    let caller = &held.last().unwrap().1;
+    let caller_dev = std::fs::File::from(caller.try_clone().unwrap())
+        .metadata()
+        .unwrap()
+        .dev();
+    let script = |probe: &str| {
+        format!(
+            "{probe} isatty; echo \"pts: $(ls -A /dev/pts | tr '\\n' ' ')\"; \
+             echo \"dev: $(stat -c %d /dev/pts/0) $(stat -c %d /dev/pts)\"; \
+             if [ -e /dev/pts/{caller_n} ]; then echo caller: there; else echo caller: absent; fi"
+        )
+    };
+    let on_the_callers_terminal = |mut c: std::process::Command| -> Run {
+        c.stdin(std::process::Stdio::from(caller.try_clone().unwrap()));
+        // SAFETY: setsid and TIOCSCTTY are async-signal-safe; they make the pty the child's
+        // controlling terminal.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setsid();
+                libc::ioctl(0, libc::TIOCSCTTY, 0);
+                Ok(())
+            });
+        }
+        c.output().unwrap().into()
+    };
+    // What a payload prints on a pty ends its lines with CR LF.
+    let said = |r: &Run, prefix: &str| -> String {
+        r.stdout
+            .lines()
+            .find_map(|l| l.trim_end_matches('\r').strip_prefix(prefix))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no `{prefix}` line\nstdout:\n{}\nstderr:\n{}",
+                    r.stdout, r.stderr
+                )
+            })
+            .trim()
+            .to_owned()
+    };
+    // Control, without palisade: the same script on the caller's terminal sees it, finds it in
+    // /dev/pts, and /dev/pts on its device (proves the checks below can fail).
+    let mut direct = std::process::Command::new("/bin/sh");
+    direct.args(["-c", &script(&probe_bin().display().to_string())]);
+    let control = on_the_callers_terminal(direct);
+    assert_eq!(
+        said(&control, "probe isatty: "),
+        format!("ok /dev/pts/{caller_n}")
+    );
+    assert_eq!(said(&control, "caller: "), "there");
+    let control_dev = said(&control, "dev: ");
+    assert_eq!(
+        control_dev.split(' ').next_back(),
+        Some(caller_dev.to_string().as_str()),
+        "control: /dev/pts on the host is the caller's terminal's devpts ({control_dev})"
+    );
+
+    let r = on_the_callers_terminal(command(&["--tty"], &["/bin/sh", "-c", &script("/probe")]));
+    assert_eq!(said(&r, "probe isatty: "), "ok /dev/pts/0", "{}", r.stderr);
+    assert_eq!(
+        said(&r, "pts: "),
+        "0 ptmx",
+        "the sandbox's /dev/pts holds its own pty only, none of the host's (the caller's is pts/{caller_n})"
+    );
+    let dev = said(&r, "dev: ");
+    let devs: Vec<u64> = dev
+        .split(' ')
+        .map(|d| {
+            d.parse()
+                .unwrap_or_else(|_| panic!("dev: {dev}\n{}", r.stderr))
+        })
+        .collect();
+    assert_eq!(devs.len(), 2, "dev: {dev}");
+    assert_eq!(
+        devs[0], devs[1],
+        "the pty is on the sandbox's devpts instance ({dev})"
+    );
+    assert_ne!(
+        devs[1], caller_dev,
+        "the sandbox's devpts is the host's, where the caller's terminal is"
+    );
+    assert_eq!(
+        said(&r, "caller: "),
+        "absent",
+        "the caller's terminal, pts/{caller_n} of the host, is in the sandbox's /dev/pts"
+    );
+    drop(held);
 }
 
 #[test]
@@ -926,7 +1044,7 @@ fn run_policy(command: &str, binds: Vec<Bind>, unlandlocked: Option<Bind>) -> (R
     p.binds
         .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
     p.debug_unlandlocked_bind = unlandlocked;
-    let out = Sandbox::from_policy(p, false).unwrap().output();
+    let out = Sandbox::from_policy(p).unwrap().output();
     let r = Run {
         code: out.report.exit_code_for_cli(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

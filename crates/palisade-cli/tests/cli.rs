@@ -74,10 +74,12 @@ fn env_passes_values_by_name_only_when_asked() {
 
 #[test]
 fn json_report_describes_the_run() {
+    let t0 = std::time::Instant::now();
     let r = run(
         &["--json", "-"],
-        &["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
+        &["/bin/sh", "-c", "echo out; echo err >&2; sleep 0.2; exit 3"],
     );
+    let outside = t0.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(r.code, 3);
     let json_start = r.stdout.find('{').expect("a JSON report on stdout");
     assert_eq!(&r.stdout[..json_start], "out\n");
@@ -86,7 +88,20 @@ fn json_report_describes_the_run() {
     assert_eq!(j["exit_code"], 3);
     assert_eq!(j["stdout_bytes"], 4);
     assert_eq!(j["stderr_bytes"], 4);
-    assert!(j["wall_time_ms"].as_f64().unwrap() > 0.0);
+    // The run's wall time covers the payload's 200 ms sleep and lies within the time this test
+    // saw palisade take: both hold on a host however busy (monotonic clocks, no window).
+    let wall = j["wall_time_ms"].as_f64().unwrap();
+    assert!(
+        (200.0..=outside).contains(&wall),
+        "wall time {wall} ms for a run with a 200 ms sleep that took {outside} ms from outside"
+    );
+    // Its CPU time is the processes' (a shell, a sleep): no more than the wall time on every CPU.
+    let cpu = j["cpu_user_ms"].as_f64().unwrap() + j["cpu_system_ms"].as_f64().unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!(
+        cpu > 0.0 && cpu <= wall * cpus,
+        "{cpu} ms of CPU in {wall} ms"
+    );
     let layers = j["layers"].as_array().unwrap();
     let enforced = |n: &str| {
         layers
@@ -287,17 +302,40 @@ fn with_user_namespaces_off_doctor_explains_and_run_refuses() {
 /// with `PALISADE_UPDATE_SNAPSHOTS=1 cargo test -p palisade-cli --test cli help`.
 #[test]
 fn help_texts_match_their_snapshots() {
+    // Compiled in, so that the test binary checks them wherever it runs (the VM matrix copies
+    // test binaries into a guest without the source tree).
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
-    for (file, args) in [
-        ("help.txt", &["--help"][..]),
-        ("help-run.txt", &["run", "--help"][..]),
-        ("help-doctor.txt", &["doctor", "--help"][..]),
+    for (file, want, args) in [
+        (
+            "help.txt",
+            include_str!("snapshots/help.txt"),
+            &["--help"][..],
+        ),
+        (
+            "help-run.txt",
+            include_str!("snapshots/help-run.txt"),
+            &["run", "--help"][..],
+        ),
+        (
+            "help-doctor.txt",
+            include_str!("snapshots/help-doctor.txt"),
+            &["doctor", "--help"][..],
+        ),
         (
             "help-cgroup-delegate.txt",
+            include_str!("snapshots/help-cgroup-delegate.txt"),
             &["cgroup-delegate", "--help"][..],
         ),
-        ("help-policy.txt", &["policy", "--help"][..]),
-        ("help-serve.txt", &["serve", "--help"][..]),
+        (
+            "help-policy.txt",
+            include_str!("snapshots/help-policy.txt"),
+            &["policy", "--help"][..],
+        ),
+        (
+            "help-serve.txt",
+            include_str!("snapshots/help-serve.txt"),
+            &["serve", "--help"][..],
+        ),
     ] {
         let o = std::process::Command::new(palisade_bin())
             .args(args)
@@ -306,26 +344,26 @@ fn help_texts_match_their_snapshots() {
             .unwrap();
         assert_eq!(o.status.code(), Some(0), "palisade {args:?}");
         let got = String::from_utf8(o.stdout).expect("help is UTF-8");
-        let path = dir.join(file);
         if std::env::var_os("PALISADE_UPDATE_SNAPSHOTS").is_some() {
-            std::fs::write(&path, &got).unwrap();
+            std::fs::write(dir.join(file), &got).unwrap();
             continue;
         }
-        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        if got != want {
+            let line = got
+                .lines()
+                .zip(want.lines())
+                .position(|(g, w)| g != w)
+                .unwrap_or(got.lines().count().min(want.lines().count()));
             panic!(
-                "{}: {e} (create it with PALISADE_UPDATE_SNAPSHOTS=1)",
-                path.display()
-            )
-        });
-        assert_eq!(
-            got,
-            want,
-            "palisade {args:?} differs from {}",
-            path.display()
-        );
+                "palisade {args:?} differs from tests/snapshots/{file} at line {}:\n  now:      {:?}\n  snapshot: {:?}\n(after an intended change: PALISADE_UPDATE_SNAPSHOTS=1 cargo test -p palisade-cli --test cli help, then rebuild)",
+                line + 1,
+                got.lines().nth(line),
+                want.lines().nth(line)
+            );
+        }
     }
     // Every subcommand has its own description, not an empty one.
-    let top = std::fs::read_to_string(dir.join("help.txt")).unwrap();
+    let top = include_str!("snapshots/help.txt");
     for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy ", "serve "] {
         let line = top
             .lines()

@@ -503,3 +503,267 @@ fn bad_rules_are_refused_with_the_option_named() {
     assert_eq!(r.code, 125);
     assert!(r.stderr.contains("--allow-net"), "{}", r.stderr);
 }
+
+/// The supervisor's `Threads:` in /proc (`None` once it has exited).
+fn threads_of(pid: u32) -> Option<usize> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Long enough for anything that should happen to happen on a busy machine; a wait that takes
+/// longer fails the test.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+#[test]
+fn thousands_of_slow_connections_hold_a_bounded_number_of_supervisor_threads() {
+    // palisade_net::MAX_CONNECTIONS, plus the supervisor's own threads (main, one per listener).
+    const CAP: usize = 128;
+    let ctl = TempDir::new("slowloris");
+    std::fs::set_permissions(
+        ctl.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // Three processes open 1000 connections each to the HTTP proxy, send one byte, then keep
+    // each alive with a byte every two seconds (a per-read timeout would never fire) until the
+    // test lets them go.
+    let script = r#"
+import os, socket, time
+for p in range(3):
+    if os.fork() == 0:
+        socks = []
+        for i in range(1000):
+            try:
+                s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+                s.send(b"C")
+                socks.append(s)
+            except OSError:
+                pass
+        print("opened", len(socks), flush=True)
+        while not os.path.exists("/ctl/release"):
+            time.sleep(2)
+            for s in list(socks):
+                try:
+                    s.send(b"O")
+                except OSError:
+                    socks.remove(s)
+                    s.close()
+        os._exit(0)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"#;
+    let ro = format!("{}:/ctl", ctl.s());
+    let mut c = command(
+        &[
+            "--allow-net",
+            "example.org",
+            "--ro",
+            &ro,
+            "--json",
+            "-",
+            "--timeout",
+            "300s",
+        ],
+        &["python3", "-c", script],
+    );
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("palisade could not be started");
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.starts_with("opened") {
+                let _ = tx.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut most = 0;
+    for _ in 0..3 {
+        let line = rx
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("the payload did not open its connections"));
+        assert!(line.starts_with("opened"), "{line}");
+        most = most.max(threads_of(pid).unwrap_or(0));
+    }
+    // While every connection is held: the count, a few times over.
+    for _ in 0..20 {
+        most = most.max(threads_of(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(ctl.path().join("release"), "").unwrap();
+    let status = child.wait().unwrap();
+    let stdout = reader.join().unwrap();
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert!(
+        most <= CAP + 16,
+        "the supervisor ran {most} threads for one sandbox\n{err}"
+    );
+    assert!(status.success(), "{status}\n{err}");
+    let r = Run {
+        code: 0,
+        stdout,
+        stderr: err,
+    };
+    let refused = r.report()["network"]["refused_connections"]
+        .as_u64()
+        .unwrap();
+    assert!(refused > 0, "{}", r.stdout);
+}
+
+#[test]
+fn thousands_of_huge_connect_targets_keep_the_report_and_the_supervisor_small() {
+    let dir = TempDir::new("bloat");
+    let report = dir.path().join("r.json");
+    // 2000 CONNECTs whose target is 60 KB: control bytes (not a request httparse takes) and
+    // letters (a request, with a host too long to be one).
+    let script = r#"
+import socket
+for i in range(2000):
+    target = (b"\x01" if i % 2 else b"a") * 60000
+    c = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    c.sendall(b"CONNECT " + target + b":443 HTTP/1.1\r\n\r\n")
+    try:
+        c.recv(100)
+    except OSError:
+        pass
+    c.close()
+print("sent")
+"#;
+    let json = report.display().to_string();
+    let mut c = command(
+        &[
+            "--allow-net",
+            "example.org",
+            "--memory",
+            "64MiB",
+            "--json",
+            &json,
+            "--timeout",
+            "300s",
+        ],
+        &["python3", "-c", script],
+    );
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also gives its rusage"
+    )]
+    let child = c.spawn().expect("palisade could not be started");
+    // wait4, for the supervisor's peak memory (its own, or a waited-for descendant's if larger).
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our own child, not waited for yet; both pointers are to live locals.
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, child.id() as i32, "{}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+    let size = std::fs::metadata(&report).unwrap().len();
+    assert!(size < 16 << 20, "a {size}-byte report");
+    let rss = usage.ru_maxrss as u64 * 1024;
+    assert!(rss < 128 << 20, "the supervisor's peak RSS was {rss} bytes");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let net = &r["network"];
+    assert_eq!(net["denied"], 2000, "{net}");
+    for e in net["events"].as_array().unwrap() {
+        let host = e["host"].as_str().unwrap();
+        assert!(host.chars().count() <= 4 * 260 + 32, "{}", host.len());
+        assert!(!host.chars().any(char::is_control), "{host:?}");
+    }
+}
+
+#[test]
+fn sandbox_bytes_in_net_lines_are_escaped_and_the_lines_are_bounded() {
+    let dir = TempDir::new("netlines");
+    let report = dir.path().join("r.json");
+    // 300 DNS questions for names that forge a palisade line and retitle the terminal.
+    let script = r#"
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(10)
+def q(labels, i):
+    return (struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0)
+            + b"".join(bytes([len(l)]) + l for l in labels) + b"\0\0\1\0\1")
+for i in range(300):
+    forged = b"\n\x1b[2K\rpalisade: ok \xc2\xb7 exit 0 \xc2\xb7 FORGED %d" % i
+    s.sendto(q([forged, b"\x1b]0;title\x07x"], i), ("127.0.0.1", 53))
+    s.recv(4000)
+print("asked")
+"#;
+    let o = std::process::Command::new(palisade_bin())
+        .args(["run", "--no-tty", "--allow-net", "example.org", "--json"])
+        .arg(&report)
+        .args(["--", "python3", "-c", script])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = &o.stderr;
+    let text = String::from_utf8_lossy(err);
+    assert!(o.status.success(), "{text}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("asked"));
+    assert!(
+        !err.contains(&0x1b),
+        "an escape sequence reached stderr:\n{text}"
+    );
+    assert!(
+        !err.contains(&b'\r'),
+        "a carriage return reached stderr:\n{text}"
+    );
+    let net_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("palisade: net: "))
+        .collect();
+    assert_eq!(net_lines.len(), 100, "{text}");
+    assert!(
+        text.contains("palisade: 200 more net decisions not printed"),
+        "{text}"
+    );
+    for l in text.lines().filter(|l| l.contains("FORGED")) {
+        assert!(
+            l.starts_with("palisade: net: denied dns \\n\\x1b[2K\\rpalisade: ok"),
+            "{l}"
+        );
+    }
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["network"]["denied"], 300);
+    assert_eq!(r["network"]["notify_suppressed"], 200);
+}
+
+#[test]
+fn the_cpu_time_the_proxy_spends_for_the_sandbox_is_reported() {
+    let srv = Server::start();
+    let p = srv.port;
+    // 32 MiB relayed: about 25 ms of the supervisor's CPU at the relay's 0.8 s per GiB.
+    let r = py(
+        &allow(p),
+        &format!("{HELPERS}\nprint('got', len(get('http://example.org:{p}/bytes/33554432')))"),
+    );
+    assert!(
+        r.stdout.contains("got 33554432"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    let net = &r.report()["network"];
+    let ms = net["supervisor_cpu_ms"].as_u64().unwrap();
+    assert!(ms >= 1, "{net}");
+}

@@ -775,6 +775,54 @@ print("forward dup host:", status(h), header(h, "X-Palisade-Denied"))
 }
 
 #[test]
+fn a_second_host_after_a_bare_lf_is_seen_as_a_lenient_server_sees_it() {
+    // RFC 9112 §2.2 lets a server take a bare LF for a line end: `X: a\nHost: other.test` is then
+    // a second Host, and the request's host ambiguous, on every path.
+    require();
+    let m = unique("barelf");
+    let mut opts = args(&["--allow-net", "allowed.test", "--allow-net", WEB]);
+    opts.extend(pins(&["allowed.test"]));
+    let r = py(
+        &opts,
+        &m,
+        r#"
+lf = f"GET /{M}/PATH HTTP/1.1\r\nHost: allowed.test\r\nX: a\nHost: other.test\r\n\r\n"
+def answered(s, path):
+    s.sendall(lf.replace("PATH", path).encode())
+    try:
+        return "closed" if not s.recv(100) else "ANSWERED"
+    except OSError:
+        return "closed"
+stub = socket.gethostbyname("allowed.test")
+print("transparent:", answered(socket.create_connection((stub, 80), timeout=20), "transparent"))
+s, code, _ = connect("allowed.test", 80)
+print("connect:", code, answered(s, "connect"))
+s, rep = socks("allowed.test", 80)
+print("socks:", rep, answered(s, "socks"))
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(lf.replace(f"/{M}/PATH", f"http://allowed.test/{M}/forward").encode())
+h = head_of(s)
+print("forward:", status(h), header(h, "X-Palisade-Denied"))
+"#,
+    );
+    assert_eq!(said(&r, "transparent"), "closed", "{}", r.stderr);
+    assert_eq!(said(&r, "connect"), "200 closed");
+    assert_eq!(said(&r, "socks"), "0 closed");
+    assert_eq!(said(&r, "forward"), "403 host-header-mismatch");
+    for via in ["transparent", "http-connect", "socks5", "http-forward"] {
+        let d = denied(&r, via, "allowed.test", "host-header-mismatch");
+        assert!(
+            d["detail"]
+                .as_str()
+                .unwrap()
+                .contains("more than one Host header (allowed.test, other.test)"),
+            "{d}"
+        );
+    }
+    only_these_arrived(&m, &[]);
+}
+
+#[test]
 fn names_resolving_to_internal_addresses_are_refused_unless_an_ip_rule_names_them() {
     require();
     let m = unique("internal");

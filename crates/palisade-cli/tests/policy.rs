@@ -370,7 +370,7 @@ fn policy_check_names_the_line_the_field_and_what_is_accepted() {
         ),
         (
             "[network]\nallow = [\"example.org\"]\nlocal_ports = [3128]\n",
-            "invalid --allow-local-port `3128`: expected a port the egress proxy does not listen on inside",
+            "invalid network.local_ports `3128`: expected a port the egress proxy does not listen on inside",
             0,
         ),
     ];
@@ -962,7 +962,11 @@ fn a_protected_path_that_cannot_be_moved_fails_the_run() {
         "{}",
         j["error"]
     );
-    assert!(r.stderr.contains("NOT moved"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("could NOT be moved aside"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// Ordinary work in a protected project: builds write their output (`target/`, `node_modules/`,
@@ -992,4 +996,129 @@ fn ordinary_builds_in_a_protected_project_block_nothing() {
         assert!(d.path().join(p).exists(), "{p}");
     }
     assert_eq!(r.report()["protected"]["blocked"], serde_json::json!([]));
+}
+
+/// A file's `[bounds]` through the command line: the defaults are lowered to them, an option
+/// beyond them is refused before anything runs, naming the option, both values and the file.
+#[test]
+fn a_files_bounds_lower_the_defaults_and_refuse_options_beyond_them() {
+    let d = TempDir::new("bounds");
+    let f = d.path().join("p.toml");
+    std::fs::write(
+        &f,
+        "[limits]\ntimeout = \"20s\"\n[bounds.limits]\ntimeout = \"1m\"\nmemory = \"256MiB\"\n[bounds.filesystem]\nro = [\"/usr\"]\n",
+    )
+    .unwrap();
+    let file = f.display().to_string();
+    // Nothing asked: the file's timeout, the default memory lowered to the bound.
+    let r = palisade(&[
+        "run",
+        "-q",
+        "--json",
+        "-",
+        "--policy",
+        &file,
+        "--ro",
+        "/usr/share:/s",
+        "--",
+        "/bin/sh",
+        "-c",
+        "test -d /s && echo in",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("in\n"), "{}", r.stdout);
+    let j = r.report();
+    assert_eq!(j["limits"]["timeout_ms"], 20_000);
+    assert_eq!(j["limits"]["memory_bytes"], 256u64 << 20);
+    let marker = d.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    for (opts, message) in [
+        (
+            vec!["--memory", "1GiB"],
+            format!("palisade: error: --memory: 1GiB is beyond the bounds of {file} (at most 256MiB)\n"),
+        ),
+        (
+            vec!["--timeout", "2m"],
+            format!("palisade: error: --timeout: 2m is beyond the bounds of {file} (at most 1m)\n"),
+        ),
+        (
+            vec!["--ro", "/etc"],
+            format!("palisade: error: --ro: /etc is beyond the bounds of {file} (host paths at or under one of: /usr)\n"),
+        ),
+        (
+            vec!["--rw", "/usr/share:/s"],
+            format!("palisade: error: --rw: /usr/share is beyond the bounds of {file} (none: no host path may be bound writable)\n"),
+        ),
+        (
+            vec!["--allow-net", "example.org"],
+            format!("palisade: error: --allow-net: example.org is beyond the bounds of {file} (none: no egress)\n"),
+        ),
+    ] {
+        let mut o = vec!["run", "-q", "--policy", &file];
+        o.extend(opts.iter());
+        o.extend(["--", "/bin/sh", "-c", &touch]);
+        let r = palisade(&o);
+        assert_eq!((r.code, r.stderr.as_str()), (125, message.as_str()), "{opts:?}");
+        assert!(!marker.exists(), "{opts:?}: the command ran");
+    }
+    // A file whose own fields are beyond its bounds is refused in its own words.
+    std::fs::write(&f, "[limits]\npids = 100\n[bounds.limits]\npids = 50\n").unwrap();
+    let r = palisade(&["policy", "check", &file]);
+    assert_eq!(r.code, 125);
+    assert_eq!(
+        r.stderr,
+        format!("palisade: error: {file}: limits.pids: 100 is beyond the bounds (at most 50)\n")
+    );
+}
+
+/// `env.pass` is a name until palisade gives it its own value at run time: `policy show` prints
+/// names, never values; an unset name is refused, saying where it came from.
+#[test]
+fn variables_passed_by_name_get_palisades_value_only_at_run_time() {
+    let d = TempDir::new("pass");
+    let f = d.path().join("p.toml");
+    std::fs::write(&f, "[env]\npass = [\"PALISADE_T_SECRET\"]\n").unwrap();
+    let file = f.display().to_string();
+    let show = Command::new(palisade_bin())
+        .args([
+            "policy",
+            "show",
+            "--policy",
+            &file,
+            "--env",
+            "PALISADE_T_OTHER",
+        ])
+        .env("PALISADE_T_SECRET", "s3cr3t-value")
+        .env("PALISADE_T_OTHER", "other-value")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    assert!(
+        out.contains("pass = [\"PALISADE_T_SECRET\", \"PALISADE_T_OTHER\"]\n")
+            && !out.contains("value"),
+        "{out}"
+    );
+    let mut c = command(&["--policy", &file], &["/probe", "env"]);
+    c.env("PALISADE_T_SECRET", "s3cr3t-value");
+    let r: Run = c.output().unwrap().into();
+    assert!(
+        r.stdout
+            .contains("probe env: PALISADE_T_SECRET=s3cr3t-value"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    let mut c = command(&["--policy", &file], &["true"]);
+    c.env_remove("PALISADE_T_SECRET");
+    let r: Run = c.output().unwrap().into();
+    assert_eq!(r.code, 125);
+    assert_eq!(
+        r.stderr,
+        format!("palisade: error: {file}: env.pass `PALISADE_T_SECRET` is not set in palisade's environment; set it, or give its value in env.set\n")
+    );
 }

@@ -514,7 +514,7 @@ fn the_supervisors_work_for_refused_calls_is_bounded_and_charged() {
 fn a_scratch_size_for_a_host_scratch_is_refused() {
     let r = run(&["--keep", "--scratch-size", "1MiB"], &["true"]);
     assert_eq!(r.code, 125, "{}", r.stderr);
-    assert!(r.stderr.contains("scratch_size"), "{}", r.stderr);
+    assert!(r.stderr.contains("--scratch-size"), "{}", r.stderr);
     let d = TempDir::new("ssz");
     let r = run(&["--scratch", &d.s(), "--scratch-size", "1MiB"], &["true"]);
     assert_eq!(r.code, 125, "{}", r.stderr);

@@ -851,10 +851,10 @@ fn payload(args: &mut PayloadArgs) -> ! {
         libc::umask(0o022);
         // Limits: core dumps off, processes/threads, open files, file size. RLIMIT_NPROC is
         // counted per user namespace, so it bounds this sandbox alone.
-        for &(res, v) in &plan.rlimits {
+        for &(res, soft, hard) in &plan.rlimits {
             let l = libc::rlimit {
-                rlim_cur: v,
-                rlim_max: v,
+                rlim_cur: soft,
+                rlim_max: hard,
             };
             if libc::setrlimit(res, &l) != 0 {
                 report(NO_CAND, errno());

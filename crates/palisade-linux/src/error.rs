@@ -2,6 +2,10 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 /// Why a sandbox could not be set up or started. None of these is the payload's own result.
+///
+/// Messages name policy fields as a policy file does (`filesystem.rw`, `layers.allow_degraded`),
+/// and a setting to change as "add `VALUE` to FIELD", so that a front end with names of its own
+/// (the command line's options) can say the same in its words.
 #[derive(Debug, Error)]
 pub enum SetupError {
     #[error(transparent)]
@@ -51,13 +55,13 @@ pub enum SetupError {
         source: std::io::Error,
         hint: &'static str,
     },
-    #[error("the kernel cannot enforce Landlock, the filesystem's second wall ({source}): {hint}; or pass --allow-degraded landlock to run with the mount view as the only filesystem wall")]
+    #[error("the kernel cannot enforce Landlock, the filesystem's second wall ({source}): {hint}; or add `landlock` to layers.allow_degraded to run with the mount view as the only filesystem wall")]
     LandlockUnavailable {
         #[source]
         source: std::io::Error,
         hint: &'static str,
     },
-    #[error("protected path `{path}` in the scratch directory is a {kind}, which palisade cannot keep read-only (a mount over it would follow it); replace it with a regular file or directory, or pass --unprotect {path}")]
+    #[error("protected path `{path}` in the scratch directory is a {kind}, which palisade cannot keep read-only (a mount over it would follow it); replace it with a regular file or directory, or add `{path}` to filesystem.unprotect")]
     ProtectedUnsupported { path: String, kind: &'static str },
     #[error("sandbox setup failed at step \"{what}\": {source}")]
     Child {

@@ -171,8 +171,8 @@ pub struct Plan {
     pub scratch_source: Option<usize>,
     /// The seccomp filter the payload installs last (see `seccomp`).
     pub seccomp: Vec<crate::seccomp::SockFilter>,
-    /// Resource limits the payload sets on itself before exec: (resource, value).
-    pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// Resource limits the payload sets on itself before exec: (resource, soft, hard).
+    pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     /// The Landlock rules init loads once the view is built and the payload enters (see
     /// `landlock`), or why they were waived.
     pub landlock: LandlockPlan,
@@ -674,10 +674,10 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             data: c(format!("mode=0755,size={}", policy.limits.scratch_bytes)),
         }),
         Scratch::Host { path } => {
-            let (canon, meta) = resolve_host("--scratch", path)?;
+            let (canon, meta) = resolve_host("filesystem.scratch", path)?;
             if !meta.is_dir() {
                 return Err(SetupError::NotADirectory {
-                    field: "--scratch",
+                    field: "filesystem.scratch",
                     path: canon,
                 });
             }
@@ -702,8 +702,8 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         .collect();
     binds.sort_by_key(|(b, _)| b.target.as_str().matches('/').count());
     for (bind, landlocked) in binds {
-        let field = if bind.writable { "--rw" } else { "--ro" };
-        let (canon, meta) = resolve_host(field, &bind.source)?;
+        let (canon, meta) =
+            resolve_host(palisade_policy::Bind::field(bind.writable), &bind.source)?;
         let s = b.user_source(
             &canon,
             &meta,
@@ -753,14 +753,32 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         seccomp: crate::seccomp::program(policy.allow_ptrace),
         rlimits: vec![
             // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
-            (libc::RLIMIT_CORE, crate::seccomp::CORE_LIMIT),
+            (
+                libc::RLIMIT_CORE,
+                crate::seccomp::CORE_LIMIT,
+                crate::seccomp::CORE_LIMIT,
+            ),
             // Queued signals are counted per user up the namespace chain (the invoking user's
             // quota too, unprivileged); a sandbox keeps to a small share of it.
-            (libc::RLIMIT_SIGPENDING, SIGPENDING),
-            (libc::RLIMIT_NPROC, policy.limits.pids),
-            (libc::RLIMIT_NOFILE, policy.limits.open_files),
-            (libc::RLIMIT_FSIZE, policy.limits.file_size_bytes),
-            (libc::RLIMIT_CPU, rlimit_cpu_secs(policy.limits.cpu_time())),
+            (libc::RLIMIT_SIGPENDING, SIGPENDING, SIGPENDING),
+            (libc::RLIMIT_NPROC, policy.limits.pids, policy.limits.pids),
+            (
+                libc::RLIMIT_NOFILE,
+                policy.limits.open_files,
+                policy.limits.open_files,
+            ),
+            (
+                libc::RLIMIT_FSIZE,
+                policy.limits.file_size_bytes,
+                policy.limits.file_size_bytes,
+            ),
+            // SIGXCPU at the soft limit (a kill that says what it was), SIGKILL a second later for
+            // code that catches it.
+            (
+                libc::RLIMIT_CPU,
+                rlimit_cpu_secs(policy.limits.cpu_time()),
+                rlimit_cpu_secs(policy.limits.cpu_time()) + 1,
+            ),
         ],
         landlock,
         sockets: sockets(policy),
@@ -1088,10 +1106,12 @@ impl Git<'_> {
     }
 }
 
-/// `RLIMIT_CPU` for the payload: the CPU-time limit rounded up to whole seconds, plus one. It is
-/// the second wall (per process, where the supervisor's watch covers the whole sandbox), and the
-/// only one when the cgroup is waived; the second of slack lets the supervisor's precise kill come
-/// first. Soft and hard are equal, so reaching it is a SIGKILL, which the code cannot catch.
+/// The soft `RLIMIT_CPU` for the payload: the CPU-time limit rounded up to whole seconds, plus
+/// one. It is the second wall (per process, where the supervisor's watch covers the whole
+/// sandbox), and the only one when the cgroup is waived; the second of slack lets the
+/// supervisor's precise kill come first. Reaching it is a `SIGXCPU`, which tells the report what
+/// happened (a bare SIGKILL would not); the hard limit, one second more, is a SIGKILL for code
+/// that catches `SIGXCPU`.
 pub fn rlimit_cpu_secs(limit: Duration) -> u64 {
     limit.as_millis().div_ceil(1000) as u64 + 1
 }
@@ -1287,7 +1307,7 @@ mod tests {
         p.debug_unlandlocked_bind = Some(h.bind("exposed", "/exposed", true));
         p.network
             .allow
-            .push(NetRule::parse("--allow-net", "example.org:8443").unwrap());
+            .push(NetRule::parse("network.allow", "example.org:8443").unwrap());
         p.network.local_ports = vec![8000];
         p
     }
@@ -1372,7 +1392,9 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", dir.join(".envrc")).unwrap();
         let e = build(&p, ids(), &host).unwrap_err().to_string();
         assert!(
-            e.contains(".envrc") && e.contains("symbolic link") && e.contains("--unprotect .envrc"),
+            e.contains(".envrc")
+                && e.contains("symbolic link")
+                && e.contains("add `.envrc` to filesystem.unprotect"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
@@ -1639,7 +1661,9 @@ mod tests {
         let p = Policy::new(["true"]).unwrap();
         let e = build(&p, ids(), &h).unwrap_err().to_string();
         assert!(
-            e.contains("Landlock") && e.contains("lsm=") && e.contains("--allow-degraded landlock"),
+            e.contains("Landlock")
+                && e.contains("lsm=")
+                && e.contains("add `landlock` to layers.allow_degraded"),
             "{e}"
         );
         let h = FakeHost::new("nolandlock-sys", Err(libc::ENOSYS));
@@ -1735,7 +1759,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_bind_source_names_the_option() {
+    fn missing_bind_source_names_the_field() {
         let mut p = Policy::new(["true"]).unwrap();
         p.binds
             .push(Bind::parse("/nonexistent/palisade-test", true).unwrap());
@@ -1743,7 +1767,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--rw") && e.contains("/nonexistent/palisade-test"),
+            e.contains("filesystem.rw `/nonexistent/palisade-test`"),
             "{e}"
         );
     }

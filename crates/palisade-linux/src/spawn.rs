@@ -137,8 +137,9 @@ pub struct Outcome {
     pub denied: Vec<DeniedCall>,
     /// The caller killed the run ([`Killer::kill`]) before it ended by itself.
     pub cancelled: bool,
-    /// CPU the waiting thread spent for this sandbox (relaying output and input, answering
-    /// refused calls); charged to the CPU-time limit with the sandbox's own.
+    /// CPU the waiting thread spent for this sandbox (setting it up, relaying output and input,
+    /// answering refused calls). The part spent on refused calls is charged to the CPU-time limit
+    /// with the sandbox's own.
     pub supervisor_cpu: Duration,
     /// Times answering refused calls was paused because it had used the sandbox's CPU share.
     pub refusals_throttled: u64,
@@ -349,7 +350,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
         if let Scratch::Host { path } = &policy.scratch {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
                 SetupError::NotWritable {
-                    field: "--scratch",
+                    field: "filesystem.scratch",
                     path: path.clone(),
                     uid: euid,
                 }
@@ -357,7 +358,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
             // SAFETY: access() with a NUL-terminated path.
             if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
                 return Err(SetupError::NotWritable {
-                    field: "--scratch",
+                    field: "filesystem.scratch",
                     path: path.clone(),
                     uid: euid,
                 });
@@ -381,7 +382,7 @@ fn choose_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>, Option<IdLeas
     let (uid, gid, seen) = match &policy.scratch {
         Scratch::Ephemeral => (0, 0, None),
         Scratch::Host { path } => {
-            let (_, meta) = plan::resolve_host("--scratch", path)?;
+            let (_, meta) = plan::resolve_host("filesystem.scratch", path)?;
             (meta.uid(), meta.gid(), Some((meta.dev(), meta.ino())))
         }
     };
@@ -981,6 +982,7 @@ impl Running {
         let mut window = (Instant::now(), sys::thread_cpu_time());
         let mut refusals_paused_until: Option<Instant> = None;
         let mut refusals_throttled = 0u64;
+        let mut refusal_cpu = Duration::ZERO;
         loop {
             let now = Instant::now();
             if let Some(t) = refusals_paused_until {
@@ -1083,7 +1085,10 @@ impl Running {
                     limit_hit = Some(LimitHit::Timeout);
                 } else if let (Some(at), Some(c)) = (cpu_next, w.cpu.as_ref()) {
                     if now >= at {
-                        let ours = sys::thread_cpu_time().saturating_sub(cpu0) + self.setup_cpu;
+                        // Charged: the supervisor's work the payload can make as large as it
+                        // likes (answering refused calls, proxying). Relaying output is bounded
+                        // by the output limit and not charged.
+                        let ours = refusal_cpu;
                         let theirs = c.supervisor.map_or(Duration::ZERO, |f| f());
                         match (c.used)() {
                             Some(used) if used + ours + theirs >= cpu_limit => {
@@ -1118,7 +1123,9 @@ impl Running {
                 sys::eventfd_clear(w.output.room_fd());
             }
             if ready(i_notify) & libc::POLLIN != 0 {
+                let before = sys::thread_cpu_time();
                 self.answer_refused_call();
+                refusal_cpu += sys::thread_cpu_time().saturating_sub(before);
                 let spent = sys::thread_cpu_time().saturating_sub(window.1);
                 if window.0.elapsed() >= REFUSAL_WINDOW {
                     window = (Instant::now(), sys::thread_cpu_time());

@@ -9,24 +9,47 @@
 //! name. Every path then makes the same checks: the rules, the resolved addresses (globally
 //! reachable unless an IP rule names them), and the first bytes (the TLS server name or the HTTP
 //! `Host` must be the connection's name). Every decision becomes an [`Event`].
+//!
+//! **What the sandbox can make the supervisor spend**, whatever it sends, per [`Egress`]:
+//! - threads: one per listener, plus one per open connection, at most [`MAX_CONNECTIONS`]; a
+//!   connection past that is closed at once (the HTTP listener answers `503`) and only counted;
+//! - time: a client has [`FIRST_BYTES`] in all (not per read) to send its request head, SOCKS
+//!   handshake or first bytes, and an upstream connection [`CONNECT_TIMEOUT`];
+//! - memory: at most [`MAX_HEAD`] bytes read before a decision per connection, at most
+//!   [`MAX_EVENTS`] events of bounded size and [`MAX_EVENT_BYTES`] in all, and the DNS stub's
+//!   table of at most [`MAX_NAMES`] names;
+//! - output: the notify callback gets at most [`MAX_NOTIFY`] allowed and as many denied events,
+//!   and only events the log keeps; every string in an event that the sandbox could shape is
+//!   escaped and cut ([`palisade_policy::untrusted`]);
+//! - CPU: not bounded here, but measured ([`Egress::cpu_used`]) so that the caller can stop a
+//!   sandbox whose proxy work goes past a budget.
+//!
+//! Every thread is joined by [`Egress::finish`], or by dropping the [`Egress`]: every wait in the
+//! proxy also waits for the stop signal, so stopping takes no longer than an upstream name lookup
+//! in progress (at most 5 s with a DNS server named in the policy, the system resolver's own
+//! timeouts otherwise).
 #![forbid(unsafe_code)]
 
-pub mod dns;
-pub mod wire;
+mod dns;
+mod relay;
+mod serve;
+mod wire;
 
-use palisade_policy::net::{Host, Network, Refusal, TRANSPARENT_NET};
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+
+use palisade_policy::net::{Network, Refusal};
+use palisade_policy::untrusted::Untrusted;
 use serde::Serialize;
-use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket,
-};
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use wire::Sniffed;
 
 /// What a listener is for (mirrors the backend's socket roles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,25 +60,159 @@ pub enum Role {
     Transparent,
 }
 
+/// How a connection or a query reached the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Via {
+    /// `CONNECT` on the HTTP proxy.
+    HttpConnect,
+    /// An absolute-form plain HTTP request on the HTTP proxy.
+    HttpForward,
+    Socks5,
+    /// A connection to an address the DNS stub handed out.
+    Transparent,
+    /// A query to the DNS stub.
+    Dns,
+}
+
+/// Whether the proxy let it through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decision {
+    Allowed,
+    Denied,
+}
+
+/// Why, as a stable code (the report's `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    Allowed,
+    /// No allow rule names the host (or the DNS stub has no address left to hand out).
+    NotAllowed,
+    /// An allow rule names the host, for other ports.
+    PortNotAllowed,
+    DeniedByRule,
+    /// An IP address that no IP rule allows.
+    IpLiteral,
+    /// The name resolved to an address that is not globally reachable.
+    SpecialAddress,
+    ResolveFailed,
+    ConnectFailed,
+    TlsNoServerName,
+    /// The TLS server name is not the connection's host.
+    TlsNameMismatch,
+    /// The HTTP `Host` is not the connection's host, is missing, or is ambiguous.
+    HostHeaderMismatch,
+    BadRequest,
+    /// The client started a request (a ClientHello, an HTTP head) and did not finish it within
+    /// [`FIRST_BYTES`] or [`MAX_HEAD`] bytes.
+    IncompleteRequest,
+    /// A SOCKS5 command other than CONNECT.
+    Unsupported,
+    /// A connection to a 127.77.x.y address the DNS stub never handed out.
+    UnknownAddress,
+}
+
+/// What the client sent first, once seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    Tls,
+    Http,
+    Other,
+}
+
+macro_rules! codes {
+    ($($t:ty { $($v:ident => $c:literal),* $(,)? })*) => {$(
+        impl $t {
+            /// The code as the report shows it.
+            pub fn code(self) -> &'static str {
+                match self { $(Self::$v => $c),* }
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.code())
+            }
+        }
+    )*};
+}
+
+codes! {
+    Via {
+        HttpConnect => "http-connect",
+        HttpForward => "http-forward",
+        Socks5 => "socks5",
+        Transparent => "transparent",
+        Dns => "dns",
+    }
+    Decision { Allowed => "allowed", Denied => "denied" }
+    Reason {
+        Allowed => "allowed",
+        NotAllowed => "not-allowed",
+        PortNotAllowed => "port-not-allowed",
+        DeniedByRule => "denied-by-rule",
+        IpLiteral => "ip-literal",
+        SpecialAddress => "special-address",
+        ResolveFailed => "resolve-failed",
+        ConnectFailed => "connect-failed",
+        TlsNoServerName => "tls-no-server-name",
+        TlsNameMismatch => "tls-name-mismatch",
+        HostHeaderMismatch => "host-header-mismatch",
+        BadRequest => "bad-request",
+        IncompleteRequest => "incomplete-request",
+        Unsupported => "unsupported",
+        UnknownAddress => "unknown-address",
+    }
+    Protocol { Tls => "tls", Http => "http", Other => "other" }
+}
+
+impl From<Refusal> for Reason {
+    fn from(r: Refusal) -> Reason {
+        match r {
+            Refusal::NotAllowed => Reason::NotAllowed,
+            Refusal::PortNotAllowed => Reason::PortNotAllowed,
+            Refusal::DeniedByRule => Reason::DeniedByRule,
+            Refusal::IpLiteral => Reason::IpLiteral,
+            Refusal::SpecialAddress => Reason::SpecialAddress,
+        }
+    }
+}
+
 /// One decision, as the report lists it.
+///
+/// `host` and `detail` are safe to print as they are: whatever part of them the sandbox sent is
+/// escaped ([`palisade_policy::untrusted`]) and cut, `host` at [`MAX_HOST_CHARS`] characters of
+/// what was sent and `detail` at [`MAX_DETAIL_CHARS`]. [`Display`](fmt::Display) gives the line a front
+/// end prints: `denied http-connect other.test:443 (not-allowed: other.test is not on the
+/// allow-list)`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Event {
-    /// `http-connect`, `http-forward`, `socks5`, `transparent` or `dns`.
-    pub via: &'static str,
+    pub via: Via,
+    /// The host as the client named it (normalized when it parsed as a host).
     pub host: String,
     pub port: u16,
     /// The upstream address connected to.
     pub address: Option<String>,
-    /// `allowed` or `denied`.
-    pub decision: &'static str,
-    /// A stable code: `allowed`, `not-allowed`, `tls-name-mismatch`, ….
-    pub reason: &'static str,
+    pub decision: Decision,
+    pub reason: Reason,
     pub detail: String,
-    /// `tls`, `http` or `other`, once the first bytes were seen.
-    pub protocol: Option<&'static str>,
+    /// What the client sent first, once seen.
+    pub protocol: Option<Protocol>,
     /// Bytes from the sandbox to the host, and back.
     pub bytes_out: u64,
     pub bytes_in: u64,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {}:{} ({}: {})",
+            self.decision, self.via, self.host, self.port, self.reason, self.detail
+        )
+    }
 }
 
 /// The network part of the report.
@@ -64,25 +221,69 @@ pub struct NetLog {
     pub events: Vec<Event>,
     pub allowed: u64,
     pub denied: u64,
-    /// Events past [`MAX_EVENTS`], counted but not listed.
+    /// Events past [`MAX_EVENTS`] or [`MAX_EVENT_BYTES`], counted but not listed.
     pub dropped: u64,
+    /// Connections closed at once because [`MAX_CONNECTIONS`] were open.
+    pub refused_connections: u64,
+    /// Events the notify callback was not called for: past [`MAX_NOTIFY`], or not kept.
+    pub notify_suppressed: u64,
+    /// CPU time the proxy's threads spent (user and system), in milliseconds.
+    pub supervisor_cpu_ms: u64,
 }
 
+/// Most connections open at once per [`Egress`] (each holds one supervisor thread).
+pub const MAX_CONNECTIONS: usize = 128;
 /// At most this many events are kept per run, so a payload cannot grow the supervisor's memory.
 pub const MAX_EVENTS: usize = 10_000;
-/// How long the proxy waits for a client's first bytes (request head, ClientHello).
-const FIRST_BYTES: Duration = Duration::from_secs(10);
-/// How long it waits for an upstream connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this many bytes of events are kept per run (strings and bookkeeping).
+pub const MAX_EVENT_BYTES: usize = 4 << 20;
+/// Most characters of what the client sent that an event's `host` shows (escaped; longer ones
+/// are cut and say how many bytes were left out).
+pub const MAX_HOST_CHARS: usize = 260;
+/// Most characters of an event's `host`, escapes included: [`MAX_HOST_CHARS`] characters of what
+/// the client sent, each shown as at most a four-character escape, and the note of what was cut.
+const HOST_SHOWN: usize = 4 * MAX_HOST_CHARS + 32;
+/// Most characters of an event's `detail`, escapes included.
+pub const MAX_DETAIL_CHARS: usize = 512;
+/// The notify callback is called for at most this many allowed events, and as many denied ones.
+pub const MAX_NOTIFY: u64 = 100;
+/// How long a client has, in all, for its first bytes (request head, SOCKS handshake,
+/// ClientHello). A client that sends nothing in that time is taken for a server-first protocol.
+pub const FIRST_BYTES: Duration = Duration::from_secs(10);
+/// How long the proxy waits for an upstream connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of a request head or ClientHello the proxy reads before deciding.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most names the DNS stub hands addresses out for (and refused names it logs once).
+pub const MAX_NAMES: usize = 16_384;
 /// How long a `--dns-server` lookup may take, both record types and one retry included.
 const DNS_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most bytes of a request head or ClientHello it reads before deciding.
-const MAX_HEAD: usize = 64 * 1024;
-/// Most names the stub hands addresses out for.
-const MAX_NAMES: usize = 65_000;
 
-/// Called with each event as it happens (e.g. to print denials).
+/// Called with each event the log keeps, as it happens (e.g. to print denials), at most
+/// [`MAX_NOTIFY`] times per decision.
 pub type Notify = Box<dyn Fn(&Event) + Send + Sync>;
+
+/// The bounds one proxy works within (the constants above; smaller in unit tests).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    connections: usize,
+    first_bytes: Duration,
+    events: usize,
+    event_bytes: usize,
+    notify: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            connections: MAX_CONNECTIONS,
+            first_bytes: FIRST_BYTES,
+            events: MAX_EVENTS,
+            event_bytes: MAX_EVENT_BYTES,
+            notify: MAX_NOTIFY,
+        }
+    }
+}
 
 struct Entry {
     event: Event,
@@ -90,29 +291,88 @@ struct Entry {
     inn: Arc<AtomicU64>,
 }
 
+/// What the proxy decided so far.
+#[derive(Default)]
+struct Log {
+    entries: Vec<Entry>,
+    /// What `entries` cost, as [`Log::cost`] counts it.
+    bytes: usize,
+    allowed: u64,
+    denied: u64,
+    dropped: u64,
+    notified_allowed: u64,
+    notified_denied: u64,
+    notify_suppressed: u64,
+}
+
+impl Log {
+    /// What keeping `e` costs: its strings and the bookkeeping around them.
+    fn cost(e: &Event) -> usize {
+        std::mem::size_of::<Entry>()
+            + 2 * 32
+            + e.host.len()
+            + e.detail.len()
+            + e.address.as_ref().map_or(0, String::len)
+    }
+}
+
 struct Shared {
     net: Network,
+    limits: Limits,
     names: Mutex<Names>,
-    log: Mutex<(Vec<Entry>, u64, u64, u64)>,
-    /// Open connections (client side and upstream) by id, to cut them at the end.
-    conns: Mutex<HashMap<u64, Vec<TcpStream>>>,
-    next_id: AtomicU64,
-    stopping: AtomicBool,
+    log: Mutex<Log>,
+    /// Signalled once, by [`Egress::stop`]; every wait in the proxy also waits for it.
+    stop: OwnedFd,
+    /// Connections open now, and refused for being past the cap.
+    open: AtomicUsize,
+    refused: AtomicU64,
+    /// CPU time of the proxy's threads, in nanoseconds.
+    cpu_ns: AtomicU64,
     notify: Option<Notify>,
 }
 
 #[derive(Default)]
 struct Names {
-    by_name: HashMap<String, Ipv4Addr>,
-    by_addr: HashMap<Ipv4Addr, String>,
-    /// Names refused once: logged the first time only (resolvers ask for A and AAAA, and retry).
-    refused: std::collections::HashSet<String>,
+    by_name: HashMap<Arc<str>, Ipv4Addr>,
+    by_addr: HashMap<Ipv4Addr, Arc<str>>,
+    /// Names refused once, by a keyed hash: logged the first time only (resolvers ask for A and
+    /// AAAA, and retry). A hash, not the name, so that the set costs 8 bytes a name.
+    refused: HashSet<u64>,
+    keys: std::collections::hash_map::RandomState,
 }
 
-/// A running proxy for one sandbox; [`Egress::finish`] stops it and returns the log.
+/// A running proxy for one sandbox; [`Egress::finish`] stops it and returns the log. Dropping it
+/// without `finish` stops it too: its threads are joined and its listeners closed (they keep the
+/// sandbox's network namespace alive).
+///
+/// ```
+/// use palisade_net::{Decision, Egress, Role};
+/// use palisade_policy::net::{NetRule, Network};
+/// use std::io::{Read, Write};
+///
+/// // palisade binds its listeners inside the sandbox's network namespace; any will do here.
+/// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+/// let addr = listener.local_addr()?;
+/// let allow = vec![NetRule::parse("--allow-net", "example.org")?];
+/// let net = Network { allow, ..Network::default() };
+/// let egress = Egress::start(net, vec![(Role::HttpProxy, listener.into())], None)?;
+///
+/// let mut client = std::net::TcpStream::connect(addr)?;
+/// client.write_all(b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")?;
+/// let mut answer = String::new();
+/// client.read_to_string(&mut answer)?;
+/// assert!(answer.starts_with("HTTP/1.1 403 Forbidden"));
+///
+/// let log = egress.finish();
+/// assert_eq!(log.events[0].decision, Decision::Denied);
+/// assert_eq!(
+///     log.events[0].to_string(),
+///     "denied http-connect other.test:443 (not-allowed: other.test is not on the allow-list)"
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Egress {
     shared: Arc<Shared>,
-    listeners: Vec<OwnedFd>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -123,65 +383,67 @@ impl Egress {
         sockets: Vec<(Role, OwnedFd)>,
         notify: Option<Notify>,
     ) -> io::Result<Egress> {
-        let shared = Arc::new(Shared {
-            net,
-            names: Mutex::new(Names::default()),
-            log: Mutex::new((Vec::new(), 0, 0, 0)),
-            conns: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            notify,
-        });
-        let mut listeners = Vec::new();
-        let mut threads = Vec::new();
-        for (role, fd) in sockets {
-            listeners.push(fd.try_clone()?);
-            let sh = shared.clone();
-            let t = if role == Role::Dns {
-                let sock = UdpSocket::from(fd);
-                std::thread::Builder::new()
-                    .name("palisade-dns".into())
-                    .spawn(move || dns_loop(&sh, &sock))?
-            } else {
-                let l = TcpListener::from(fd);
-                std::thread::Builder::new()
-                    .name("palisade-proxy".into())
-                    .spawn(move || accept_loop(&sh, &l, role))?
-            };
-            threads.push(t);
-        }
-        Ok(Egress {
-            shared,
-            listeners,
-            threads,
-        })
+        Egress::start_with(net, sockets, notify, Limits::default())
     }
 
-    /// Stops accepting, cuts every open connection, and returns the decisions with their byte
-    /// counts.
-    pub fn finish(self) -> NetLog {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        for l in &self.listeners {
-            // Wakes the blocked accept/recv (the error is ENOTCONN on unconnected UDP, harmless).
-            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
+    fn start_with(
+        net: Network,
+        sockets: Vec<(Role, OwnedFd)>,
+        notify: Option<Notify>,
+        limits: Limits,
+    ) -> io::Result<Egress> {
+        use rustix::event::{eventfd, EventfdFlags};
+        let shared = Arc::new(Shared {
+            net,
+            limits,
+            names: Mutex::new(Names::default()),
+            log: Mutex::new(Log::default()),
+            stop: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            open: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            notify,
+        });
+        let mut egress = Egress {
+            shared,
+            threads: Vec::new(),
+        };
+        for (role, fd) in sockets {
+            let sh = egress.shared.clone();
+            let t = if role == Role::Dns {
+                let sock = UdpSocket::from(fd);
+                sock.set_nonblocking(true)?;
+                std::thread::Builder::new()
+                    .name("palisade-dns".into())
+                    .spawn(move || serve::dns_loop(&sh, &sock))?
+            } else {
+                let l = TcpListener::from(fd);
+                l.set_nonblocking(true)?;
+                std::thread::Builder::new()
+                    .name("palisade-proxy".into())
+                    .spawn(move || serve::accept_loop(&sh, &l, role))?
+            };
+            // On an error above, dropping `egress` stops the threads started so far.
+            egress.threads.push(t);
         }
-        for t in self.threads {
-            let _ = t.join();
-        }
-        for c in self
-            .shared
-            .conns
-            .lock()
-            .unwrap()
-            .drain()
-            .flat_map(|(_, v)| v)
-        {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        let mut log = self.shared.log.lock().unwrap();
-        let (entries, allowed, denied, dropped) = std::mem::take(&mut *log);
+        Ok(egress)
+    }
+
+    /// CPU time the proxy's threads have spent so far (user and system): accepting, deciding,
+    /// resolving, relaying. Threads add to it as they go (a relay at least every time it wakes),
+    /// so a caller can watch it during the run.
+    pub fn cpu_used(&self) -> Duration {
+        Duration::from_nanos(self.shared.cpu_ns.load(Ordering::Relaxed))
+    }
+
+    /// Stops accepting, cuts every open connection, joins every thread, and returns the
+    /// decisions with their byte counts.
+    pub fn finish(mut self) -> NetLog {
+        self.stop();
+        let sh = &self.shared;
+        let mut log = std::mem::take(&mut *sh.log.lock().unwrap_or_else(|e| e.into_inner()));
         NetLog {
-            events: entries
+            events: std::mem::take(&mut log.entries)
                 .into_iter()
                 .map(|e| Event {
                     bytes_out: e.out.load(Ordering::Relaxed),
@@ -189,63 +451,105 @@ impl Egress {
                     ..e.event
                 })
                 .collect(),
-            allowed,
-            denied,
-            dropped,
+            allowed: log.allowed,
+            denied: log.denied,
+            dropped: log.dropped,
+            refused_connections: sh.refused.load(Ordering::Relaxed),
+            notify_suppressed: log.notify_suppressed,
+            supervisor_cpu_ms: sh.cpu_ns.load(Ordering::Relaxed) / 1_000_000,
+        }
+    }
+
+    /// Signals every thread to stop and joins them; the listeners close with their threads.
+    fn stop(&mut self) {
+        let _ = rustix::io::write(&self.shared.stop, &1u64.to_ne_bytes());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
     }
 }
 
+impl Drop for Egress {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl Shared {
-    /// Records an event; returns its byte counters.
-    fn record(&self, event: Event) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
-        if let Some(n) = &self.notify {
-            n(&event);
-        }
+    /// Records an event, and passes it on to the notify callback within its bounds; returns the
+    /// event's byte counters.
+    fn record(&self, mut event: Event) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
+        // Hosts were escaped and cut when the event was made (`event`): this only guards.
+        event.host = bounded(&event.host, HOST_SHOWN);
+        event.detail = bounded(&event.detail, MAX_DETAIL_CHARS);
         let (out, inn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let mut log = self.log.lock().unwrap();
-        if event.decision == "allowed" {
-            log.1 += 1;
+        let lim = &self.limits;
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let allowed = event.decision == Decision::Allowed;
+        if allowed {
+            log.allowed += 1;
         } else {
-            log.2 += 1;
+            log.denied += 1;
         }
-        if log.0.len() < MAX_EVENTS {
-            log.0.push(Entry {
+        let cost = Log::cost(&event);
+        let kept = log.entries.len() < lim.events && log.bytes + cost <= lim.event_bytes;
+        let notified = if allowed {
+            &mut log.notified_allowed
+        } else {
+            &mut log.notified_denied
+        };
+        let tell = self.notify.is_some() && kept && *notified < lim.notify;
+        if tell {
+            *notified += 1;
+        } else if self.notify.is_some() {
+            log.notify_suppressed += 1;
+        }
+        let told = tell.then(|| event.clone());
+        if kept {
+            log.bytes += cost;
+            log.entries.push(Entry {
                 event,
                 out: out.clone(),
                 inn: inn.clone(),
             });
         } else {
-            log.3 += 1;
+            log.dropped += 1;
+        }
+        drop(log);
+        if let (Some(n), Some(e)) = (&self.notify, told) {
+            n(&e);
         }
         (out, inn)
     }
-
-    /// Whether the stub answers `name`: some allow rule names it and no port-less deny rule does.
-    fn name_allowed(&self, name: &str) -> Result<(), (Refusal, String)> {
-        let h = Host::Name(name.to_owned());
-        let mut last = None;
-        for p in self.net.ports() {
-            match self.net.decide(&h, p) {
-                Ok(_) => return Ok(()),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or((
-            Refusal::NotAllowed,
-            format!("{name} is not on the allow-list"),
-        )))
-    }
 }
 
-fn event(via: &'static str, host: &str, port: u16) -> Event {
+/// `text` with every character a terminal could act on escaped (text already escaped by
+/// [`Untrusted`] passes as it is), cut at `max` characters.
+fn bounded(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max * 2));
+    for (shown, (i, c)) in text.char_indices().enumerate() {
+        if shown >= max {
+            out.push_str(&format!("…({} bytes more)", text.len() - i));
+            break;
+        }
+        if c.is_ascii() && !c.is_ascii_control() || c == '…' {
+            out.push(c);
+        } else {
+            out.push_str(&Untrusted::new(c.encode_utf8(&mut [0; 4])).to_string());
+        }
+    }
+    out
+}
+
+/// A new event, denied until decided; `host` is what the client sent, escaped and cut.
+fn event(via: Via, host: &str, port: u16) -> Event {
     Event {
         via,
-        host: host.to_owned(),
+        host: Untrusted::new(host).max(MAX_HOST_CHARS).to_string(),
         port,
         address: None,
-        decision: "denied",
-        reason: "",
+        decision: Decision::Denied,
+        reason: Reason::NotAllowed,
         detail: String::new(),
         protocol: None,
         bytes_out: 0,
@@ -253,603 +557,5 @@ fn event(via: &'static str, host: &str, port: u16) -> Event {
     }
 }
 
-fn dns_loop(sh: &Shared, sock: &UdpSocket) {
-    let mut buf = [0u8; 1500];
-    while !sh.stopping.load(Ordering::SeqCst) {
-        let (n, from) = match sock.recv_from(&mut buf) {
-            Ok((0, _)) if sh.stopping.load(Ordering::SeqCst) => return,
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
-        };
-        let Some(q) = wire::dns_question(&buf[..n]) else {
-            continue;
-        };
-        let reply = answer(sh, &q);
-        let _ = sock.send_to(&reply, from);
-    }
-}
-
-fn answer(sh: &Shared, q: &wire::Question) -> Vec<u8> {
-    let mut ev = event("dns", &q.name, 53);
-    let verdict = match Host::parse(&q.name) {
-        Ok(Host::Name(n)) => {
-            ev.host = n.clone();
-            sh.name_allowed(&n).map(|()| n)
-        }
-        Ok(Host::Ip(_)) | Err(_) => Err((
-            Refusal::NotAllowed,
-            format!("`{}` is not a host name on the allow-list", q.name),
-        )),
-    };
-    match verdict {
-        Ok(name) => {
-            let mut names = sh.names.lock().unwrap();
-            let known = names.by_name.get(&name).copied();
-            let addr = match known {
-                Some(a) => a,
-                None if names.by_name.len() >= MAX_NAMES => {
-                    drop(names);
-                    ev.reason = "not-allowed";
-                    ev.detail = "the stub has handed out all its addresses".into();
-                    sh.record(ev);
-                    return wire::dns_answer(q, 2, None);
-                }
-                None => {
-                    let i = names.by_name.len() as u32 + 1;
-                    let a = Ipv4Addr::new(
-                        TRANSPARENT_NET[0],
-                        TRANSPARENT_NET[1],
-                        (i >> 8) as u8,
-                        i as u8,
-                    );
-                    names.by_name.insert(name.clone(), a);
-                    names.by_addr.insert(a, name.clone());
-                    a
-                }
-            };
-            drop(names);
-            if known.is_none() {
-                ev.decision = "allowed";
-                ev.reason = "allowed";
-                ev.address = Some(addr.to_string());
-                ev.detail = format!("{name} answered with {addr}, which leads to the proxy");
-                sh.record(ev);
-            }
-            wire::dns_answer(q, 0, (q.qtype == wire::TYPE_A).then(|| addr.octets()))
-        }
-        Err((r, detail)) => {
-            let mut names = sh.names.lock().unwrap();
-            let first = names.refused.len() < MAX_NAMES && names.refused.insert(ev.host.clone());
-            drop(names);
-            if !first {
-                return wire::dns_answer(q, 3, None);
-            }
-            ev.reason = r.code();
-            ev.detail = format!("NXDOMAIN: {detail}");
-            sh.record(ev);
-            wire::dns_answer(q, 3, None)
-        }
-    }
-}
-
-fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
-    loop {
-        let s = match l.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
-        };
-        if sh.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
-        if let Ok(c) = s.try_clone() {
-            sh.conns.lock().unwrap().insert(id, vec![c]);
-        }
-        let sh = sh.clone();
-        let _ = std::thread::Builder::new()
-            .name("palisade-conn".into())
-            .spawn(move || {
-                let _ = match role {
-                    Role::HttpProxy => http_proxy(&sh, s, id),
-                    Role::Socks => socks(&sh, s, id),
-                    Role::Transparent => transparent(&sh, s, id),
-                    Role::Dns => Ok(()),
-                };
-                // Done, allowed or not: close both sides now, not at the end of the run.
-                let open = sh.conns.lock().unwrap().remove(&id);
-                for c in open.into_iter().flatten() {
-                    let _ = c.shutdown(Shutdown::Both);
-                }
-            });
-    }
-}
-
-/// A connection being decided.
-struct Pending<'a> {
-    sh: &'a Shared,
-    id: u64,
-    ev: Event,
-    host: Host,
-}
-
-/// The outcome of a refused step: the code and the text for the client.
-type Denial = (&'static str, String);
-
-impl Pending<'_> {
-    fn deny(mut self, (code, detail): Denial) -> Denial {
-        self.ev.reason = code;
-        self.ev.detail = detail.clone();
-        self.sh.record(self.ev);
-        (code, detail)
-    }
-
-    /// The rules for the destination as named, then resolution, then the connection.
-    fn connect(&mut self) -> Result<TcpStream, Denial> {
-        let port = self.ev.port;
-        self.sh
-            .net
-            .decide(&self.host, port)
-            .map_err(|(r, d)| (r.code(), d))?;
-        let addrs: Vec<IpAddr> = match &self.host {
-            Host::Ip(a) => vec![*a],
-            Host::Name(n) => {
-                let pinned = self.sh.net.pinned(n);
-                if !pinned.is_empty() {
-                    pinned
-                } else if let Some(server) = self.sh.net.dns_server {
-                    dns::resolve(server, n, DNS_TIMEOUT)
-                        .map_err(|e| ("resolve-failed", format!("{n} (asked {server}): {e}")))?
-                } else {
-                    (n.as_str(), port)
-                        .to_socket_addrs()
-                        .map_err(|e| ("resolve-failed", format!("{n}: {e}")))?
-                        .map(|s| s.ip())
-                        .collect()
-                }
-            }
-        };
-        let mut refusal = None;
-        let ok: Vec<IpAddr> = addrs
-            .into_iter()
-            .filter(|a| match self.sh.net.address_ok(*a, port) {
-                Ok(()) => true,
-                Err(e) => {
-                    refusal.get_or_insert(e);
-                    false
-                }
-            })
-            .collect();
-        if ok.is_empty() {
-            return Err(refusal.map_or(
-                ("resolve-failed", format!("{} has no address", self.host)),
-                |(r, d)| (r.code(), format!("{}: {d}", self.host)),
-            ));
-        }
-        let mut last = None;
-        for a in ok {
-            let sa = SocketAddr::new(a, port);
-            match TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT) {
-                Ok(s) => {
-                    self.ev.address = Some(sa.to_string());
-                    return Ok(s);
-                }
-                Err(e) => last = Some(format!("{sa}: {e}")),
-            }
-        }
-        Err(("connect-failed", last.unwrap_or_default()))
-    }
-
-    /// [`Pending::connect`] for the HTTP paths: on a refusal, answers the client with `502` (the
-    /// upstream could not be resolved or reached) or `403` (a rule or a check refused it).
-    fn connect_or_answer(mut self, c: &mut TcpStream) -> Option<(Self, TcpStream)> {
-        match self.connect() {
-            Ok(u) => Some((self, u)),
-            Err(d) => {
-                let status = if d.0 == "connect-failed" || d.0 == "resolve-failed" {
-                    "502 Bad Gateway"
-                } else {
-                    "403 Forbidden"
-                };
-                let (code, detail) = self.deny(d);
-                http_error(c, status, code, &detail);
-                None
-            }
-        }
-    }
-
-    /// Reads the client's first bytes (appending to `buf`) and checks them against the name.
-    fn check_first_bytes(&mut self, c: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), Denial> {
-        let _ = c.set_read_timeout(Some(FIRST_BYTES));
-        let sniffed = loop {
-            if let Some(s) = wire::sniff(buf) {
-                break s;
-            }
-            if buf.len() >= MAX_HEAD {
-                break Sniffed::Other;
-            }
-            let mut chunk = [0u8; 4096];
-            match c.read(&mut chunk) {
-                Ok(0) => break Sniffed::Other,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break Sniffed::Other, // nothing within the wait: a server-first protocol
-            }
-        };
-        let _ = c.set_read_timeout(None);
-        self.ev.protocol = Some(sniffed.protocol());
-        let Host::Name(want) = &self.host else {
-            return Ok(()); // an IP rule allowed the address itself; names are not compared
-        };
-        let same = |got: &str| matches!(Host::parse(got), Ok(Host::Name(g)) if &g == want);
-        match sniffed {
-            Sniffed::Tls(None) => Err((
-                "tls-no-server-name",
-                format!("TLS to {want} without a server name (SNI)"),
-            )),
-            Sniffed::Tls(Some(sni)) if !same(&sni) => Err((
-                "tls-name-mismatch",
-                format!("TLS server name `{sni}` is not the connection's host {want}"),
-            )),
-            Sniffed::Http(Some(h)) if !same(&h) => Err((
-                "host-header-mismatch",
-                format!("HTTP Host `{h}` is not the connection's host {want}"),
-            )),
-            Sniffed::Http(None) => Err((
-                "host-header-mismatch",
-                format!("HTTP request to {want} without a Host header"),
-            )),
-            Sniffed::HttpAmbiguous(why) => Err((
-                "host-header-mismatch",
-                format!("HTTP request to {want} with an ambiguous host: {why}"),
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// Records the allowed connection and relays until both sides are done.
-    fn relay(mut self, client: TcpStream, upstream: TcpStream, first: &[u8]) -> io::Result<()> {
-        self.ev.decision = "allowed";
-        self.ev.reason = "allowed";
-        self.ev.detail = format!("{}:{} via {}", self.host, self.ev.port, self.ev.via);
-        let (out, inn) = self.sh.record(self.ev);
-        if let Ok(u) = upstream.try_clone() {
-            if let Some(v) = self.sh.conns.lock().unwrap().get_mut(&self.id) {
-                v.push(u);
-            }
-        }
-        let mut up_w = upstream.try_clone()?;
-        up_w.write_all(first)?;
-        out.fetch_add(first.len() as u64, Ordering::Relaxed);
-        let (c2, u2) = (client.try_clone()?, upstream.try_clone()?);
-        let back = std::thread::Builder::new()
-            .name("palisade-relay".into())
-            .spawn(move || pump(u2, c2, &inn))?;
-        pump(client, up_w, &out);
-        let _ = back.join();
-        Ok(())
-    }
-}
-
-/// Copies until end of file, then half-closes the destination. Through a pipe with splice, so
-/// the bytes stay in the kernel; with read and write where splice is refused.
-fn pump(mut from: TcpStream, mut to: TcpStream, count: &AtomicU64) {
-    use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
-    const STEP: usize = 1 << 20;
-    let mut spliced = false;
-    if let Ok((r, w)) = pipe_with(PipeFlags::CLOEXEC) {
-        let _ = rustix::pipe::fcntl_setpipe_size(&w, STEP);
-        spliced = true;
-        loop {
-            let n = match splice(&from, None, &w, None, STEP, SpliceFlags::MOVE) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::INVAL) if count.load(Ordering::Relaxed) == 0 => {
-                    spliced = false;
-                    break;
-                }
-                Err(_) => break,
-            };
-            let mut left = n;
-            while left > 0 {
-                match splice(&r, None, &to, None, left, SpliceFlags::MOVE) {
-                    Ok(0) => break,
-                    Ok(k) => left -= k,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => break,
-                }
-            }
-            count.fetch_add((n - left) as u64, Ordering::Relaxed);
-            if left > 0 {
-                break;
-            }
-        }
-    }
-    if !spliced {
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            match from.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    if to.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                    count.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-    }
-    let _ = to.shutdown(Shutdown::Write);
-    let _ = from.shutdown(Shutdown::Read);
-}
-
-fn split_authority(a: &str, default: u16) -> Option<(&str, u16)> {
-    if a.starts_with('[') {
-        let end = a.find(']')?;
-        let port = match &a[end + 1..] {
-            "" => default,
-            p => p.strip_prefix(':')?.parse().ok()?,
-        };
-        return Some((&a[..end + 1], port));
-    }
-    match a.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => Some((h, p.parse().ok()?)),
-        Some(_) => None,
-        None => Some((a, default)),
-    }
-}
-
-fn http_error(c: &mut TcpStream, status: &str, code: &str, detail: &str) {
-    let body = format!("palisade: {code}: {detail}\n");
-    let msg = format!(
-        "HTTP/1.1 {status}\r\nX-Palisade-Denied: {code}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = c.write_all(msg.as_bytes());
-}
-
-fn http_proxy(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
-    let _ = c.set_read_timeout(Some(FIRST_BYTES));
-    let mut buf = Vec::new();
-    let end = loop {
-        if let Some(e) = wire::head_end(&buf) {
-            break e;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = c.read(&mut chunk)?;
-        if n == 0 || buf.len() > MAX_HEAD {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let _ = c.set_read_timeout(None);
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let line = head.split("\r\n").next().unwrap_or("");
-    let mut parts = line.split(' ');
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let bad = |c: &mut TcpStream, why: &str| {
-        let mut ev = event("http-forward", target, 0);
-        ev.reason = "bad-request";
-        ev.detail = why.to_owned();
-        sh.record(ev);
-        http_error(c, "400 Bad Request", "bad-request", why);
-        Ok(())
-    };
-    if method == "CONNECT" {
-        let Some((h, port)) = split_authority(target, 443) else {
-            return bad(&mut c, "CONNECT needs HOST:PORT");
-        };
-        let mut p = Pending {
-            sh,
-            id,
-            ev: event("http-connect", h, port),
-            host: match Host::parse(h) {
-                Ok(x) => x,
-                Err(_) => {
-                    return bad(
-                        &mut c,
-                        "CONNECT to something that is not a host name or an IP address",
-                    )
-                }
-            },
-        };
-        p.ev.host = p.host.to_string();
-        let Some((mut p, up)) = p.connect_or_answer(&mut c) else {
-            return Ok(());
-        };
-        c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
-        let mut first = buf[end..].to_vec();
-        if let Err(d) = p.check_first_bytes(&mut c, &mut first) {
-            p.deny(d);
-            return Ok(());
-        }
-        return p.relay(c, up, &first);
-    }
-    // Absolute-form plain HTTP: `GET http://host[:port]/path HTTP/1.1`.
-    let Some(rest) = target.strip_prefix("http://") else {
-        return bad(
-            &mut c,
-            "a proxy request needs an absolute http:// URL (use CONNECT for TLS)",
-        );
-    };
-    let (auth, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let path = if path.is_empty() { "/" } else { path };
-    let Some((h, port)) = split_authority(auth, 80) else {
-        return bad(&mut c, "the URL's host[:port] does not parse");
-    };
-    let mut p = Pending {
-        sh,
-        id,
-        ev: event("http-forward", h, port),
-        host: match Host::parse(h) {
-            Ok(x) => x,
-            Err(_) => return bad(&mut c, "the URL's host is not a host name or an IP address"),
-        },
-    };
-    p.ev.host = p.host.to_string();
-    p.ev.protocol = Some("http");
-    let hosts = wire::headers(&buf[..end], "host");
-    if hosts.len() > 1 {
-        let (code, detail) = p.deny((
-            "host-header-mismatch",
-            format!("more than one Host header ({})", hosts.join(", ")),
-        ));
-        http_error(&mut c, "403 Forbidden", code, &detail);
-        return Ok(());
-    }
-    if let (Host::Name(want), Some(hh)) = (p.host.clone(), hosts.into_iter().next()) {
-        if !matches!(Host::parse(&wire::strip_port(hh.clone())), Ok(Host::Name(g)) if g == want) {
-            let (code, detail) = p.deny((
-                "host-header-mismatch",
-                format!("HTTP Host `{hh}` is not the URL's host {want}"),
-            ));
-            http_error(&mut c, "403 Forbidden", code, &detail);
-            return Ok(());
-        }
-    }
-    let Some((p, up)) = p.connect_or_answer(&mut c) else {
-        return Ok(());
-    };
-    // Origin-form to the server, one request per connection, no proxy headers passed on.
-    let mut out = format!("{method} {path} {}\r\n", parts.next().unwrap_or("HTTP/1.1"));
-    let mut has_host = false;
-    for l in head.split("\r\n").skip(1).filter(|l| !l.is_empty()) {
-        let name = l
-            .split(':')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
-            continue;
-        }
-        has_host |= name == "host";
-        out.push_str(l);
-        out.push_str("\r\n");
-    }
-    if !has_host {
-        out.push_str(&format!("Host: {auth}\r\n"));
-    }
-    out.push_str("Connection: close\r\n\r\n");
-    let mut first = out.into_bytes();
-    first.extend_from_slice(&buf[end..]);
-    p.relay(c, up, &first)
-}
-
-fn socks(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
-    let _ = c.set_read_timeout(Some(FIRST_BYTES));
-    let mut hdr = [0u8; 2];
-    c.read_exact(&mut hdr)?;
-    let mut methods = vec![0u8; hdr[1] as usize];
-    c.read_exact(&mut methods)?;
-    if hdr[0] != 5 || !methods.contains(&0) {
-        let _ = c.write_all(&[5, 0xff]);
-        return Ok(());
-    }
-    c.write_all(&[5, 0])?;
-    let mut req = [0u8; 4];
-    c.read_exact(&mut req)?;
-    let host = match req[3] {
-        1 => {
-            let mut a = [0u8; 4];
-            c.read_exact(&mut a)?;
-            Ipv4Addr::from(a).to_string()
-        }
-        4 => {
-            let mut a = [0u8; 16];
-            c.read_exact(&mut a)?;
-            format!("[{}]", std::net::Ipv6Addr::from(a))
-        }
-        3 => {
-            let mut n = [0u8; 1];
-            c.read_exact(&mut n)?;
-            let mut name = vec![0u8; n[0] as usize];
-            c.read_exact(&mut name)?;
-            String::from_utf8_lossy(&name).into_owned()
-        }
-        _ => String::new(),
-    };
-    let mut pb = [0u8; 2];
-    c.read_exact(&mut pb)?;
-    let port = u16::from_be_bytes(pb);
-    let _ = c.set_read_timeout(None);
-    let reply = |c: &mut TcpStream, code: u8| c.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]);
-    let mut ev = event("socks5", &host, port);
-    if req[1] != 1 {
-        ev.reason = "unsupported";
-        ev.detail = format!("SOCKS5 command {} (only CONNECT is served)", req[1]);
-        sh.record(ev);
-        return reply(&mut c, 7);
-    }
-    let Ok(h) = Host::parse(&host) else {
-        ev.reason = "bad-request";
-        ev.detail = format!("`{host}` is not a host name or an IP address");
-        sh.record(ev);
-        return reply(&mut c, 2);
-    };
-    ev.host = h.to_string();
-    let mut p = Pending {
-        sh,
-        id,
-        ev,
-        host: h,
-    };
-    let up = match p.connect() {
-        Ok(u) => u,
-        Err(d) => {
-            let code = match d.0 {
-                "resolve-failed" => 4,
-                "connect-failed" => 5,
-                _ => 2,
-            };
-            p.deny(d);
-            return reply(&mut c, code);
-        }
-    };
-    reply(&mut c, 0)?;
-    let mut first = Vec::new();
-    if let Err(d) = p.check_first_bytes(&mut c, &mut first) {
-        p.deny(d);
-        return Ok(());
-    }
-    p.relay(c, up, &first)
-}
-
-fn transparent(sh: &Shared, mut c: TcpStream, id: u64) -> io::Result<()> {
-    let local = c.local_addr()?;
-    let name = match local.ip() {
-        IpAddr::V4(a) => sh.names.lock().unwrap().by_addr.get(&a).cloned(),
-        IpAddr::V6(_) => None,
-    };
-    let Some(name) = name else {
-        let mut ev = event("transparent", &local.ip().to_string(), local.port());
-        ev.reason = "unknown-address";
-        ev.detail = format!(
-            "{local} was not handed out by palisade's DNS stub; connect by an allowed name"
-        );
-        sh.record(ev);
-        return Ok(());
-    };
-    let mut p = Pending {
-        sh,
-        id,
-        ev: event("transparent", &name, local.port()),
-        host: Host::Name(name),
-    };
-    let mut first = Vec::new();
-    if let Err(d) = p.check_first_bytes(&mut c, &mut first) {
-        p.deny(d);
-        return Ok(());
-    }
-    match p.connect() {
-        Ok(up) => p.relay(c, up, &first),
-        Err(d) => {
-            p.deny(d);
-            Ok(())
-        }
-    }
-}
+#[cfg(test)]
+mod tests;

@@ -1,103 +1,193 @@
 //! Parsers for what a client sends first: the TLS ClientHello's server name, an HTTP request head,
 //! and DNS queries (with the stub's answers). Pure functions over bytes, no I/O.
+//!
+//! Every function here runs on bytes the sandbox chose: none may panic, read out of bounds or
+//! allocate more than a small multiple of its input (the fuzz targets in `fuzz/` hold them to it).
+//! Text they return for messages (`HostError`) is already escaped and cut, so it can go into an
+//! [`Event`](crate::Event) as it is.
+
+use palisade_policy::net::Host;
+use palisade_policy::untrusted::Untrusted;
+use std::fmt;
+
+/// Most characters of a client's text quoted in a message.
+const QUOTED: usize = 128;
+/// Most header lines in a request head; a head with more is refused.
+pub(crate) const MAX_HEADERS: usize = 100;
+/// Most characters of an HTTP method: a longer word is not taken for one.
+const MAX_METHOD: usize = 32;
 
 /// What the first bytes of a connection are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sniffed {
+pub(crate) enum Sniffed {
     /// A TLS ClientHello, with its server name if it has one.
     Tls(Option<String>),
-    /// An HTTP request, with its `Host` header (port removed) if it has one, or the host of an
-    /// absolute-form request target when there is no `Host`.
-    Http(Option<String>),
-    /// An HTTP request whose host is ambiguous, with why: more than one `Host` header, or an
-    /// absolute-form target naming another host than `Host` (RFC 9112 §3.2: a server then uses
-    /// the target's, so checking `Host` alone would be fooled).
-    HttpAmbiguous(String),
-    /// Something else, or nothing within the wait.
+    /// An HTTP request head: its host as [`http_host`] reads it.
+    Http(Result<Option<String>, HostError>),
+    /// Something else.
     Other,
 }
 
-impl Sniffed {
-    pub fn protocol(&self) -> &'static str {
+/// Why the host of an HTTP request cannot be told, or is not one host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HostError {
+    /// More than one `Host` header (their values, escaped): servers differ on which one they use.
+    Several(String),
+    /// An absolute-form target naming another host than `Host` (both escaped): a server uses the
+    /// target's (RFC 9112 §3.2.2), so checking `Host` alone would be fooled.
+    TargetDiffers { target: String, host: String },
+    /// The head does not parse as HTTP/1.x (httparse's reason): a lenient server might read it
+    /// some other way than we would.
+    Malformed(String),
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Sniffed::Tls(_) => "tls",
-            Sniffed::Http(_) | Sniffed::HttpAmbiguous(_) => "http",
-            Sniffed::Other => "other",
+            HostError::Several(v) => write!(f, "more than one Host header ({v})"),
+            HostError::TargetDiffers { target, host } => {
+                write!(
+                    f,
+                    "request target `{target}` names another host than Host `{host}`"
+                )
+            }
+            HostError::Malformed(why) => write!(f, "a malformed HTTP request head ({why})"),
+        }
+    }
+}
+
+impl Sniffed {
+    pub(crate) fn protocol(&self) -> crate::Protocol {
+        match self {
+            Sniffed::Tls(_) => crate::Protocol::Tls,
+            Sniffed::Http(_) => crate::Protocol::Http,
+            Sniffed::Other => crate::Protocol::Other,
         }
     }
 }
 
 /// Whether `buf` holds enough to classify it: `None` means read more.
-pub fn sniff(buf: &[u8]) -> Option<Sniffed> {
-    if buf.is_empty() {
-        return None;
-    }
-    if buf[0] == 0x16 {
+///
+/// An HTTP request is anything that starts (after empty lines, which servers skip: RFC 9112 §2.2)
+/// with a method-like word (letters, `-`, `_`: `GET`, `get`, `VERSION-CONTROL`) and then
+/// whitespace: servers may split the request line on any whitespace (§3), and any method is
+/// still routed by its `Host`. Such bytes must then be one well-formed HTTP/1.x head, or
+/// [`Sniffed::Http`] holds [`HostError::Malformed`]. Digits and dots end the word, so an SSH
+/// banner (`SSH-2.0-…`) is not a request.
+pub(crate) fn sniff(buf: &[u8]) -> Option<Sniffed> {
+    let blank = buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count();
+    let rest = &buf[blank..];
+    let first = *rest.first()?;
+    if blank == 0 && first == 0x16 {
         return tls_server_name(buf).map(Sniffed::Tls);
     }
-    let method = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
-    if method > 0 && method < buf.len() {
-        if buf[method] != b' ' {
-            return Some(Sniffed::Other);
-        }
-        return head_end(buf).map(|end| match http_host(&buf[..end]) {
-            Ok(h) => Sniffed::Http(h),
-            Err(why) => Sniffed::HttpAmbiguous(why),
-        });
+    let letters = rest
+        .iter()
+        .take_while(|b| b.is_ascii_alphabetic() || matches!(b, b'-' | b'_'))
+        .count();
+    if letters > MAX_METHOD {
+        return Some(Sniffed::Other);
     }
-    if method == buf.len() && method < 16 {
+    if letters == rest.len() {
         return None;
     }
-    Some(Sniffed::Other)
-}
-
-/// The end of an HTTP head (index after the blank line), if complete.
-pub fn head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
-}
-
-/// Every value of a header (case-insensitive name) in an HTTP head, in order.
-pub fn headers(head: &[u8], name: &str) -> Vec<String> {
-    let Ok(text) = std::str::from_utf8(head) else {
-        return Vec::new();
-    };
-    text.split("\r\n")
-        .skip(1)
-        .filter_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_owned())
-        })
-        .collect()
-}
-
-/// The host an HTTP request head is for (port removed): its one `Host` header, checked against
-/// an absolute-form request target if there is one (the target's host alone when there is no
-/// `Host`). An error says why the host is ambiguous: servers differ on which of several `Host`
-/// headers they use, and use an absolute target's host over `Host` (RFC 9112 §3.2, §3.2.2).
-///
-/// ```
-/// use palisade_net::wire::http_host;
-/// let h = |s: &str| http_host(s.as_bytes());
-/// assert_eq!(h("GET / HTTP/1.1\r\nHost: a.example:80\r\n\r\n"), Ok(Some("a.example".into())));
-/// assert!(h("GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n").is_err());
-/// assert!(h("GET http://b.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n").is_err());
-/// assert_eq!(h("GET http://A.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n"), Ok(Some("a.example".into())));
-/// ```
-pub fn http_host(head: &[u8]) -> Result<Option<String>, String> {
-    let hosts = headers(head, "host");
-    if hosts.len() > 1 {
-        return Err(format!("more than one Host header ({})", hosts.join(", ")));
+    if letters == 0 || !matches!(rest[letters], b' ' | b'\t' | 0x0b | 0x0c) {
+        return Some(Sniffed::Other);
     }
-    let host = hosts.into_iter().next().map(strip_port);
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let target = String::from_utf8_lossy(line)
-        .split(' ')
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    let lower = target.to_ascii_lowercase();
+    match parse_head(buf) {
+        Ok(None) => None,
+        Ok(Some(head)) => Some(Sniffed::Http(http_host(&head))),
+        Err(why) => Some(Sniffed::Http(Err(HostError::Malformed(why)))),
+    }
+}
+
+/// An HTTP/1.x request head, as httparse read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub method: String,
+    pub target: String,
+    /// The minor version: `HTTP/1.0` or `HTTP/1.1`.
+    pub version: u8,
+    /// Names as sent, values as bytes (they may hold any byte but control characters).
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The head's length in bytes, blank line included; what follows is the body or the stream.
+    pub len: usize,
+}
+
+impl Head {
+    /// Every value of a header (case-insensitive name), in order.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Parses a request head with httparse: `Ok(None)` while incomplete, an error (httparse's reason,
+/// or too many headers) when it is not an HTTP/1.x head. Like lenient servers, it takes a bare LF
+/// as a line end, so a `Host` after one is seen as the server would see it.
+pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
+    parse_head_in(buf, &mut [httparse::EMPTY_HEADER; MAX_HEADERS])
+}
+
+/// [`parse_head`] with room for `headers.len()` header lines.
+pub(crate) fn parse_head_in<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+) -> Result<Option<Head>, String> {
+    let max = headers.len();
+    let mut req = httparse::Request::new(headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Ok(httparse::Status::Complete(n)) => n,
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(format!("more than {max} header lines"))
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(Some(Head {
+        method: req.method.unwrap_or_default().to_owned(),
+        target: req.path.unwrap_or_default().to_owned(),
+        version: req.version.unwrap_or_default(),
+        headers: req
+            .headers
+            .iter()
+            .map(|h| (h.name.to_owned(), h.value.to_vec()))
+            .collect(),
+        len,
+    }))
+}
+
+/// The host an HTTP request head is for (port removed, as sent): its one `Host` header, checked
+/// against an absolute-form request target if there is one (the target's host alone when there
+/// is no `Host`). An error says why the host is ambiguous: servers differ on which of several
+/// `Host` headers they use, and use an absolute target's host over `Host` (RFC 9112 §3.2, §3.2.2).
+pub(crate) fn http_host(head: &Head) -> Result<Option<String>, HostError> {
+    let hosts: Vec<&[u8]> = head.values("host").collect();
+    if hosts.len() > 1 {
+        let shown: Vec<String> = hosts
+            .iter()
+            .map(|h| Untrusted::new(h).max(QUOTED).to_string())
+            .collect();
+        return Err(HostError::Several(shown.join(", ")));
+    }
+    let host = match hosts.first() {
+        None => None,
+        Some(h) => match std::str::from_utf8(h) {
+            Ok(s) => Some(strip_port(s.trim())),
+            Err(_) => {
+                return Err(HostError::Malformed(format!(
+                    "a Host header that is not text: {}",
+                    Untrusted::new(h).max(QUOTED)
+                )))
+            }
+        },
+    };
+    let lower = head.target.to_ascii_lowercase();
     let Some(rest) = lower
         .strip_prefix("http://")
         .or_else(|| lower.strip_prefix("https://"))
@@ -106,32 +196,132 @@ pub fn http_host(head: &[u8]) -> Result<Option<String>, String> {
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     let authority = authority.rsplit('@').next().unwrap_or_default();
-    let target_host = strip_port(authority.to_owned());
+    let target_host = strip_port(authority);
     match host {
         None => Ok(Some(target_host)),
-        Some(h) if h.eq_ignore_ascii_case(&target_host) => Ok(Some(h)),
-        Some(h) => Err(format!(
-            "request target `{target}` names another host than Host `{h}`"
-        )),
+        Some(h) if same_host(&h, &target_host) => Ok(Some(h)),
+        Some(h) => Err(HostError::TargetDiffers {
+            target: Untrusted::new(&head.target).max(QUOTED).to_string(),
+            host: Untrusted::new(&h).max(QUOTED).to_string(),
+        }),
+    }
+}
+
+/// Whether two hosts as sent are the same host: equal once normalized (IDNA, case, a trailing
+/// dot, IPv4 notations), or equal ignoring case when either does not parse.
+pub(crate) fn same_host(a: &str, b: &str) -> bool {
+    match (Host::parse(a), Host::parse(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a.eq_ignore_ascii_case(b),
     }
 }
 
 /// A `Host` value without its port.
-pub fn strip_port(h: String) -> String {
+pub(crate) fn strip_port(h: &str) -> String {
     if h.starts_with('[') {
         return h
             .split_once(']')
-            .map_or(h.clone(), |(a, _)| format!("{a}]"));
+            .map_or(h.to_owned(), |(a, _)| format!("{a}]"));
     }
     match h.rsplit_once(':') {
         Some((a, p)) if !a.contains(':') && p.bytes().all(|b| b.is_ascii_digit()) => a.to_owned(),
-        _ => h,
+        _ => h.to_owned(),
+    }
+}
+
+/// What a client asks the HTTP proxy listener for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProxyRequest {
+    /// `CONNECT host:port`: a tunnel.
+    Connect { host: String, port: u16 },
+    /// `GET http://host[:port]/path`: one request, forwarded in origin form.
+    Forward {
+        host: String,
+        port: u16,
+        /// `host[:port]` as sent, for a `Host` header when the request has none.
+        authority: String,
+        /// The path and query, `/` at least.
+        path: String,
+    },
+}
+
+/// Reads what a proxy request head asks for; the error is the client's answer (`400`).
+pub(crate) fn proxy_request(head: &Head) -> Result<ProxyRequest, &'static str> {
+    if head.method == "CONNECT" {
+        let (host, port) = split_authority(&head.target, 443).ok_or("CONNECT needs HOST:PORT")?;
+        return Ok(ProxyRequest::Connect {
+            host: host.to_owned(),
+            port,
+        });
+    }
+    let t = &head.target;
+    let rest = t
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &t[7..])
+        .ok_or("a proxy request needs an absolute http:// URL (use CONNECT for TLS)")?;
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let path = match path {
+        "" => "/".to_owned(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_owned(),
+    };
+    let (host, port) =
+        split_authority(authority, 80).ok_or("the URL's host[:port] does not parse")?;
+    Ok(ProxyRequest::Forward {
+        host: host.to_owned(),
+        port,
+        authority: authority.to_owned(),
+        path,
+    })
+}
+
+/// The head sent upstream for a forwarded request: origin form, the client's headers but
+/// `Proxy-*`, `Connection` and `Keep-Alive`, a `Host` if it had none, and `Connection: close`, so
+/// that the connection carries exactly this one request. Lines end in CRLF whatever the client
+/// used.
+pub(crate) fn forward_head(head: &Head, authority: &str, path: &str) -> Vec<u8> {
+    let mut out = format!("{} {path} HTTP/1.{}\r\n", head.method, head.version).into_bytes();
+    let mut has_host = false;
+    for (name, value) in &head.headers {
+        let n = name.to_ascii_lowercase();
+        if n.starts_with("proxy-") || n == "connection" || n == "keep-alive" {
+            continue;
+        }
+        has_host |= n == "host";
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has_host {
+        out.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out
+}
+
+/// `host:port` or `[v6]:port` (or without the port: `default`); `None` if the port does not parse
+/// or an IPv6 address lacks its brackets.
+pub(crate) fn split_authority(a: &str, default: u16) -> Option<(&str, u16)> {
+    if a.starts_with('[') {
+        let end = a.find(']')?;
+        let port = match &a[end + 1..] {
+            "" => default,
+            p => p.strip_prefix(':')?.parse().ok()?,
+        };
+        return Some((&a[..end + 1], port));
+    }
+    match a.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => Some((h, p.parse().ok()?)),
+        Some(_) => None,
+        None => Some((a, default)),
     }
 }
 
 /// Parses a TLS ClientHello from the start of a connection; `None` while incomplete, `Some(None)`
 /// when complete without a server name (or not a ClientHello at all).
-pub fn tls_server_name(buf: &[u8]) -> Option<Option<String>> {
+pub(crate) fn tls_server_name(buf: &[u8]) -> Option<Option<String>> {
     // Gather the handshake bytes across records (a ClientHello may span several).
     let mut hs = Vec::new();
     let mut at = 0;
@@ -216,19 +406,19 @@ impl<'a> Reader<'a> {
 
 /// A DNS question: the query's id, name (as sent, without the root dot), type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Question {
-    pub id: u16,
-    pub rd: bool,
-    pub name: String,
-    pub qtype: u16,
+pub(crate) struct Question {
+    pub(crate) id: u16,
+    pub(crate) rd: bool,
+    pub(crate) name: String,
+    pub(crate) qtype: u16,
     /// The question section's bytes, echoed in the answer.
-    pub raw: Vec<u8>,
+    pub(crate) raw: Vec<u8>,
 }
 
-pub const TYPE_A: u16 = 1;
+pub(crate) const TYPE_A: u16 = 1;
 
 /// Parses a standard query with one question; `None` for anything else.
-pub fn dns_question(msg: &[u8]) -> Option<Question> {
+pub(crate) fn dns_question(msg: &[u8]) -> Option<Question> {
     if msg.len() < 12 || msg[2] & 0xf8 != 0 || u16::from_be_bytes([msg[4], msg[5]]) != 1 {
         return None; // a response, an opcode other than QUERY, or not exactly one question
     }
@@ -259,7 +449,7 @@ pub fn dns_question(msg: &[u8]) -> Option<Question> {
 }
 
 /// The stub's answer: `rcode` 0 (with `a` as the A record, if any) or 3 (NXDOMAIN).
-pub fn dns_answer(q: &Question, rcode: u8, a: Option<[u8; 4]>) -> Vec<u8> {
+pub(crate) fn dns_answer(q: &Question, rcode: u8, a: Option<[u8; 4]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&q.id.to_be_bytes());
     out.push(0x84 | q.rd as u8); // response, authoritative
@@ -277,32 +467,160 @@ pub fn dns_answer(q: &Question, rcode: u8, a: Option<[u8; 4]>) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    fn s(t: &str) -> Option<Sniffed> {
+        sniff(t.as_bytes())
+    }
+
+    fn host(h: &str) -> Option<Sniffed> {
+        Some(Sniffed::Http(Ok(Some(h.into()))))
+    }
+
     #[test]
     fn an_ambiguous_http_host_is_told_apart() {
-        let s = |t: &str| sniff(t.as_bytes());
         assert_eq!(
             s("GET / HTTP/1.1\r\nHost: a.example\r\n\r\n"),
-            Some(Sniffed::Http(Some("a.example".into())))
+            host("a.example")
+        );
+        assert_eq!(
+            s("GET / HTTP/1.1\r\nHost: a.example\r\nhost: b.example\r\n\r\n"),
+            Some(Sniffed::Http(Err(HostError::Several(
+                "a.example, b.example".into()
+            ))))
         );
         assert!(matches!(
-            s("GET / HTTP/1.1\r\nHost: a.example\r\nhost: b.example\r\n\r\n"),
-            Some(Sniffed::HttpAmbiguous(w)) if w.contains("more than one Host")
-        ));
-        assert!(matches!(
             s("GET http://b.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n"),
-            Some(Sniffed::HttpAmbiguous(w)) if w.contains("names another host")
+            Some(Sniffed::Http(Err(HostError::TargetDiffers { .. })))
         ));
         assert!(matches!(
             s("GET HTTPS://user@b.example:8443/x HTTP/1.1\r\nHost: a.example\r\n\r\n"),
-            Some(Sniffed::HttpAmbiguous(_))
+            Some(Sniffed::Http(Err(HostError::TargetDiffers { .. })))
         ));
         assert_eq!(
             s("GET http://a.example:80/x HTTP/1.1\r\nHost: A.example\r\n\r\n"),
-            Some(Sniffed::Http(Some("A.example".into())))
+            host("A.example")
+        );
+        assert_eq!(
+            s("GET http://a.example./x HTTP/1.1\r\nHost: A.EXAMPLE\r\n\r\n"),
+            host("A.EXAMPLE"),
+            "the same host once normalized"
         );
         assert_eq!(
             s("GET http://a.example/x HTTP/1.1\r\n\r\n"),
-            Some(Sniffed::Http(Some("a.example".into())))
+            host("a.example")
+        );
+        assert_eq!(s("GET / HTTP/1.0\r\n\r\n"), Some(Sniffed::Http(Ok(None))));
+    }
+
+    #[test]
+    fn a_head_is_read_the_way_a_lenient_server_reads_it() {
+        // A bare LF ends a line (RFC 9112 §2.2): the second Host is a header of its own.
+        assert!(matches!(
+            s("GET / HTTP/1.1\r\nHost: a.example\r\nX: a\nHost: b.example\r\n\r\n"),
+            Some(Sniffed::Http(Err(HostError::Several(_))))
+        ));
+        // ... and two bare LFs end the head.
+        assert_eq!(s("GET / HTTP/1.1\nHost: b.example\n\n"), host("b.example"));
+        // Empty lines before the request line are skipped, as servers do.
+        assert_eq!(
+            s("\r\n\r\nGET / HTTP/1.1\r\nHost: b.example\r\n\r\n"),
+            host("b.example")
+        );
+        assert_eq!(s("\r\n"), None);
+        // A lower-case method, or one with a dash, is a request too.
+        assert_eq!(
+            s("get / HTTP/1.1\r\nHost: b.example\r\n\r\n"),
+            host("b.example")
+        );
+        assert_eq!(
+            s("VERSION-CONTROL / HTTP/1.1\r\nHost: b.example\r\n\r\n"),
+            host("b.example")
+        );
+        // Whatever a lenient server might take for a request, and we cannot parse, is refused.
+        for bad in [
+            "GET\t/ HTTP/1.1\r\nHost: b.example\r\n\r\n",
+            "GET  / HTTP/1.1\r\nHost: b.example\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a.example\r\n b.example\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost : b.example\r\n\r\n",
+            "GET / HTTP/2.0\r\nHost: b.example\r\n\r\n",
+        ] {
+            assert!(
+                matches!(s(bad), Some(Sniffed::Http(Err(HostError::Malformed(_))))),
+                "{bad:?}: {:?}",
+                s(bad)
+            );
+        }
+        assert!(matches!(
+            sniff(b"GET / HTTP/1.1\r\nHost: \xff\r\n\r\n"),
+            Some(Sniffed::Http(Err(HostError::Malformed(_))))
+        ));
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "X: y\r\n".repeat(MAX_HEADERS + 1)
+        );
+        assert!(matches!(
+            s(&many),
+            Some(Sniffed::Http(Err(HostError::Malformed(_))))
+        ));
+        // Not HTTP: other protocols pass on as they are.
+        assert_eq!(
+            s("SSH-2.0-OpenSSH_9.6p1 Ubuntu-3\r\n"),
+            Some(Sniffed::Other)
+        );
+        assert_eq!(s(&"A".repeat(MAX_METHOD + 1)), Some(Sniffed::Other));
+        // ... and stays other whatever follows (the fuzz target found a head that did not).
+        let long = format!("{} / HTTP/1.1\r\n\r\n", "A".repeat(MAX_METHOD + 1));
+        assert_eq!(s(&long), Some(Sniffed::Other));
+        assert_eq!(s("GET"), None);
+        assert_eq!(s("GET / HTTP/1.1\r\nHost: b.example\r\n"), None);
+    }
+
+    #[test]
+    fn ambiguity_messages_are_escaped_and_cut() {
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: a\u{202e}b\u{85}\r\nHost: {}\r\n\r\n",
+            "b".repeat(1000)
+        );
+        let Some(Sniffed::Http(Err(e))) = s(&head) else {
+            panic!("{:?}", s(&head))
+        };
+        let shown = e.to_string();
+        assert!(shown.contains("a\\u{202e}b\\u{85}"), "{shown}");
+        assert!(
+            !shown.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{shown}"
+        );
+        assert!(shown.len() < 400, "{}", shown.len());
+    }
+
+    #[test]
+    fn proxy_requests_and_what_goes_upstream() {
+        let head = |t: &str| parse_head(t.as_bytes()).unwrap().unwrap();
+        let h = head("CONNECT [2001:db8::1]:8443 HTTP/1.1\r\n\r\n");
+        assert_eq!(
+            proxy_request(&h),
+            Ok(ProxyRequest::Connect {
+                host: "[2001:db8::1]".into(),
+                port: 8443
+            })
+        );
+        assert!(proxy_request(&head("CONNECT a:b:c HTTP/1.1\r\n\r\n")).is_err());
+        assert!(proxy_request(&head("GET /x HTTP/1.1\r\n\r\n")).is_err());
+        let h = head(
+            "GET HTTP://a.example:8080?q=1 HTTP/1.1\nProxy-Authorization: x\nConnection: keep-alive\nX-A: b\n\n",
+        );
+        let r = proxy_request(&h).unwrap();
+        assert_eq!(
+            r,
+            ProxyRequest::Forward {
+                host: "a.example".into(),
+                port: 8080,
+                authority: "a.example:8080".into(),
+                path: "/?q=1".into()
+            }
+        );
+        assert_eq!(
+            String::from_utf8(forward_head(&h, "a.example:8080", "/?q=1")).unwrap(),
+            "GET /?q=1 HTTP/1.1\r\nX-A: b\r\nHost: a.example:8080\r\nConnection: close\r\n\r\n"
         );
     }
 
@@ -344,7 +662,7 @@ mod tests {
     #[test]
     fn http_heads_and_other_protocols() {
         let r = b"GET / HTTP/1.1\r\nHost: Example.org:80\r\n\r\n";
-        assert_eq!(sniff(r), Some(Sniffed::Http(Some("Example.org".into()))));
+        assert_eq!(sniff(r), host("Example.org"));
         assert_eq!(sniff(&r[..20]), None);
         assert_eq!(sniff(b"SSH-2.0-x\r\n"), Some(Sniffed::Other));
         assert_eq!(sniff(b"\x00\x01"), Some(Sniffed::Other));

@@ -14,7 +14,7 @@ impl EnvName {
         let first_ok = matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_');
         if !first_ok || s.len() > 255 || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return Err(PolicyError::invalid(
-                "env",
+                "env.pass",
                 s,
                 "a name of letters, digits and `_` that does not start with a digit",
             ));
@@ -48,7 +48,8 @@ impl From<EnvName> for String {
 }
 
 /// One variable set inside the sandbox. Values never come from the host implicitly: a name
-/// passed alone (`--env NAME`) is resolved once, by the caller, into an explicit value.
+/// passed alone (`env.pass`) is resolved once, by the caller, into an explicit value
+/// ([`crate::Policy::resolve_env`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvVar {
@@ -67,7 +68,7 @@ impl EnvVar {
     /// ```
     pub fn parse(spec: &str) -> Result<EnvVar, PolicyError> {
         let Some((n, v)) = spec.split_once('=') else {
-            return Err(PolicyError::invalid("env", spec, "NAME=VALUE"));
+            return Err(PolicyError::invalid("env.set", spec, "NAME=VALUE"));
         };
         EnvVar::new(n, v)
     }
@@ -76,13 +77,13 @@ impl EnvVar {
     pub fn new(name: &str, value: &str) -> Result<EnvVar, PolicyError> {
         if value.contains('\0') {
             return Err(PolicyError::invalid(
-                "env",
+                "env.set",
                 name,
                 "a value without NUL bytes",
             ));
         }
         Ok(EnvVar {
-            name: EnvName::new(name)?,
+            name: EnvName::new(name).map_err(|e| e.in_field("env.set"))?,
             value: value.to_owned(),
         })
     }
@@ -99,7 +100,9 @@ mod tests {
         }
         for bad in ["", "1A", "A-B", "A=B", "É"] {
             let e = EnvName::new(bad).unwrap_err().to_string();
-            assert!(e.contains("env"), "{e}");
+            assert!(e.contains("env.pass"), "{e}");
+            let e = EnvVar::new(bad, "v").unwrap_err().to_string();
+            assert!(e.contains("env.set"), "{e}");
         }
         assert_eq!(EnvVar::parse("A==b").unwrap().value, "=b");
         assert!(EnvVar::parse("NOEQUALS").is_err());

@@ -1,4 +1,4 @@
-//! Policy files: one TOML schema for everything the CLI can express (docs/policy.md).
+//! Policy files: one TOML schema for everything a policy can say (docs/policy.md).
 //!
 //! A file is read in two steps. TOML and its shape first — unknown tables and fields, wrong
 //! types — then every value through the same parsers the CLI uses (sizes, durations, host rules,
@@ -6,12 +6,15 @@
 //! error carries the file, line and column of the value, the field, the value and what is
 //! accepted. Nothing here reads the host: a file is data until the caller applies it.
 //!
-//! A file is an overlay, not a whole policy: fields it leaves out keep the value they had
-//! (defaults, then the profiles, then the file, then command-line options; lists add up).
+//! A file is a [`PolicyOverlay`], not a whole policy: fields it leaves out keep the value they
+//! had (defaults, then the profiles, then the file, then command-line options; lists add up).
+//! Its optional `[bounds]` table says the most a policy run under the file may ask for
+//! ([`PolicyFile::ceiling`]).
 
 use crate::net::{NetRule, Pin, MAX_LOCAL_PORTS};
-use crate::{parse_count, parse_cpus, parse_duration, parse_size, Bind, Degradable, EnvName};
-use crate::{EnvVar, Policy, PolicyError, Scratch, MAX_OPEN_FILES, MAX_PIDS};
+use crate::{layer, parse_count, parse_cpus, parse_duration, parse_size, Bind, Bounds};
+use crate::{Degradable, EnvName, EnvVar, Policy, PolicyError, PolicyOverlay, Scratch};
+use crate::{MAX_OPEN_FILES, MAX_PIDS};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,67 +24,10 @@ use toml::{Spanned, Value};
 /// A policy file or profile, validated: every value is ready to use.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PolicyFile {
-    /// Built-in profiles to apply first, in order.
-    pub profiles: Vec<String>,
-    pub hostname: Option<String>,
-    pub scratch: Option<PathBuf>,
-    pub keep_scratch: Option<bool>,
-    pub binds: Vec<Bind>,
-    /// More paths under the scratch directory kept read-only inside.
-    pub protect: Vec<String>,
-    /// Default protected paths made writable again.
-    pub unprotect: Vec<String>,
-    pub env_set: Vec<EnvVar>,
-    /// Variables whose value is taken from the caller's environment when the policy is applied.
-    pub env_pass: Vec<EnvName>,
-    pub allow_net: Vec<NetRule>,
-    pub deny_net: Vec<NetRule>,
-    pub resolve: Vec<Pin>,
-    pub dns_server: Option<std::net::SocketAddr>,
-    pub local_ports: Vec<u16>,
-    pub limits: LimitsOverlay,
-    pub allow_degraded: Vec<Degradable>,
-    pub allow_ptrace: Option<bool>,
-}
-
-/// The limits a file sets; `None` keeps the value in force.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LimitsOverlay {
-    pub timeout_ms: Option<u64>,
-    pub cpu_time_ms: Option<u64>,
-    pub memory_bytes: Option<u64>,
-    pub pids: Option<u64>,
-    pub open_files: Option<u64>,
-    pub file_size_bytes: Option<u64>,
-    pub output_bytes: Option<u64>,
-    pub tmp_bytes: Option<u64>,
-    pub scratch_bytes: Option<u64>,
-    pub cpu_milli: Option<u64>,
-}
-
-impl LimitsOverlay {
-    /// Writes the limits this overlay sets into `l`.
-    pub fn apply(&self, l: &mut crate::Limits) {
-        let set = |v: Option<u64>, t: &mut u64| {
-            if let Some(v) = v {
-                *t = v;
-            }
-        };
-        set(self.timeout_ms, &mut l.timeout_ms);
-        set(self.memory_bytes, &mut l.memory_bytes);
-        set(self.pids, &mut l.pids);
-        set(self.open_files, &mut l.open_files);
-        set(self.file_size_bytes, &mut l.file_size_bytes);
-        set(self.output_bytes, &mut l.output_bytes);
-        set(self.tmp_bytes, &mut l.tmp_bytes);
-        set(self.scratch_bytes, &mut l.scratch_bytes);
-        if self.cpu_time_ms.is_some() {
-            l.cpu_time_ms = self.cpu_time_ms;
-        }
-        if self.cpu_milli.is_some() {
-            l.cpu_milli = self.cpu_milli;
-        }
-    }
+    /// The file's fields, and the profiles it names.
+    pub overlay: PolicyOverlay,
+    /// Its `[bounds]` table: how far past the file's own values a policy run under it may go.
+    pub bounds: Option<PolicyOverlay>,
 }
 
 /// A policy file that cannot be used: where, and why.
@@ -116,9 +62,12 @@ impl std::error::Error for FileError {}
 // wrong type gets the same field-and-accepted-values message as a wrong value.
 type V = Spanned<Value>;
 
+/// A file's top level (`B`: its `[bounds]` table) or its `[bounds]` table (`B`: whatever is
+/// there, refused).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Raw {
+struct Raw<B> {
+    bounds: Option<B>,
     profiles: Option<V>,
     hostname: Option<V>,
     filesystem: Option<RawFs>,
@@ -276,14 +225,14 @@ impl PolicyFile {
     /// ```
     /// use palisade_policy::file::PolicyFile;
     /// let f = PolicyFile::parse("p.toml", "[limits]\nmemory = \"512MiB\"\n").unwrap();
-    /// assert_eq!(f.limits.memory_bytes, Some(512 << 20));
+    /// assert_eq!(f.overlay.limits.memory_bytes, Some(512 << 20));
     /// let e = PolicyFile::parse("p.toml", "[limits]\nmemory = \"lots\"\n").unwrap_err();
     /// assert_eq!((e.line, e.column), (2, 10));
     /// assert!(e.message.contains("limits.memory") && e.message.contains("lots"));
     /// ```
     pub fn parse(origin: &str, text: &str) -> Result<PolicyFile, FileError> {
         let src = Src { origin, text };
-        let raw: Raw = toml::from_str(text).map_err(|e| {
+        let raw: Raw<Box<Raw<V>>> = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
             let mut m = src.err(span, e.message().trim_end().to_owned());
             if e.span().is_none() {
@@ -291,7 +240,103 @@ impl PolicyFile {
             }
             m
         })?;
-        let mut f = PolicyFile::default();
+        let overlay = src.overlay(&raw)?;
+        let bounds = match &raw.bounds {
+            None => None,
+            Some(inner) => {
+                let refused = [
+                    ("bounds", inner.bounds.as_ref().map(|v| v.span())),
+                    ("hostname", inner.hostname.as_ref().map(|v| v.span())),
+                    (
+                        "env.set",
+                        inner
+                            .env
+                            .as_ref()
+                            .and_then(|e| e.set.as_ref())
+                            .map(|v| v.span()),
+                    ),
+                    (
+                        "network.local_ports",
+                        inner
+                            .network
+                            .as_ref()
+                            .and_then(|n| n.local_ports.as_ref())
+                            .map(|v| v.span()),
+                    ),
+                ];
+                if let Some((field, span)) =
+                    refused.into_iter().find_map(|(f, s)| s.map(|s| (f, s)))
+                {
+                    return Err(src.err(
+                        span,
+                        format!("bounds.{field}: not a bound (a policy may set it freely, or it is the ceiling itself); remove it from [bounds]"),
+                    ));
+                }
+                Some(src.overlay(inner).map_err(|mut e| {
+                    e.message = format!("in [bounds]: {}", e.message);
+                    e
+                })?)
+            }
+        };
+        Ok(PolicyFile { overlay, bounds })
+    }
+
+    /// The ceiling of policies run under this file (a server's requests; the command line's
+    /// options when the file has a `[bounds]` table): the file's own policy — the defaults, its
+    /// profiles, its fields — with its `[bounds]` table on top, where values replace and lists
+    /// add as anywhere else. Without `[bounds]`, exactly the file's own values are the most a
+    /// policy may ask for.
+    ///
+    /// ```
+    /// use palisade_policy::file::PolicyFile;
+    /// let f = PolicyFile::parse("s.toml", "[limits]\ntimeout = \"30s\"\n[bounds.limits]\ntimeout = \"5m\"\n").unwrap();
+    /// assert_eq!(f.ceiling().unwrap().limits.timeout_ms, 300_000);
+    /// let f = PolicyFile::parse("s.toml", "[limits]\ntimeout = \"30s\"\n").unwrap();
+    /// assert_eq!(f.ceiling().unwrap().limits.timeout_ms, 30_000);
+    /// ```
+    pub fn ceiling(&self) -> Result<Bounds, PolicyError> {
+        let mut p = Policy::new(["true"])?;
+        let none = PolicyOverlay::default();
+        layer(
+            &mut p,
+            &[&self.overlay, self.bounds.as_ref().unwrap_or(&none)],
+        )?;
+        Ok(Bounds::from_policy(&p))
+    }
+
+    /// The policy this file gives: `base` (the defaults and the caller's command, lowered to
+    /// the file's ceiling where it has a `[bounds]` table), the file's profiles and those of
+    /// `options`, the file's fields, then those of `options` (the command line's, in the
+    /// documented precedence), checked to fit the ceiling when there is one. Names in
+    /// `env.pass` are left for the caller to resolve ([`Policy::resolve_env`]); everything
+    /// else is validated.
+    ///
+    /// ```
+    /// use palisade_policy::{file::PolicyFile, Policy, PolicyOverlay};
+    /// let f = PolicyFile::parse("p.toml", "[limits]\npids = 64\n[bounds.limits]\npids = 128\ntimeout = \"1m\"\n").unwrap();
+    /// let mut options = PolicyOverlay::default();
+    /// let p = f.policy(Policy::new(["make"]).unwrap(), &options).unwrap();
+    /// // The default timeout (10m) lowered to the ceiling, the file's pids.
+    /// assert_eq!((p.limits.timeout_ms, p.limits.pids), (60_000, 64));
+    /// options.limits.pids = Some(1000);
+    /// let e = f.policy(Policy::new(["make"]).unwrap(), &options).unwrap_err();
+    /// assert_eq!(e.to_string(), "limits.pids: 1000 is beyond the bounds (at most 128)");
+    /// ```
+    pub fn policy(&self, mut base: Policy, options: &PolicyOverlay) -> Result<Policy, PolicyError> {
+        if self.bounds.is_some() {
+            return self.ceiling()?.admit(base, &[&self.overlay, options]);
+        }
+        layer(&mut base, &[&self.overlay, options])?;
+        base.validate_values()?;
+        Ok(base)
+    }
+}
+
+impl Src<'_> {
+    /// One table's worth of fields (the file's top level, or its `[bounds]`).
+    fn overlay<B>(&self, raw: &Raw<B>) -> Result<PolicyOverlay, FileError> {
+        let src = self;
+        let mut f = PolicyOverlay::default();
         if let Some(v) = &raw.profiles {
             for (name, v) in src.strings("profiles", v)? {
                 if crate::profile::get(name).is_none() {
@@ -325,14 +370,11 @@ impl PolicyFile {
             if let Some(v) = &fs.keep_scratch {
                 f.keep_scratch = Some(src.bool("filesystem.keep_scratch", v)?);
             }
-            for (field, writable, v) in [
-                ("filesystem.ro", false, &fs.ro),
-                ("filesystem.rw", true, &fs.rw),
-            ] {
+            for (writable, v) in [(false, &fs.ro), (true, &fs.rw)] {
+                let field = Bind::field(writable);
                 if let Some(v) = v {
                     for (s, v) in src.strings(field, v)? {
-                        let b = Bind::parse(s, writable)
-                            .map_err(|e| src.policy(&v, e.in_field(field)))?;
+                        let b = Bind::parse(s, writable).map_err(|e| src.policy(&v, e))?;
                         f.binds.push(b);
                     }
                 }
@@ -345,29 +387,31 @@ impl PolicyFile {
                     for (s, v) in src.strings(field, v)? {
                         let p = crate::protect::ProtectedPath::new(s)
                             .map_err(|e| src.policy(&v, e.in_field(field)))?;
-                        list.push(p.as_str().to_owned());
+                        list.push(p);
                     }
                 }
             }
         }
         if let Some(env) = &raw.env {
             if let Some(set) = &env.set {
-                for (k, v) in set.get_ref() {
+                // In the file's order, so that what `show` prints reads back the same.
+                let mut vars: Vec<_> = set.get_ref().iter().collect();
+                vars.sort_by_key(|(k, _)| k.span().start);
+                for (k, v) in vars {
                     let name = EnvName::new(k.get_ref())
                         .map_err(|e| src.err(k.span(), e.in_field("env.set").to_string()))?;
                     let val = src.string(&format!("env.set.{}", k.get_ref()), v)?;
-                    let var = EnvVar::new(name.as_str(), val)
-                        .map_err(|e| src.policy(v, e.in_field("env.set")))?;
+                    let var = EnvVar::new(name.as_str(), val).map_err(|e| src.policy(v, e))?;
                     f.env_set.push(var);
                 }
             }
             if let Some(v) = &env.pass {
                 for (s, v) in src.strings("env.pass", v)? {
-                    let n = EnvName::new(s).map_err(|e| src.policy(&v, e.in_field("env.pass")))?;
-                    if f.env_set.iter().any(|e| e.name == n) {
+                    let n = EnvName::new(s).map_err(|e| src.policy(&v, e))?;
+                    if f.env_set.iter().any(|e| e.name == n) || f.env_pass.contains(&n) {
                         return Err(src.err(
                             v.span(),
-                            format!("env.pass: `{s}` is also in env.set; name each variable once"),
+                            format!("env.pass: `{s}` is named twice (in env.set or env.pass); name each variable once"),
                         ));
                     }
                     f.env_pass.push(n);
@@ -387,15 +431,13 @@ impl PolicyFile {
             }
             if let Some(v) = &net.resolve {
                 for (s, v) in src.strings("network.resolve", v)? {
-                    let p =
-                        Pin::parse(s).map_err(|e| src.policy(&v, e.in_field("network.resolve")))?;
-                    f.resolve.push(p);
+                    f.resolve
+                        .push(Pin::parse(s).map_err(|e| src.policy(&v, e))?);
                 }
             }
             if let Some(v) = &net.dns_server {
                 let s = src.string("network.dns_server", v)?;
-                let a = crate::net::parse_dns_server(s)
-                    .map_err(|e| src.policy(v, e.in_field("network.dns_server")))?;
+                let a = crate::net::parse_dns_server(s).map_err(|e| src.policy(v, e))?;
                 f.dns_server = Some(a);
             }
             if let Some(v) = &net.local_ports {
@@ -462,22 +504,39 @@ impl PolicyFile {
                 o.cpu_milli = Some(parse_cpus("limits.cpus", &s).map_err(|e| src.policy(v, e))?);
             }
             // The whole set, as the run would see it, so that a range the parsers leave to
-            // `Limits::validate` (memory under 1 MiB, a tmpfs under 1 MiB) is caught here too.
+            // `Limits::validate` (memory under 1 MiB, a tmpfs under 1 MiB) is caught here too,
+            // at the value it is about.
             let mut all = crate::Limits::default();
             o.apply(&mut all);
-            all.validate().map_err(|e| FileError {
-                origin: origin.to_owned(),
-                line: 0,
-                column: 0,
-                source_line: String::new(),
-                message: format!("limits: {e}"),
+            all.validate().map_err(|e| {
+                let at = match e.field() {
+                    Some("limits.memory") => &l.memory,
+                    Some("limits.tmp_size") => &l.tmp_size,
+                    Some("limits.scratch_size") => &l.scratch_size,
+                    Some("limits.timeout") => &l.timeout,
+                    Some("limits.cpu_time") => &l.cpu_time,
+                    Some("limits.output") => &l.output,
+                    Some("limits.file_size") => &l.file_size,
+                    Some("limits.pids") => &l.pids,
+                    Some("limits.open_files") => &l.open_files,
+                    _ => &l.cpus,
+                };
+                match at {
+                    Some(v) => src.policy(v, e),
+                    None => FileError {
+                        origin: src.origin.to_owned(),
+                        line: 0,
+                        column: 0,
+                        source_line: String::new(),
+                        message: e.to_string(),
+                    },
+                }
             })?;
         }
         if let Some(layers) = &raw.layers {
             if let Some(v) = &layers.allow_degraded {
                 for (s, v) in src.strings("layers.allow_degraded", v)? {
-                    let d = Degradable::parse(s)
-                        .map_err(|e| src.policy(&v, e.in_field("layers.allow_degraded")))?;
+                    let d = Degradable::parse(s).map_err(|e| src.policy(&v, e))?;
                     if !f.allow_degraded.contains(&d) {
                         f.allow_degraded.push(d);
                     }
@@ -489,11 +548,15 @@ impl PolicyFile {
         }
         Ok(f)
     }
+}
 
+impl PolicyFile {
     /// The effective policy written back as a policy file (`palisade policy show`): every field
-    /// set, sizes and durations in their shortest exact form. Reading the text back gives the
-    /// same policy, command aside.
-    pub fn render(p: &Policy, keep_scratch: bool) -> String {
+    /// set, sizes and durations in their shortest exact form, variables still to pass by name
+    /// as names (never a value the caller's environment would give them). Reading the text
+    /// back gives the same policy, but for the command and `tty`, which are not file fields,
+    /// and the CPU time, which is written out where it defaults to the timeout.
+    pub fn render(p: &Policy) -> String {
         let mut s = String::new();
         let q = |v: &str| toml::Value::String(v.to_owned()).to_string();
         let list = |v: &[String]| {
@@ -507,7 +570,7 @@ impl PolicyFile {
             }
             Scratch::Ephemeral => s.push_str("# scratch: a fresh tmpfs (no host directory)\n"),
         }
-        s.push_str(&format!("keep_scratch = {keep_scratch}\n"));
+        s.push_str(&format!("keep_scratch = {}\n", p.keep_scratch));
         let spec = |b: &Bind| {
             let src = b.source.display().to_string();
             if src == b.target.as_str() {
@@ -545,6 +608,8 @@ impl PolicyFile {
             .collect();
         s.push_str(&vars.join(","));
         s.push_str(if vars.is_empty() { "}\n" } else { " }\n" });
+        let pass: Vec<String> = p.env_pass.iter().map(|n| n.to_string()).collect();
+        s.push_str(&format!("pass = {}\n", list(&pass)));
         let rules = |v: &[NetRule]| list(&v.iter().map(|r| r.to_string()).collect::<Vec<_>>());
         s.push_str(&format!(
             "\n[network]\nallow = {}\ndeny = {}\nresolve = {}\nlocal_ports = {:?}\n",
@@ -626,6 +691,61 @@ pub fn json_schema() -> serde_json::Value {
     let dur = |d: &str| json!({"type": "string", "description": d, "examples": ["30s", "10m"]});
     let count = |d: &str| json!({"type": "integer", "minimum": 1, "description": d});
     let table = |props: serde_json::Value| json!({"type": "object", "additionalProperties": false, "properties": props});
+    let mut props = json!({
+        "profiles": {"type": "array", "items": {"enum": crate::profile::names()}, "description": "built-in profiles applied first, in order"},
+        "hostname": {"type": "string", "description": "host name inside (RFC 1123), default `sandbox`"},
+        "filesystem": table(json!({
+            "scratch": {"type": "string", "description": "absolute path of a host directory mounted read-write at /workspace; absent: a fresh tmpfs"},
+            "keep_scratch": {"type": "boolean", "description": "use a host temporary directory as scratch and keep it"},
+            "ro": strings("host paths visible read-only: HOST or HOST:INSIDE"),
+            "rw": strings("host paths visible read-write: HOST or HOST:INSIDE"),
+            "protect": strings("more paths, relative to a host scratch, kept read-only inside"),
+            "unprotect": strings("default protected paths made writable again"),
+        })),
+        "env": table(json!({
+            "set": {"type": "object", "additionalProperties": {"type": "string"}, "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "description": "variables set inside"},
+            "pass": strings("variables whose values the caller gives from its own environment (palisade run: its own)"),
+        })),
+        "network": table(json!({
+            "allow": strings("egress rules: HOST, *.DOMAIN, IP, [IPv6] or CIDR, optionally :PORT (default 80 and 443)"),
+            "deny": strings("rules refused even where an allow rule matches"),
+            "resolve": strings("HOST=IP pins for the proxy's upstream lookups (tests, special setups)"),
+            "dns_server": {"type": "string", "description": "IP[:PORT] of the DNS server the proxy asks for allowed names' addresses instead of the system resolver (port 53 by default)"},
+            "local_ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": MAX_LOCAL_PORTS, "description": "TCP ports code inside may listen on and connect to"},
+        })),
+        "limits": table(json!({
+            "timeout": dur("wall-clock limit for the whole run (default 10m)"),
+            "cpu_time": dur("CPU time of all processes together (default: the timeout)"),
+            "memory": size("memory of the whole sandbox (default 2GiB)"),
+            "pids": count("processes and threads (default 1024)"),
+            "open_files": count("open files per process (default 1024)"),
+            "file_size": size("largest file written (default 1GiB)"),
+            "output": size("stdout plus stderr (default 64MiB)"),
+            "tmp_size": size("/tmp tmpfs size (default 256MiB)"),
+            "scratch_size": size("ephemeral scratch tmpfs size (default 1GiB)"),
+            "cpus": {"type": ["number", "string"], "description": "CPU quota, e.g. 0.5 or 2 (default: none)", "examples": [0.5]},
+        })),
+        "layers": table(json!({
+            "allow_degraded": {"type": "array", "items": {"enum": ["cgroup", "landlock"]}, "description": "layers to run without where the host has none (reported)"},
+            "allow_ptrace": {"type": "boolean", "description": "let processes inside trace one another"},
+        })),
+    });
+    // [bounds] takes the same fields but those that bound nothing.
+    let mut bounds = props.clone();
+    let b = bounds.as_object_mut().expect("an object");
+    b.remove("hostname");
+    b["env"]["properties"]
+        .as_object_mut()
+        .expect("an object")
+        .remove("set");
+    b["network"]["properties"]
+        .as_object_mut()
+        .expect("an object")
+        .remove("local_ports");
+    props.as_object_mut().expect("an object").insert(
+        "bounds".to_owned(),
+        json!({"type": "object", "additionalProperties": false, "properties": bounds, "description": "the most a policy run under this file may ask for, beyond the file's own values (a server's requests; the command-line options): values replace them, lists add; without it, the file's own values are the most"}),
+    );
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://github.com/palisade-sandbox/palisade/docs/policy.schema.json",
@@ -633,51 +753,36 @@ pub fn json_schema() -> serde_json::Value {
         "description": "docs/policy.md: every field optional; lists add to the profiles' and defaults', values replace them; command-line options override the file.",
         "type": "object",
         "additionalProperties": false,
-        "properties": {
-            "profiles": {"type": "array", "items": {"enum": crate::profile::names()}, "description": "built-in profiles applied first, in order"},
-            "hostname": {"type": "string", "description": "host name inside (RFC 1123), default `sandbox`"},
-            "filesystem": table(json!({
-                "scratch": {"type": "string", "description": "absolute path of a host directory mounted read-write at /workspace; absent: a fresh tmpfs"},
-                "keep_scratch": {"type": "boolean", "description": "use a host temporary directory as scratch and keep it"},
-                "ro": strings("host paths visible read-only: HOST or HOST:INSIDE"),
-                "rw": strings("host paths visible read-write: HOST or HOST:INSIDE"),
-                "protect": strings("more paths, relative to a host scratch, kept read-only inside"),
-                "unprotect": strings("default protected paths made writable again"),
-            })),
-            "env": table(json!({
-                "set": {"type": "object", "additionalProperties": {"type": "string"}, "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "description": "variables set inside"},
-                "pass": strings("variables copied from palisade's own environment"),
-            })),
-            "network": table(json!({
-                "allow": strings("egress rules: HOST, *.DOMAIN, IP, [IPv6] or CIDR, optionally :PORT (default 80 and 443)"),
-                "deny": strings("rules refused even where an allow rule matches"),
-                "resolve": strings("HOST=IP pins for the proxy's upstream lookups (tests, special setups)"),
-                "dns_server": {"type": "string", "description": "IP[:PORT] of the DNS server the proxy asks for allowed names' addresses instead of the system resolver (port 53 by default)"},
-                "local_ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": MAX_LOCAL_PORTS, "description": "TCP ports code inside may listen on and connect to"},
-            })),
-            "limits": table(json!({
-                "timeout": dur("wall-clock limit for the whole run (default 10m)"),
-                "cpu_time": dur("CPU time of all processes together (default: the timeout)"),
-                "memory": size("memory of the whole sandbox (default 2GiB)"),
-                "pids": count("processes and threads (default 1024)"),
-                "open_files": count("open files per process (default 1024)"),
-                "file_size": size("largest file written (default 1GiB)"),
-                "output": size("stdout plus stderr (default 64MiB)"),
-                "tmp_size": size("/tmp tmpfs size (default 256MiB)"),
-                "scratch_size": size("ephemeral scratch tmpfs size (default 1GiB)"),
-                "cpus": {"type": ["number", "string"], "description": "CPU quota, e.g. 0.5 or 2 (default: none)", "examples": [0.5]},
-            })),
-            "layers": table(json!({
-                "allow_degraded": {"type": "array", "items": {"enum": ["cgroup", "landlock"]}, "description": "layers to run without where the host has none (reported)"},
-                "allow_ptrace": {"type": "boolean", "description": "let processes inside trace one another"},
-            })),
-        }
+        "properties": props,
     })
+}
+
+/// Reads `text` as a policy file, renders the policy it gives onto the defaults, and reads that
+/// back: the fuzz target's and the tests' check that `palisade policy show` prints what reads
+/// back to the same policy. `None` when `text` is not a valid file or gives no valid policy;
+/// otherwise the policy, the policy read back from the rendering, and the rendering (the two
+/// policies must be equal). Panics when the rendering does not parse.
+#[doc(hidden)]
+pub fn read_render_read(text: &str) -> Option<(Policy, Policy, String)> {
+    let f = PolicyFile::parse("fuzz.toml", text).ok()?;
+    let mut p = Policy::new(["true"]).ok()?;
+    layer(&mut p, &[&f.overlay]).ok()?;
+    p.validate_values().ok()?;
+    let shown = PolicyFile::render(&p);
+    let back = PolicyFile::parse("shown.toml", &shown)
+        .unwrap_or_else(|e| panic!("a rendered policy does not read back: {e}\n{shown}"));
+    assert!(back.bounds.is_none() && back.overlay.profiles.is_empty());
+    let mut q = Policy::new(["true"]).ok()?;
+    layer(&mut q, &[&back.overlay]).expect("no profiles");
+    // `show` writes the CPU time out where it defaults to the timeout.
+    p.limits = p.limits.resolved();
+    Some((p, q, shown))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LimitsOverlay;
 
     fn err(text: &str) -> FileError {
         PolicyFile::parse("p.toml", text).expect_err(text)
@@ -690,13 +795,13 @@ mod tests {
         let cases: &[(&str, usize, usize, &str)] = &[
             ("[limits]\nmemory = \"lots\"\n", 2, 10, "invalid limits.memory `lots`: expected a positive size such as 4096, 64k, 1MiB or 2GB, at most 1 TiB"),
             ("[limits]\nmemory = true\n", 2, 10, "limits.memory: expected a size such as \"512MiB\" or a number of bytes, found boolean `true`"),
-            ("[limits]\nmemory = \"512k\"\n", 0, 0, "limits: invalid memory `524288`: expected a size between 1 MiB and 1 TiB"),
+            ("[limits]\nmemory = \"512k\"\n", 2, 10, "invalid limits.memory `524288`: expected a size between 1 MiB and 1 TiB"),
             ("[limits]\ntimeout = \"10\"\n", 2, 11, "invalid limits.timeout `10`: expected a positive number with a unit: ms, s, m or h (e.g. 30s, 1.5m), at most 7 days"),
             ("[limits]\ntimeout = 10\n", 2, 11, "limits.timeout: expected a duration with a unit, e.g. \"30s\" or \"10m\", found integer `10`"),
             ("[limits]\npids = 0\n", 2, 8, "invalid limits.pids `0`: expected a positive whole number within the field's range"),
             ("[limits]\ncpus = \"half\"\n", 2, 8, "invalid limits.cpus `half`: expected a number of CPUs between 0.01 and 4096, e.g. 0.5 or 2"),
             ("[limits]\nmemroy = \"1G\"\n", 2, 1, "unknown field `memroy`, expected one of `timeout`, `cpu_time`, `memory`, `pids`, `open_files`, `file_size`, `output`, `tmp_size`, `scratch_size`, `cpus`"),
-            ("[envv]\n", 1, 2, "unknown field `envv`, expected one of `profiles`, `hostname`, `filesystem`, `env`, `network`, `limits`, `layers`"),
+            ("[envv]\n", 1, 2, "unknown field `envv`, expected one of `bounds`, `profiles`, `hostname`, `filesystem`, `env`, `network`, `limits`, `layers`"),
             ("profiles = [\"pyton\"]\n", 1, 12, "profiles: unknown profile `pyton`; the built-in ones are: default, python, pypi, node, npm, shell, build"),
             ("profiles = \"python\"\n", 1, 12, "profiles: expected an array of strings, e.g. [\"a\", \"b\"], found string `\"python\"`"),
             ("[network]\nallow = [\"*\"]\n", 2, 9, "invalid network.allow `*`: expected a host without `*`, or `*.DOMAIN` for subdomains; a bare `*` would allow everything, so it is refused"),
@@ -706,7 +811,17 @@ mod tests {
             ("[filesystem]\nprotect = [\"../x\"]\n", 2, 11, "invalid filesystem.protect `../x`: expected a path relative to the scratch directory, e.g. `.git/hooks` (no leading `/`, no `.` or `..`)"),
             ("[env]\nset = { \"1X\" = \"a\" }\n", 2, 9, "invalid env.set `1X`: expected a name of letters, digits and `_` that does not start with a digit"),
             ("[env]\nset = { A = 1 }\n", 2, 13, "env.set.A: expected a string, found integer `1`"),
-            ("[env]\nset = { A = \"1\" }\npass = [\"A\"]\n", 3, 8, "env.pass: `A` is also in env.set; name each variable once"),
+            ("[env]\nset = { A = \"1\" }\npass = [\"A\"]\n", 3, 8, "env.pass: `A` is named twice (in env.set or env.pass); name each variable once"),
+            ("[env]\npass = [\"A\", \"A\"]\n", 2, 8, "env.pass: `A` is named twice (in env.set or env.pass); name each variable once"),
+            ("[env]\npass = [\"1A\"]\n", 2, 8, "invalid env.pass `1A`: expected a name of letters, digits and `_` that does not start with a digit"),
+            ("[network]\nresolve = [\"x\"]\n", 2, 11, "invalid network.resolve `x`: expected HOST=IP, e.g. example.org=198.51.100.10 or example.org=[2001:db8::10]"),
+            ("[filesystem]\nrw = [\"/a:b\"]\n", 2, 6, "invalid filesystem.rw `b`: expected an absolute path without `.` or `..` components or NUL bytes"),
+            ("[bounds]\nhostname = \"x\"\n", 2, 12, "bounds.hostname: not a bound (a policy may set it freely, or it is the ceiling itself); remove it from [bounds]"),
+            ("[bounds.env]\nset = { A = \"1\" }\n", 2, 7, "bounds.env.set: not a bound (a policy may set it freely, or it is the ceiling itself); remove it from [bounds]"),
+            ("[bounds.network]\nlocal_ports = [80]\n", 2, 15, "bounds.network.local_ports: not a bound (a policy may set it freely, or it is the ceiling itself); remove it from [bounds]"),
+            ("[bounds.bounds]\n", 1, 1, "bounds.bounds: not a bound (a policy may set it freely, or it is the ceiling itself); remove it from [bounds]"),
+            ("[bounds.limits]\nmemory = \"lots\"\n", 2, 10, "in [bounds]: invalid limits.memory `lots`: expected a positive size such as 4096, 64k, 1MiB or 2GB, at most 1 TiB"),
+            ("[bounds.limits]\nmemroy = 1\n", 2, 1, "unknown field `memroy`, expected one of `timeout`, `cpu_time`, `memory`, `pids`, `open_files`, `file_size`, `output`, `tmp_size`, `scratch_size`, `cpus`"),
             ("[layers]\nallow_degraded = [\"seccomp\"]\n", 2, 18, "invalid layers.allow_degraded `seccomp`: expected one of: cgroup, landlock"),
             ("[layers]\nallow_ptrace = \"yes\"\n", 2, 16, "layers.allow_ptrace: expected true or false, found string `\"yes\"`"),
         ];
@@ -734,12 +849,14 @@ profiles = ["python", "pypi"]
 hostname = "box"
 [filesystem]
 scratch = "/srv/proj"
+keep_scratch = false
 ro = ["/opt/data", "/srv/x:/data"]
 rw = ["/tmp/out:/out"]
 protect = ["Makefile"]
 unprotect = [".git/config"]
 [env]
-set = { MODE = "fast" }
+set = { MODE = "fast", A = "1" }
+pass = ["TOKEN"]
 [network]
 allow = ["example.org:8443"]
 deny = ["bad.example.org"]
@@ -763,15 +880,29 @@ allow_ptrace = true
 "#,
         )
         .unwrap();
+        assert!(f.bounds.is_none());
+        let f = f.overlay;
         assert_eq!(f.profiles, ["python", "pypi"]);
         assert_eq!(f.hostname.as_deref(), Some("box"));
         assert_eq!(f.scratch, Some(PathBuf::from("/srv/proj")));
+        assert_eq!(f.keep_scratch, Some(false));
         assert_eq!(f.binds.len(), 3);
         assert_eq!(f.binds[1].target.as_str(), "/data");
         assert!(f.binds[2].writable);
-        assert_eq!(f.protect, ["Makefile"]);
-        assert_eq!(f.unprotect, [".git/config"]);
-        assert_eq!(f.env_set, [EnvVar::new("MODE", "fast").unwrap()]);
+        let paths = |v: &[crate::protect::ProtectedPath]| -> Vec<String> {
+            v.iter().map(|p| p.as_str().to_owned()).collect()
+        };
+        assert_eq!(paths(&f.protect), ["Makefile"]);
+        assert_eq!(paths(&f.unprotect), [".git/config"]);
+        // In the file's order, not sorted.
+        assert_eq!(
+            f.env_set,
+            [
+                EnvVar::new("MODE", "fast").unwrap(),
+                EnvVar::new("A", "1").unwrap()
+            ]
+        );
+        assert_eq!(f.env_pass, [EnvName::new("TOKEN").unwrap()]);
         assert_eq!(f.allow_net[0].to_string(), "example.org:8443");
         assert_eq!(f.resolve[0].to_string(), "example.org=203.0.113.7");
         assert_eq!(f.dns_server, Some("[2001:db8::53]:5353".parse().unwrap()));
@@ -793,13 +924,14 @@ allow_ptrace = true
         );
         assert_eq!(f.allow_degraded, [Degradable::Cgroup]);
         assert_eq!(f.allow_ptrace, Some(true));
+        assert_eq!(f.tty, None);
         assert_eq!(
             PolicyFile::parse("e.toml", "").unwrap(),
             PolicyFile::default()
         );
     }
 
-    /// `policy show` prints a file that reads back to the same policy.
+    /// `policy show` prints a file that reads back to the same policy: every field.
     #[test]
     fn the_rendered_policy_reads_back_to_itself() {
         let mut p = Policy::new(["true"]).unwrap();
@@ -807,12 +939,18 @@ allow_ptrace = true
         p.scratch = Scratch::Host {
             path: "/srv/proj".into(),
         };
+        p.keep_scratch = true;
         p.binds.push(Bind::parse("/opt/data", false).unwrap());
         p.binds.push(Bind::parse("/tmp/out:/out", true).unwrap());
-        p.env.push(EnvVar::new("A", "x \"y\"").unwrap());
+        p.env.push(EnvVar::new("Z", "x \"y\"").unwrap());
+        p.env.push(EnvVar::new("A", "").unwrap());
+        p.env_pass.push(EnvName::new("TOKEN").unwrap());
         p.network
             .allow
             .push(NetRule::parse("t", "*.example.org:8443").unwrap());
+        p.network
+            .allow
+            .push(NetRule::parse("t", "[2001:db8::/32]").unwrap());
         p.network
             .deny
             .push(NetRule::parse("t", "bad.example.org").unwrap());
@@ -821,36 +959,36 @@ allow_ptrace = true
             .push(Pin::parse("a.example.org=2001:db8::7").unwrap());
         p.network.local_ports.push(8000);
         p.network.dns_server = Some("198.51.100.53:53".parse().unwrap());
-        p.limits.memory_bytes = 3 << 29;
-        p.limits.timeout_ms = 1500;
-        p.limits.cpu_milli = Some(250);
+        p.limits = crate::Limits {
+            timeout_ms: 1500,
+            cpu_time_ms: None,
+            output_bytes: 1000,
+            pids: 7,
+            open_files: 9,
+            file_size_bytes: 1536 << 10,
+            memory_bytes: 3 << 29,
+            cpu_milli: Some(250),
+            tmp_bytes: 5 << 20,
+            scratch_bytes: 3 << 30,
+        };
         p.protected.retain(|x| x != ".git/config");
         p.protected.push("Makefile".into());
         p.allow_degraded.push(Degradable::Landlock);
         p.allow_ptrace = true;
-        p.validate().unwrap();
-        let text = PolicyFile::render(&p, false);
-        let f = PolicyFile::parse("shown.toml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let mut q = Policy::new(["true"]).unwrap();
-        q.hostname = f.hostname.clone().unwrap();
-        q.scratch = Scratch::Host {
-            path: f.scratch.clone().unwrap(),
-        };
-        q.binds = f.binds.clone();
-        q.env = f.env_set.clone();
-        q.network.allow = f.allow_net.clone();
-        q.network.deny = f.deny_net.clone();
-        q.network.resolve = f.resolve.clone();
-        q.network.dns_server = f.dns_server;
-        q.network.local_ports = f.local_ports.clone();
-        f.limits.apply(&mut q.limits);
-        q.protected.retain(|x| !f.unprotect.contains(x));
-        q.protected.extend(f.protect.iter().cloned());
-        q.allow_degraded = f.allow_degraded.clone();
-        q.allow_ptrace = f.allow_ptrace.unwrap();
+        p.validate_values().unwrap();
+        let text = PolicyFile::render(&p);
+        let (read, back, shown) = read_render_read(&text).unwrap_or_else(|| panic!("{text}"));
         // `show` writes the CPU time out (it defaults to the timeout).
         p.limits.cpu_time_ms = Some(1500);
-        assert_eq!(q, p, "{text}");
+        assert_eq!(read, p, "{text}");
+        assert_eq!(back, p, "{shown}");
+        assert_eq!(shown, text);
+        // Every built-in profile, alone, round-trips too.
+        for name in crate::profile::names() {
+            let text = format!("profiles = [\"{name}\"]\n");
+            let (read, back, shown) = read_render_read(&text).unwrap();
+            assert_eq!(read, back, "{name}: {shown}");
+        }
     }
 
     /// The JSON Schema and the parser describe the same fields: each property the schema lists
@@ -884,6 +1022,23 @@ allow_ptrace = true
             };
             let mut keys: Vec<String> = sub.keys().cloned().collect();
             let mut parsed = accepted(name);
+            if name == "bounds" {
+                // The parser refuses these in [bounds] with a message of their own.
+                for refused in ["bounds", "hostname"] {
+                    assert!(err(&format!("[bounds]\n{refused} = 1\n"))
+                        .message
+                        .contains("not a bound"));
+                }
+                parsed.retain(|k| k != "bounds" && k != "hostname");
+                for (table, field) in [("env", "set"), ("network", "local_ports")] {
+                    let t = &sub[table]["properties"];
+                    assert!(t.get(field).is_none(), "bounds.{table}.{field}");
+                    assert_eq!(
+                        t.as_object().unwrap().len() + 1,
+                        props[table]["properties"].as_object().unwrap().len()
+                    );
+                }
+            }
             keys.sort();
             parsed.sort();
             assert_eq!(keys, parsed, "[{name}]");

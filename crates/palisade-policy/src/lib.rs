@@ -7,24 +7,36 @@
 //! The default is deny: a [`Policy`] made from only a command has no host paths beyond the system
 //! directories, an ephemeral scratch directory, an empty environment (plus `PATH`, `HOME`, `LANG`)
 //! and no network.
+//!
+//! Every source of policy — a policy file, a built-in profile, the command line's options, the
+//! library's builder, a server's request — is a [`PolicyOverlay`], applied by one merge
+//! ([`PolicyOverlay::apply`], [`layer`] for the precedence). A caller that runs policies someone
+//! else wrote holds [`Bounds`]: [`Policy::check_within`] names the field a policy asks too much
+//! of, and [`Bounds::admit`] lowers what the request did not ask for. Variables passed by name
+//! stay names until the caller that owns an environment resolves them ([`Policy::resolve_env`]):
+//! nothing here reads the process environment.
 #![forbid(unsafe_code)]
 
+pub mod bounds;
 mod env;
 mod error;
 pub mod file;
 mod limits;
 pub mod net;
+mod overlay;
 mod path;
 pub mod profile;
 pub mod protect;
 pub mod untrusted;
 
+pub use bounds::{Bounds, BoundsError, HostPrefix};
 pub use env::{EnvName, EnvVar};
 pub use error::PolicyError;
 pub use limits::{
     parse_count, parse_cpus, parse_duration, parse_size, Limits, MAX_CPUS, MAX_OPEN_FILES,
     MAX_OUTPUT, MAX_PIDS, MAX_TIMEOUT,
 };
+pub use overlay::{layer, LimitsOverlay, PolicyOverlay};
 pub use path::SandboxPath;
 
 use serde::{Deserialize, Serialize};
@@ -60,12 +72,23 @@ pub struct Policy {
     /// The one writable directory.
     #[serde(default)]
     pub scratch: Scratch,
+    /// With an ephemeral scratch: use a fresh host temporary directory instead of a tmpfs, and
+    /// leave it behind after the run (its path is reported).
+    #[serde(default)]
+    pub keep_scratch: bool,
     /// Extra host paths made visible inside.
     #[serde(default)]
     pub binds: Vec<Bind>,
     /// Variables set inside, on top of `PATH`, `HOME`, `LANG` (and `TERM` with a terminal).
     #[serde(default)]
     pub env: Vec<EnvVar>,
+    /// Variables to pass by name (`env.pass`), still without a value. The library never reads
+    /// the process environment: the caller that owns one resolves these names with
+    /// [`Policy::resolve_env`], and [`Policy::validate`] refuses a policy until it has, so a
+    /// policy from elsewhere (a request, a file) cannot reach into the environment of the
+    /// process that runs it unless that process hands the values over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_pass: Vec<EnvName>,
     /// Give the payload a fresh pseudo-terminal of its own.
     #[serde(default)]
     pub tty: bool,
@@ -101,7 +124,7 @@ pub struct Policy {
     pub debug_unlandlocked_bind: Option<Bind>,
 }
 
-/// A layer that may be waived with `--allow-degraded`, loudly, and reported as not enforced.
+/// A layer that may be waived (`layers.allow_degraded`), loudly, and reported as not enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Degradable {
@@ -112,7 +135,7 @@ pub enum Degradable {
 }
 
 impl Degradable {
-    /// The CLI and policy-file name.
+    /// The policy-file (and command-line) name.
     pub fn name(self) -> &'static str {
         match self {
             Degradable::Cgroup => "cgroup",
@@ -120,7 +143,7 @@ impl Degradable {
         }
     }
 
-    /// Parses the CLI name.
+    /// Parses the name.
     ///
     /// ```
     /// use palisade_policy::Degradable;
@@ -132,7 +155,7 @@ impl Degradable {
             "cgroup" => Ok(Degradable::Cgroup),
             "landlock" => Ok(Degradable::Landlock),
             _ => Err(PolicyError::invalid(
-                "--allow-degraded",
+                "layers.allow_degraded",
                 s,
                 "one of: cgroup, landlock",
             )),
@@ -166,13 +189,13 @@ pub struct Bind {
     pub source: PathBuf,
     /// Where it appears inside; the same path as on the host unless given.
     pub target: SandboxPath,
-    /// Writable (`--rw`) or read-only (`--ro`).
+    /// Writable (`filesystem.rw`) or read-only (`filesystem.ro`).
     #[serde(default)]
     pub writable: bool,
 }
 
 impl Bind {
-    /// Parses the CLI form `HOST[:INSIDE]`.
+    /// Parses `HOST[:INSIDE]`, the form of `filesystem.ro` and `filesystem.rw`.
     ///
     /// ```
     /// use palisade_policy::Bind;
@@ -181,7 +204,7 @@ impl Bind {
     /// assert!(Bind::parse("relative/path", false).is_err());
     /// ```
     pub fn parse(spec: &str, writable: bool) -> Result<Bind, PolicyError> {
-        let field = if writable { "--rw" } else { "--ro" };
+        let field = Bind::field(writable);
         let (source, target) = match spec.split_once(':') {
             Some((s, t)) => (s, t),
             None => (spec, spec),
@@ -202,6 +225,17 @@ impl Bind {
     }
 }
 
+impl Bind {
+    /// The policy field of a bind: `filesystem.rw` or `filesystem.ro`.
+    pub fn field(writable: bool) -> &'static str {
+        if writable {
+            "filesystem.rw"
+        } else {
+            "filesystem.ro"
+        }
+    }
+}
+
 impl Policy {
     /// A policy that runs `command` with every default in place.
     ///
@@ -218,8 +252,10 @@ impl Policy {
         let p = Policy {
             command: command.into_iter().map(Into::into).collect(),
             scratch: Scratch::default(),
+            keep_scratch: false,
             binds: Vec::new(),
             env: Vec::new(),
+            env_pass: Vec::new(),
             tty: false,
             hostname: default_hostname(),
             limits: Limits::default(),
@@ -234,8 +270,61 @@ impl Policy {
     }
 
     /// Checks what the type system cannot: the command, the hostname, overlapping and reserved
-    /// bind targets, duplicate variables. Deserialized policies must pass this before use.
+    /// bind targets, duplicate variables, and that every variable passed by name has been given
+    /// its value ([`Policy::resolve_env`]). Deserialized policies must pass this before use.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        self.validate_values()?;
+        if let Some(n) = self.env_pass.first() {
+            return Err(PolicyError::invalid(
+                "env.pass",
+                n.as_str(),
+                "a value from the caller first: Policy::resolve_env (the library never reads the process environment by itself)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Gives each variable of [`Policy::env_pass`] its value from `lookup`, and moves it to
+    /// [`Policy::env`]. `lookup` is the caller's to write: its own environment
+    /// (`|n| std::env::var(n.as_str()).ok()`, what the command line does), a table of what it
+    /// lets requests see, or nothing at all. A name without a value is an error naming it, and
+    /// then nothing changes.
+    ///
+    /// ```
+    /// use palisade_policy::{EnvName, Policy};
+    /// let mut p = Policy::new(["env"]).unwrap();
+    /// p.env_pass.push(EnvName::new("TOKEN").unwrap());
+    /// assert!(p.validate().is_err());
+    /// p.resolve_env(|n| (n.as_str() == "TOKEN").then(|| "t0k".to_owned())).unwrap();
+    /// assert_eq!((p.env[0].name.as_str(), p.env[0].value.as_str()), ("TOKEN", "t0k"));
+    /// p.validate().unwrap();
+    /// ```
+    pub fn resolve_env(
+        &mut self,
+        mut lookup: impl FnMut(&EnvName) -> Option<String>,
+    ) -> Result<(), PolicyError> {
+        let mut vars = Vec::with_capacity(self.env_pass.len());
+        for n in &self.env_pass {
+            let Some(v) = lookup(n) else {
+                return Err(PolicyError::invalid(
+                    "env.pass",
+                    n.as_str(),
+                    "a variable the caller has a value for (or give its value in env.set)",
+                ));
+            };
+            vars.push(EnvVar::new(n.as_str(), &v).map_err(|e| e.in_field("env.pass"))?);
+        }
+        self.env_pass.clear();
+        for v in vars {
+            self.env.retain(|o| o.name != v.name);
+            self.env.push(v);
+        }
+        Ok(())
+    }
+
+    /// [`Policy::validate`] but for the variables still to pass by name: for a policy whose
+    /// caller resolves them later (a server checking a request before it looks at values).
+    pub fn validate_values(&self) -> Result<(), PolicyError> {
         // The test-only bind does not exist for release builds: a library user cannot ship it.
         if self.debug_unlandlocked_bind.is_some() && !cfg!(debug_assertions) {
             return Err(PolicyError::invalid(
@@ -271,7 +360,7 @@ impl Policy {
         if let Scratch::Host { path } = &self.scratch {
             if !path.is_absolute() {
                 return Err(PolicyError::invalid(
-                    "scratch",
+                    "filesystem.scratch",
                     &path.display().to_string(),
                     "an absolute path of an existing host directory",
                 ));
@@ -295,17 +384,17 @@ impl Policy {
         self.limits.validate()?;
         self.network.validate()?;
         for (i, p) in self.protected.iter().enumerate() {
-            let v = protect::ProtectedPath::new(p)?;
+            let v = protect::ProtectedPath::new(p).map_err(|e| e.in_field("filesystem.protect"))?;
             if v.as_str() != p || self.protected[..i].contains(p) {
                 return Err(PolicyError::invalid(
-                    "protect",
+                    "filesystem.protect",
                     p,
                     "each path once, without a trailing `/`",
                 ));
             }
         }
         for b in self.all_binds() {
-            let field = if b.writable { "--rw" } else { "--ro" };
+            let field = Bind::field(b.writable);
             if !b.source.is_absolute() {
                 return Err(PolicyError::invalid(
                     field,
@@ -337,9 +426,18 @@ impl Policy {
         for (i, v) in self.env.iter().enumerate() {
             if self.env[..i].iter().any(|o| o.name == v.name) {
                 return Err(PolicyError::invalid(
-                    "env",
+                    "env.set",
                     v.name.as_str(),
                     "each variable named once",
+                ));
+            }
+        }
+        for (i, n) in self.env_pass.iter().enumerate() {
+            if self.env_pass[..i].contains(n) || self.env.iter().any(|o| o.name == *n) {
+                return Err(PolicyError::invalid(
+                    "env.pass",
+                    n.as_str(),
+                    "each variable named once, in env.set or in env.pass",
                 ));
             }
         }
@@ -369,11 +467,11 @@ mod tests {
         );
         let e = Bind::parse("rel", false).unwrap_err().to_string();
         assert!(
-            e.contains("--ro") && e.contains("rel") && e.contains("absolute"),
+            e.contains("filesystem.ro") && e.contains("rel") && e.contains("absolute"),
             "{e}"
         );
-        let e = Bind::parse("/a:rel", false).unwrap_err().to_string();
-        assert!(e.contains("--ro") && e.contains("absolute"), "{e}");
+        let e = Bind::parse("/a:rel", true).unwrap_err().to_string();
+        assert!(e.contains("filesystem.rw") && e.contains("absolute"), "{e}");
     }
 
     #[test]

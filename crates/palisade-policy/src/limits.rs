@@ -46,7 +46,7 @@ pub struct Limits {
     /// Size of the `/tmp` tmpfs.
     #[serde(default = "Limits::default_tmp")]
     pub tmp_bytes: u64,
-    /// Size of the ephemeral scratch tmpfs (a host `--scratch` is not capped by palisade).
+    /// Size of the ephemeral scratch tmpfs (a host `filesystem.scratch` is not capped by palisade).
     #[serde(default = "Limits::default_scratch")]
     pub scratch_bytes: u64,
 }
@@ -132,11 +132,12 @@ impl Limits {
         self
     }
 
-    /// Checks ranges (for values that came from a file rather than the parsers below).
+    /// Checks ranges (for values that came from a file rather than the parsers below). Errors
+    /// name the policy-file field (`limits.memory`).
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT.as_millis() as u64 {
             return Err(PolicyError::invalid(
-                "timeout",
+                "limits.timeout",
                 &self.timeout_ms.to_string(),
                 "a wall-clock time between 1 ms and 7 days",
             ));
@@ -144,7 +145,7 @@ impl Limits {
         if let Some(c) = self.cpu_time_ms {
             if c == 0 || c > MAX_TIMEOUT.as_millis() as u64 {
                 return Err(PolicyError::invalid(
-                    "cpu-time",
+                    "limits.cpu_time",
                     &c.to_string(),
                     "a CPU time between 1 ms and 7 days",
                 ));
@@ -152,7 +153,7 @@ impl Limits {
         }
         if self.output_bytes == 0 || self.output_bytes > MAX_OUTPUT {
             return Err(PolicyError::invalid(
-                "output-limit",
+                "limits.output",
                 &self.output_bytes.to_string(),
                 "a size between 1 byte and 1 TiB",
             ));
@@ -165,19 +166,19 @@ impl Limits {
             }
         };
         count(
-            "pids",
+            "limits.pids",
             self.pids,
             MAX_PIDS,
             "a number of processes between 1 and 4194304",
         )?;
         count(
-            "open-files",
+            "limits.open_files",
             self.open_files,
             MAX_OPEN_FILES,
             "a number of descriptors between 1 and 1048576",
         )?;
         count(
-            "file-size",
+            "limits.file_size",
             self.file_size_bytes,
             MAX_OUTPUT,
             "a size between 1 byte and 1 TiB",
@@ -185,15 +186,15 @@ impl Limits {
         if let Some(m) = self.cpu_milli {
             if !(10..=MAX_CPUS * 1000).contains(&m) {
                 return Err(PolicyError::invalid(
-                    "cpus",
+                    "limits.cpus",
                     &m.to_string(),
                     "between 0.01 and 4096 CPUs",
                 ));
             }
         }
         for (field, v) in [
-            ("tmp-size", self.tmp_bytes),
-            ("scratch-size", self.scratch_bytes),
+            ("limits.tmp_size", self.tmp_bytes),
+            ("limits.scratch_size", self.scratch_bytes),
         ] {
             if !(1 << 20..=MAX_OUTPUT).contains(&v) {
                 return Err(PolicyError::invalid(
@@ -204,14 +205,14 @@ impl Limits {
             }
         }
         count(
-            "memory",
+            "limits.memory",
             self.memory_bytes,
             MAX_OUTPUT,
             "a size between 1 MiB and 1 TiB",
         )?;
         if self.memory_bytes < 1 << 20 {
             return Err(PolicyError::invalid(
-                "memory",
+                "limits.memory",
                 &self.memory_bytes.to_string(),
                 "a size between 1 MiB and 1 TiB",
             ));
@@ -383,7 +384,7 @@ mod tests {
         .validate()
         .unwrap_err()
         .to_string();
-        assert!(e.contains("cpu-time"), "{e}");
+        assert!(e.contains("limits.cpu_time"), "{e}");
         assert_eq!(l.resolved().cpu_time_ms, Some(600_000));
         assert!(Limits {
             output_bytes: 0,

@@ -30,9 +30,9 @@ pub const DNS_PORT: u16 = 53;
 /// sandbox, where palisade's transparent listeners take the connections and map them back.
 pub const TRANSPARENT_NET: [u8; 2] = [127, 77];
 
-/// At most this many rules of each kind, and names pinned with `--resolve`.
+/// At most this many rules of each kind, and names pinned with `network.resolve`.
 pub const MAX_RULES: usize = 256;
-/// At most this many `--allow-local-port` ports (each is a Landlock rule).
+/// At most this many `network.local_ports` (each is a Landlock rule).
 pub const MAX_LOCAL_PORTS: usize = 64;
 
 /// A destination as a connection names it: a normalized host name or an IP address.
@@ -175,7 +175,7 @@ pub enum Pattern {
     Net { addr: IpAddr, prefix: u8 },
 }
 
-/// One `--allow-net` or `--deny-net` rule.
+/// One `network.allow` or `network.deny` rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct NetRule {
@@ -189,9 +189,9 @@ impl NetRule {
     ///
     /// ```
     /// use palisade_policy::net::NetRule;
-    /// assert!(NetRule::parse("--allow-net", "*.example.org:8443").is_ok());
-    /// assert!(NetRule::parse("--allow-net", "*.com").is_err());
-    /// assert!(NetRule::parse("--allow-net", "*").is_err());
+    /// assert!(NetRule::parse("network.allow", "*.example.org:8443").is_ok());
+    /// assert!(NetRule::parse("network.allow", "*.com").is_err());
+    /// assert!(NetRule::parse("network.allow", "*").is_err());
     /// ```
     pub fn parse(field: &'static str, s: &str) -> Result<NetRule, PolicyError> {
         const EXPECTED: &str = "HOST, *.DOMAIN (subdomains only, not on a public suffix), an IP address, [IPv6] or a CIDR block (10.0.0.0/8, [2001:db8::/32]), each optionally followed by :PORT (1-65535)";
@@ -265,7 +265,7 @@ impl NetRule {
         }
     }
 
-    fn allows_port(&self, port: u16) -> bool {
+    pub(crate) fn allows_port(&self, port: u16) -> bool {
         self.port
             .map_or(DEFAULT_PORTS.contains(&port), |p| p == port)
     }
@@ -298,7 +298,7 @@ fn split_port(s: &str) -> Option<(&str, Option<&str>)> {
     }
 }
 
-fn mask(a: IpAddr, prefix: u8) -> IpAddr {
+pub(crate) fn mask(a: IpAddr, prefix: u8) -> IpAddr {
     match a {
         IpAddr::V4(v) => {
             let m = if prefix == 0 {
@@ -361,7 +361,7 @@ impl From<NetRule> for String {
     }
 }
 
-/// A name the supervisor resolves to a fixed address (`--resolve HOST=IP`), for tests and special
+/// A name the supervisor resolves to a fixed address (`network.resolve`, `HOST=IP`), for tests and special
 /// setups; its address is still checked like any other.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -374,7 +374,7 @@ impl Pin {
     /// Parses `HOST=IP`.
     pub fn parse(s: &str) -> Result<Pin, PolicyError> {
         let bad = || PolicyError::Invalid {
-            field: "--resolve",
+            field: "network.resolve",
             value: s.to_owned(),
             expected: "HOST=IP, e.g. example.org=198.51.100.10 or example.org=[2001:db8::10]",
         };
@@ -397,14 +397,14 @@ impl fmt::Display for Pin {
     }
 }
 
-/// The DNS server the supervisor asks for the addresses of allowed names (`--dns-server
-/// IP[:PORT]`, port 53 by default) instead of the system resolver: a test network's own server,
+/// The DNS server the supervisor asks for the addresses of allowed names (`network.dns_server`,
+/// `IP[:PORT]`, port 53 by default) instead of the system resolver: a test network's own server,
 /// or a resolver the host's `/etc/resolv.conf` does not name. The answers are checked like any
 /// other addresses; the server itself is reached by the supervisor, outside the sandbox.
 pub fn parse_dns_server(s: &str) -> Result<std::net::SocketAddr, PolicyError> {
     let bad = || {
         PolicyError::Invalid {
-        field: "--dns-server",
+        field: "network.dns_server",
         value: s.to_owned(),
         expected: "an IP address with an optional port (default 53), e.g. 198.51.100.53, 198.51.100.53:5353, 2001:db8::53 or [2001:db8::53]:5353",
     }
@@ -438,7 +438,7 @@ pub struct Network {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_server: Option<std::net::SocketAddr>,
     /// TCP ports the payload may listen on and connect to inside its own network namespace
-    /// (`--allow-local-port`): a test server and its client, both inside. Landlock refuses every
+    /// (`network.local_ports`): a test server and its client, both inside. Landlock refuses every
     /// other TCP bind, and every other connect but the proxy's own ports (docs/layers/landlock.md).
     #[serde(default)]
     pub local_ports: Vec<u16>,
@@ -583,9 +583,9 @@ impl Network {
 
     pub fn validate(&self) -> Result<(), PolicyError> {
         for (field, n) in [
-            ("--allow-net", self.allow.len()),
-            ("--deny-net", self.deny.len()),
-            ("--resolve", self.resolve.len()),
+            ("network.allow", self.allow.len()),
+            ("network.deny", self.deny.len()),
+            ("network.resolve", self.resolve.len()),
         ] {
             if n > MAX_RULES {
                 return Err(PolicyError::Invalid {
@@ -597,7 +597,7 @@ impl Network {
         }
         if self.local_ports.len() > MAX_LOCAL_PORTS {
             return Err(PolicyError::Invalid {
-                field: "--allow-local-port",
+                field: "network.local_ports",
                 value: self.local_ports.len().to_string(),
                 expected: "at most 64 ports",
             });
@@ -606,12 +606,12 @@ impl Network {
         for &p in &self.local_ports {
             if p == 0 || taken.contains(&p) {
                 return Err(PolicyError::Invalid {
-                    field: "--allow-local-port",
+                    field: "network.local_ports",
                     value: p.to_string(),
                     expected: if p == 0 {
                         "a TCP port from 1 to 65535"
                     } else {
-                        "a port the egress proxy does not listen on inside (it takes 3128, 1080, 53 and each port an --allow-net rule opens)"
+                        "a port the egress proxy does not listen on inside (it takes 3128, 1080, 53 and each port that network.allow rules open)"
                     },
                 });
             }
@@ -620,10 +620,10 @@ impl Network {
             && !(self.deny.is_empty() && self.resolve.is_empty() && self.dns_server.is_none())
         {
             return Err(PolicyError::Invalid {
-                field: "--deny-net/--resolve/--dns-server",
+                field: "network.deny/network.resolve/network.dns_server",
                 value: "(given)".into(),
                 expected:
-                    "an --allow-net rule as well: without one the sandbox has no network at all",
+                    "network.allow rules as well: without one the sandbox has no network at all",
             });
         }
         Ok(())
@@ -712,7 +712,7 @@ mod tests {
         ] {
             let e = parse_dns_server(bad).unwrap_err().to_string();
             assert!(
-                e.contains("--dns-server") && e.contains("default 53"),
+                e.contains("network.dns_server") && e.contains("default 53"),
                 "{bad}: {e}"
             );
         }
@@ -721,7 +721,7 @@ mod tests {
     use super::*;
 
     fn rule(s: &str) -> NetRule {
-        NetRule::parse("--allow-net", s).unwrap()
+        NetRule::parse("network.allow", s).unwrap()
     }
 
     fn net(allow: &[&str], deny: &[&str]) -> Network {
@@ -831,8 +831,10 @@ mod tests {
             ":80",
             "exa mple.org",
         ] {
-            let e = NetRule::parse("--allow-net", bad).unwrap_err().to_string();
-            assert!(e.contains("--allow-net") && e.contains(bad), "{bad}: {e}");
+            let e = NetRule::parse("network.allow", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("network.allow") && e.contains(bad), "{bad}: {e}");
         }
     }
 
@@ -952,7 +954,7 @@ mod tests {
             "a=b",
         ] {
             let e = Pin::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("--resolve"), "{e}");
+            assert!(e.contains("network.resolve"), "{e}");
         }
         let mut n = Network::default();
         n.deny.push(rule("example.org"));
@@ -960,7 +962,7 @@ mod tests {
             .validate()
             .unwrap_err()
             .to_string()
-            .contains("--allow-net"));
+            .contains("network.allow rules as well"));
     }
 
     #[test]
@@ -981,7 +983,7 @@ mod tests {
         ] {
             n.local_ports = ports;
             let e = n.validate().unwrap_err().to_string();
-            assert!(e.contains("--allow-local-port") && e.contains(bad), "{e}");
+            assert!(e.contains("network.local_ports") && e.contains(bad), "{e}");
         }
         n.local_ports = vec![53, 8000];
         assert!(n.validate().is_ok());

@@ -72,6 +72,29 @@ pub fn get(name: &str) -> Option<&'static str> {
     PROFILES.iter().find(|p| p.0 == name).map(|p| p.2)
 }
 
+/// A profile as an overlay, by name; an unknown name is an error naming it and the known ones.
+///
+/// ```
+/// let o = palisade_policy::profile::overlay("build").unwrap();
+/// assert_eq!(o.limits.pids, Some(4096));
+/// let e = palisade_policy::profile::overlay("nope").unwrap_err();
+/// assert_eq!(e.field(), Some("profiles"));
+/// ```
+pub fn overlay(name: &str) -> Result<crate::PolicyOverlay, crate::PolicyError> {
+    let Some(text) = get(name) else {
+        return Err(crate::PolicyError::invalid(
+            "profiles",
+            name,
+            "one of the built-in profiles: default, python, pypi, node, npm, shell, build",
+        ));
+    };
+    match crate::file::PolicyFile::parse(&format!("profile {name}"), text) {
+        Ok(f) => Ok(f.overlay),
+        // Each profile is parsed by a unit test: one that fails here is a build defect.
+        Err(e) => panic!("built-in profile {name} is invalid: {e}"),
+    }
+}
+
 /// The names, in order.
 pub fn names() -> Vec<&'static str> {
     PROFILES.iter().map(|p| p.0).collect()
@@ -87,13 +110,26 @@ mod tests {
         for (name, _, text) in PROFILES {
             let f = PolicyFile::parse(&format!("profile {name}"), text)
                 .unwrap_or_else(|e| panic!("{e}"));
+            assert!(f.bounds.is_none(), "{name}");
+            let f = f.overlay;
             assert!(f.profiles.is_empty(), "{name}");
             assert!(f.scratch.is_none() && f.binds.is_empty(), "{name}");
+            assert!(f.env_pass.is_empty(), "{name}");
             assert!(
                 f.allow_degraded.is_empty() && f.allow_ptrace.is_none(),
                 "{name}"
             );
+            assert_eq!(overlay(name).unwrap(), f);
         }
         assert_eq!(get("default"), Some(""));
+        // The error lists exactly the profiles there are.
+        let e = overlay("x").unwrap_err().to_string();
+        assert!(
+            e.ends_with(&format!(
+                "one of the built-in profiles: {}",
+                names().join(", ")
+            )),
+            "{e}"
+        );
     }
 }

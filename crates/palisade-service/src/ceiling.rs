@@ -45,6 +45,9 @@ impl Ceiling {
         if policy.tty {
             return Err("tty: a server's runs have no terminal".into());
         }
+        if policy.keep_scratch {
+            return Err("filesystem.keep_scratch: a server's runs each get a fresh scratch that goes with them".into());
+        }
         Ok(Ceiling { policy })
     }
 

@@ -113,7 +113,7 @@ impl Service {
                 {
                     break;
                 }
-                let Ok(sandbox) = Sandbox::from_policy(p.clone(), false) else {
+                let Ok(sandbox) = Sandbox::from_policy(p.clone()) else {
                     break;
                 };
                 let io = Io {

@@ -434,7 +434,7 @@ impl Service {
 
     /// Runs a checked plan (a slot is held by the caller).
     pub(crate) async fn execute(&self, plan: Plan) -> RunResult {
-        let sandbox = match Sandbox::from_policy(plan.policy.clone(), false) {
+        let sandbox = match Sandbox::from_policy(plan.policy.clone()) {
             Ok(s) => s,
             Err(e) => return sandbox_error(ServiceError::internal(format!("policy: {e}")), None),
         };

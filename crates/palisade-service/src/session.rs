@@ -237,7 +237,7 @@ impl Service {
             );
             return Err(e);
         }
-        let sandbox = Sandbox::from_policy(policy, false)
+        let sandbox = Sandbox::from_policy(policy)
             .map_err(|e| ServiceError::internal(format!("policy: {e}")))?;
         let mut held = Held::start(
             self,

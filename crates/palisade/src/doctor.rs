@@ -125,7 +125,7 @@ pub fn run_checks(cgroup_root: &Path) -> Vec<Check> {
             "landlock",
             Fail,
             format!(
-                "unavailable ({}): `palisade run` refuses unless --allow-degraded landlock",
+                "unavailable ({}): `palisade run` refuses unless Landlock is waived (--allow-degraded landlock)",
                 std::io::Error::from_raw_os_error(e)
             ),
             Some(palisade_linux::landlock::unavailable_hint(e)),

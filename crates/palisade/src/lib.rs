@@ -21,7 +21,9 @@ mod sandbox;
 
 pub use builder::Builder;
 pub use palisade_linux::SetupError;
-pub use palisade_net::{Event as NetEvent, NetLog};
+pub use palisade_net::{
+    Decision as NetDecision, Event as NetEvent, NetLog, Reason as NetReason, Via as NetVia,
+};
 pub use palisade_policy as policy;
 pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,

@@ -8,7 +8,7 @@
 //! kills the sandbox and releases everything it held.
 
 use crate::report::Report;
-use palisade_cgroup::{run_name, CgroupLimits, RunCgroup};
+use palisade_cgroup::{CgroupLimits, RunCgroup};
 use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
@@ -18,7 +18,6 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -270,12 +269,13 @@ impl Sandbox {
         crate::Builder::default()
     }
 
-    /// A sandbox for a policy built elsewhere (validated again here).
-    pub fn from_policy(policy: Policy, keep: bool) -> Result<Sandbox, PolicyError> {
+    /// A sandbox for a policy built elsewhere (validated again here; bound it first with
+    /// [`Policy::check_within`] if someone else wrote it).
+    pub fn from_policy(policy: Policy) -> Result<Sandbox, PolicyError> {
         policy.validate()?;
         Ok(Sandbox {
+            keep: policy.keep_scratch,
             policy,
-            keep,
             stdin: Stdin::Null,
             cgroup_root: PathBuf::from(CGROUP_ROOT),
             net_notify: None,
@@ -353,7 +353,26 @@ impl Sandbox {
         let thread = std::thread::Builder::new()
             .name("palisade-run".into())
             .spawn(move || {
-                let report = sandbox.supervise(io, &out, &tx);
+                let limits = sandbox.policy.limits;
+                // A bug that panics here must still end the run with a report (built with
+                // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
+                // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
+                let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    sandbox.supervise(io, &out, &tx)
+                }))
+                .unwrap_or_else(|p| {
+                    out.close();
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    let e = SetupError::Supervisor {
+                        op: "supervise the run",
+                        source: std::io::Error::other(format!("palisade panicked: {what}")),
+                    };
+                    Report::from_error(&e, Duration::ZERO, None, limits)
+                });
                 *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
                 sh.done.notify_all();
                 if let Some(fd) = &sh.done_fd {
@@ -407,7 +426,7 @@ impl Sandbox {
             let e = SetupError::Supervisor {
                 op: "check limits.scratch_size",
                 source: std::io::Error::other(
-                    "limits.scratch_size (--scratch-size) caps the ephemeral scratch tmpfs only; with a host scratch directory (filesystem.scratch / --scratch, or --keep) it cannot be enforced: drop it, or drop the host directory",
+                    "limits.scratch_size caps the ephemeral scratch tmpfs only; with a host scratch directory (filesystem.scratch, or filesystem.keep_scratch) it cannot be enforced: drop it, or drop the host directory",
                 ),
             };
             return Report::from_error(&e, t0.elapsed(), None, policy.limits);
@@ -450,8 +469,9 @@ impl Sandbox {
                     (None, Some(e.to_string()))
                 }
                 Err(e) => {
-                    let msg =
-                        format!("{e}; or pass --allow-degraded cgroup to run with rlimits only");
+                    let msg = format!(
+                        "{e}; or add `cgroup` to layers.allow_degraded to run with rlimits only"
+                    );
                     // Without user namespaces nothing can run whatever the cgroup: that is the
                     // error to give first (found by the VM matrix's no-userns guest, where an
                     // undelegated user was told only about the cgroup). `doctor` lists both.
@@ -472,15 +492,13 @@ impl Sandbox {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
             };
-            m.clean_stale();
+            m.clean_stale_once();
             let limits = CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 pids: policy.limits.pids,
                 cpu_quota_us: policy.limits.cpu_quota_us(),
             };
-            let c = m
-                .create(&run_name(SEQ.fetch_add(1, Ordering::Relaxed)), &limits)
-                .map_err(std::io::Error::other)?;
+            let c = m.create(&limits).map_err(std::io::Error::other)?;
             let files = c.self_join_files().map_err(std::io::Error::other)?;
             if files.is_empty() {
                 c.join(pid).map_err(std::io::Error::other)?;
@@ -543,7 +561,8 @@ impl Sandbox {
             .as_ref()
             .and_then(|c| c.cpu_quota_us())
             .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
-        let proxy_cpu = || Duration::ZERO;
+        // The proxy's threads' CPU for this sandbox, charged to its CPU-time limit with the rest.
+        let proxy_cpu = || egress.as_ref().map_or(Duration::ZERO, |e| e.cpu_used());
         let watch = Watch {
             output,
             cpu: manager.as_ref().map(|_| CpuWatch {
@@ -573,7 +592,11 @@ impl Sandbox {
             let _ = c.remove();
         }
         let version = cgroup.as_ref().and(manager.as_ref()).map(|m| m.version());
-        report.set_cgroup(version, stats, waived);
+        let gaps = cgroup
+            .as_ref()
+            .map(|c| c.gaps().to_vec())
+            .unwrap_or_default();
+        report.set_cgroup(version, stats, waived, &gaps);
         if policy.allow_ptrace {
             report.note_ptrace_allowed();
         }
@@ -611,9 +634,6 @@ fn failed_run(sandbox: &Sandbox, e: std::io::Error) -> Run {
 
 /// Root of the cgroup hierarchies.
 pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
-/// Distinguishes the cgroups of one supervisor's runs.
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn make_temp_dir() -> std::io::Result<PathBuf> {
     let base = std::env::var_os("TMPDIR")

@@ -1,0 +1,520 @@
+//! The proxy's bounds, on real sockets on the host's loopback: the event store, escaping, the
+//! notify cap, the connection cap, the first-bytes deadline, stopping, the relay and its CPU
+//! meter. Waits in these tests end in a failure after a generous time, never in a pass.
+
+use super::*;
+use palisade_policy::net::{NetRule, Pin};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+use std::time::Instant;
+
+/// Long enough for anything that should happen to happen on a busy machine.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn network(allow: &[String], pins: &[&str]) -> Network {
+    Network {
+        allow: allow
+            .iter()
+            .map(|r| NetRule::parse("--allow-net", r).unwrap())
+            .collect(),
+        resolve: pins.iter().map(|p| Pin::parse(p).unwrap()).collect(),
+        ..Network::default()
+    }
+}
+
+fn quiet() -> Egress {
+    let net = network(&["example.org".into()], &[]);
+    Egress::start_with(net, Vec::new(), None, Limits::default()).unwrap()
+}
+
+/// An HTTP proxy listener on the host's loopback, served by a new Egress.
+fn proxy(net: Network, limits: Limits, notify: Option<Notify>) -> (Egress, SocketAddr) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let e = Egress::start_with(
+        net,
+        vec![(Role::HttpProxy, OwnedFd::from(l))],
+        notify,
+        limits,
+    )
+    .unwrap();
+    (e, addr)
+}
+
+/// A server on the host's loopback that keeps every byte each connection sent, and answers
+/// each connection, once its client is done sending, with `reply` bytes.
+struct Server {
+    port: u16,
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Server {
+    fn start(reply: usize) -> Server {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let g = g.clone();
+                std::thread::spawn(move || {
+                    let _ = c.set_read_timeout(Some(PATIENCE));
+                    let mut all = Vec::new();
+                    let _ = c.read_to_end(&mut all);
+                    g.lock().unwrap().push(all);
+                    let _ = c.write_all(&vec![b'x'; reply]);
+                });
+            }
+        });
+        Server { port, got }
+    }
+
+    /// Everything the server was sent, over all connections.
+    fn all(&self) -> Vec<u8> {
+        self.got.lock().unwrap().concat()
+    }
+}
+
+/// `example.org` pinned to the server, which an IP rule also allows (it is loopback).
+fn to(srv: &Server) -> Network {
+    let p = srv.port;
+    network(
+        &[format!("example.org:{p}"), format!("127.0.0.1:{p}")],
+        &["example.org=127.0.0.1"],
+    )
+}
+
+fn client(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(PATIENCE)).unwrap();
+    c
+}
+
+/// Reads until the proxy closes the connection (a reset counts as closed).
+fn read_to_close(c: &mut TcpStream) -> String {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the proxy did not close the connection: {e}"),
+        }
+    }
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+/// `CONNECT host:port`, and the proxy's answer's status line.
+fn connect(addr: SocketAddr, target: &str) -> (TcpStream, String) {
+    let mut c = client(addr);
+    write!(c, "CONNECT {target} HTTP/1.1\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match c.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    let line = String::from_utf8_lossy(&head)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    (c, line)
+}
+
+/// Runs `f` on another thread; panics if it has not returned within [`PATIENCE`].
+fn returns<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("{what} did not return"))
+}
+
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < PATIENCE, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_event_store_is_bounded_in_count_and_in_bytes() {
+    // In bytes: hosts of 60 KB and details of 100 KB, as a payload can send them.
+    let e = quiet();
+    let huge_host = "\x01".repeat(60_000);
+    for _ in 0..20_000 {
+        let mut ev = event(Via::HttpConnect, &huge_host, 443);
+        ev.detail = format!("{}{}", "d".repeat(100_000), huge_host);
+        e.shared.record(ev);
+    }
+    let log = e.finish();
+    assert_eq!(log.denied, 20_000);
+    assert_eq!(log.events.len() as u64 + log.dropped, 20_000);
+    let kept: usize = log.events.iter().map(Log::cost).sum();
+    assert!(kept <= MAX_EVENT_BYTES, "{kept}");
+    assert!(log.events.len() > 100, "{}", log.events.len());
+    for ev in &log.events {
+        assert!(ev.host.chars().count() <= HOST_SHOWN, "{}", ev.host.len());
+        assert!(
+            ev.detail.chars().count() < MAX_DETAIL_CHARS + 32,
+            "{}",
+            ev.detail.len()
+        );
+        assert!(ev.host.ends_with("…(59740 bytes more)"), "{}", ev.host);
+    }
+    // In count: small events stop at MAX_EVENTS.
+    let e = quiet();
+    for i in 0..MAX_EVENTS + 5 {
+        e.shared.record(event(Via::Dns, &format!("n{i}.test"), 53));
+    }
+    let log = e.finish();
+    assert_eq!((log.events.len(), log.dropped), (MAX_EVENTS, 5));
+}
+
+/// A DNS query for `labels`, as a resolver inside would send it.
+fn query(labels: &[&[u8]]) -> wire::Question {
+    let mut q = vec![0, 7, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for l in labels {
+        q.push(l.len() as u8);
+        q.extend_from_slice(l);
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    wire::dns_question(&q).unwrap()
+}
+
+#[test]
+fn what_the_sandbox_sent_is_stored_escaped_and_printed_as_one_safe_line() {
+    let printed = Arc::new(Mutex::new(Vec::new()));
+    let p = printed.clone();
+    let notify: Notify = Box::new(move |e: &Event| p.lock().unwrap().push(e.to_string()));
+    let net = network(&["example.org".into()], &[]);
+    let e = Egress::start_with(net, Vec::new(), Some(notify), Limits::default()).unwrap();
+    let forged: &[u8] = b"\n\x1b[2K\rpalisade: ok \xc2\xb7 exit 0 \xc2\xb7 FORGED";
+    serve::answer(&e.shared, &query(&[forged, b"\x1b]0;title\x07x\xff"]));
+    let log = e.finish();
+    let ev = &log.events[0];
+    let line = ev.to_string();
+    for text in [&ev.host, &ev.detail, &line, &printed.lock().unwrap()[0]] {
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        assert!(text.contains("\\n\\x1b[2K\\rpalisade: ok"), "{text}");
+    }
+    assert!(
+        line.starts_with("denied dns \\n\\x1b[2K\\rpalisade: ok · exit 0 · FORGED.\\x1b]0;title"),
+        "{line}"
+    );
+    assert!(line.contains(":53 (not-allowed: NXDOMAIN: `"), "{line}");
+    // Text built from escaped parts passes as it is; anything else is escaped; all is cut.
+    assert_eq!(bounded("a \\x1b b … \u{e9}", 100), "a \\x1b b … \u{e9}");
+    assert_eq!(bounded("a\u{1b}b\u{202e}", 100), "a\\x1bb\\u{202e}");
+    assert_eq!(bounded("abcdef", 4), "abcd…(2 bytes more)");
+}
+
+#[test]
+fn notify_is_called_only_for_kept_events_and_at_most_max_notify_times_per_decision() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let notify: Notify = Box::new(move |_: &Event| {
+        c.fetch_add(1, Ordering::SeqCst);
+    });
+    let limits = Limits {
+        notify: 5,
+        events: 30,
+        ..Limits::default()
+    };
+    let e = Egress::start_with(network(&[], &[]), Vec::new(), Some(notify), limits).unwrap();
+    for i in 0..20 {
+        e.shared.record(event(Via::Dns, &format!("d{i}"), 53));
+        let mut ev = event(Via::Dns, &format!("a{i}"), 53);
+        ev.decision = Decision::Allowed;
+        e.shared.record(ev);
+    }
+    // 30 kept: 10 + 5 notified, the rest suppressed, the 10 past the store too.
+    let log = e.finish();
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+    assert_eq!(log.notify_suppressed, 30);
+    assert_eq!((log.events.len(), log.dropped), (30, 10));
+}
+
+#[test]
+fn connections_past_the_cap_are_refused_at_once_and_counted() {
+    let limits = Limits {
+        connections: 4,
+        first_bytes: Duration::from_secs(3600),
+        ..Limits::default()
+    };
+    let (e, addr) = proxy(network(&["example.org".into()], &[]), limits, None);
+    let held: Vec<TcpStream> = (0..4).map(|_| client(addr)).collect();
+    wait_until("4 connections are open", || {
+        e.shared.open.load(Ordering::SeqCst) == 4
+    });
+    for _ in 0..6 {
+        let mut c = client(addr);
+        let _ = c.write_all(b"CONNECT example.org:443 HTTP/1.1\r\n\r\n");
+        let answer = read_to_close(&mut c);
+        assert!(
+            answer.starts_with("HTTP/1.1 503 ") && answer.contains("too-many-connections"),
+            "{answer}"
+        );
+    }
+    assert_eq!(e.shared.open.load(Ordering::SeqCst), 4);
+    // Stopping cuts the held connections at once, though their deadline is an hour away.
+    let log = returns("finish", move || e.finish());
+    assert_eq!(log.refused_connections, 6);
+    assert_eq!(log.events.len(), 0, "refusals are counted, not logged");
+    for mut c in held {
+        assert_eq!(read_to_close(&mut c), "");
+    }
+}
+
+#[test]
+fn a_client_trickling_its_request_head_is_cut_at_the_total_deadline() {
+    let limits = Limits {
+        first_bytes: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let (e, addr) = proxy(network(&["example.org".into()], &[]), limits, None);
+    let mut c = client(addr);
+    c.write_all(b"GET http://example.org/ HTTP/1.1\r\nX-Slow: ")
+        .unwrap();
+    let mut w = c.try_clone().unwrap();
+    std::thread::spawn(move || {
+        // One byte every 100 ms: each read comes well within any per-read timeout.
+        let start = Instant::now();
+        while start.elapsed() < PATIENCE && w.write_all(b"a").is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let answer = read_to_close(&mut c);
+    assert!(
+        answer.starts_with("HTTP/1.1 400 ") && answer.contains("incomplete-request"),
+        "{answer}"
+    );
+    let log = e.finish();
+    assert_eq!(
+        log.events[0].reason,
+        Reason::IncompleteRequest,
+        "{:?}",
+        log.events
+    );
+}
+
+#[test]
+fn dropping_an_egress_stops_its_threads_and_closes_its_listeners() {
+    let (e, addr) = proxy(
+        network(&["example.org".into()], &[]),
+        Limits::default(),
+        None,
+    );
+    let mut c = client(addr);
+    c.write_all(b"GET http://example.org/ HTTP/1.1\r\n")
+        .unwrap();
+    wait_until("the connection is open", || {
+        e.shared.open.load(Ordering::SeqCst) == 1
+    });
+    let shared = Arc::downgrade(&e.shared);
+    returns("drop", move || drop(e));
+    assert!(shared.upgrade().is_none(), "a thread still holds the proxy");
+    assert_eq!(read_to_close(&mut c), "");
+    let again = TcpStream::connect(addr);
+    assert_eq!(
+        again.map_err(|e| e.kind()).err(),
+        Some(io::ErrorKind::ConnectionRefused),
+        "the listener is still open"
+    );
+}
+
+#[test]
+fn a_relay_runs_both_ways_in_the_connection_s_thread_and_its_cpu_is_counted() {
+    const SIZE: usize = 8 << 20;
+    let srv = Server::start(SIZE);
+    let (e, addr) = proxy(to(&srv), Limits::default(), None);
+    let (mut c, status) = connect(addr, &format!("127.0.0.1:{}", srv.port));
+    assert_eq!(status, "HTTP/1.1 200 Connection established");
+    let mut w = c.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        w.write_all(&vec![b'y'; SIZE]).unwrap();
+        w.shutdown(Shutdown::Write).unwrap();
+    });
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    sender.join().unwrap();
+    assert_eq!(back.len(), SIZE);
+    assert_eq!(srv.all().len(), SIZE);
+    assert!(e.cpu_used() > Duration::ZERO);
+    let log = e.finish();
+    let ev = &log.events[0];
+    assert_eq!(
+        (ev.decision, ev.bytes_out, ev.bytes_in),
+        (Decision::Allowed, SIZE as u64, SIZE as u64)
+    );
+}
+
+#[test]
+fn first_bytes_that_a_lenient_server_would_read_as_another_host_never_reach_it() {
+    let srv = Server::start(0);
+    let limits = Limits {
+        first_bytes: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let (e, addr) = proxy(to(&srv), limits, None);
+    let target = format!("example.org:{}", srv.port);
+    let other = "GET / HTTP/1.1\r\nHost: other.test\r\n";
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        // A second Host after a bare LF.
+        (
+            b"GET / HTTP/1.1\r\nHost: example.org\r\nX: a\nHost: other.test\r\n\r\n".to_vec(),
+            "more than one Host header",
+        ),
+        // A head larger than the proxy reads.
+        (
+            format!("{other}X: {}\r\n\r\n", "p".repeat(MAX_HEAD)).into_bytes(),
+            "still incomplete",
+        ),
+        // A head left unfinished past the deadline.
+        (
+            other.as_bytes().to_vec(),
+            "nothing more within the time allowed",
+        ),
+        // Empty lines before the request line.
+        (
+            format!("\r\n{other}\r\n").into_bytes(),
+            "is not the connection's host",
+        ),
+    ];
+    for (bytes, why) in &cases {
+        let (mut c, status) = connect(addr, &target);
+        assert_eq!(status, "HTTP/1.1 200 Connection established");
+        let _ = c.write_all(bytes);
+        read_to_close(&mut c);
+        let _ = why;
+    }
+    let log = e.finish();
+    let denied: Vec<&Event> = log
+        .events
+        .iter()
+        .filter(|e| e.decision == Decision::Denied)
+        .collect();
+    assert_eq!(denied.len(), cases.len(), "{:#?}", log.events);
+    for ((_, why), ev) in cases.iter().zip(&denied) {
+        assert!(ev.detail.contains(why), "{why}: {ev}");
+    }
+    assert!(
+        srv.all().is_empty(),
+        "{}",
+        String::from_utf8_lossy(&srv.all())
+    );
+}
+
+/// The fuzz targets' entry points on their seeds, on every input a fuzz run found, and on
+/// mutations of both: what `scripts/fuzz.sh` does with libFuzzer, in every `cargo test` (no
+/// cargo-fuzz or nightly needed), deterministically.
+#[test]
+fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
+    macro_rules! files {
+        ($($p:literal),* $(,)?) => {
+            vec![$(&include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/", $p))[..]),*]
+        };
+    }
+    type Target = fn(&[u8]);
+    let targets: [(&str, Target, Vec<&[u8]>); 4] = [
+        (
+            "first_bytes",
+            fuzzing::first_bytes,
+            files![
+                "seeds/first_bytes/tls-sni",
+                "seeds/first_bytes/tls-no-sni",
+                "seeds/first_bytes/http-get",
+                "seeds/first_bytes/http-absolute",
+                "seeds/first_bytes/http-bare-lf",
+                "seeds/first_bytes/ssh",
+                "regressions/first_bytes/long-method-then-space",
+            ],
+        ),
+        (
+            "proxy_request",
+            fuzzing::proxy_request,
+            files![
+                "seeds/proxy_request/connect",
+                "seeds/proxy_request/forward",
+                "seeds/proxy_request/forward-no-host",
+                "regressions/proxy_request/userinfo-in-v6-authority",
+                "regressions/proxy_request/a-hundred-headers-and-connection-close",
+            ],
+        ),
+        (
+            "dns_query",
+            fuzzing::dns_query,
+            files!["seeds/dns_query/a", "seeds/dns_query/aaaa"],
+        ),
+        (
+            "dns_reply",
+            fuzzing::dns_reply,
+            files![
+                "seeds/dns_reply/a-via-cname",
+                "seeds/dns_reply/aaaa-via-cname"
+            ],
+        ),
+    ];
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for (name, run, seeds) in targets {
+        for seed in &seeds {
+            run(seed);
+        }
+        for _ in 0..20_000 {
+            let mut m = seeds[next() as usize % seeds.len()].to_vec();
+            for _ in 0..=next() % 4 {
+                let at = next() as usize % (m.len() + 1);
+                match next() % 4 {
+                    0 if at < m.len() => m[at] = next() as u8,
+                    1 => m.insert(at, next() as u8),
+                    2 => m.truncate(at),
+                    _ => {
+                        let other = seeds[next() as usize % seeds.len()];
+                        m.splice(at..at, other.iter().copied().take(next() as usize % 64));
+                    }
+                }
+            }
+            let shown = m.clone();
+            let caught = std::panic::catch_unwind(|| run(&m));
+            assert!(caught.is_ok(), "{name} on {:?}", Untrusted::new(&shown));
+        }
+    }
+}
+
+#[test]
+fn stopping_ends_a_relay_that_never_runs_dry() {
+    let srv = Server::start(0);
+    let (e, addr) = proxy(to(&srv), Limits::default(), None);
+    let (c, status) = connect(addr, &format!("127.0.0.1:{}", srv.port));
+    assert_eq!(status, "HTTP/1.1 200 Connection established");
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'z'; 1 << 16];
+        let mut sent = 0u64;
+        while w.write_all(&chunk).is_ok() {
+            sent += chunk.len() as u64;
+        }
+        sent
+    });
+    wait_until("the relay runs", || {
+        e.shared.log.lock().unwrap().allowed == 1
+    });
+    let log = returns("finish", move || e.finish());
+    let sent = writer.join().unwrap();
+    assert!(sent > 0);
+    assert_eq!(log.events[0].decision, Decision::Allowed);
+}
