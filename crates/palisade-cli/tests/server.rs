@@ -1401,6 +1401,42 @@ fn file_transfers_cannot_leave_the_sandbox() {
     assert_nothing_held(s.pid());
 }
 
+/// A policy file with a `[bounds]` table: its values are the defaults, the bounds the ceiling.
+#[test]
+fn a_bounds_table_gives_defaults_and_a_ceiling_apart() {
+    let policy = "[limits]\nmemory = \"128MiB\"\n[network]\n[bounds.limits]\nmemory = \"512MiB\"\n[bounds.network]\nallow = [\"*.pythonhosted.org\"]\n";
+    let s = Server::start(policy, &[]);
+    let j = s.post("/v1/run", &json!({"command": ["true"]})).json();
+    assert_eq!(j["report"]["limits"]["memory_bytes"], 128u64 << 20, "{j}");
+    let j = s.post("/v1/run", &json!({"command": ["true"], "limits": {"memory_bytes": 256u64 << 20}, "allow_net": ["files.pythonhosted.org"]})).json();
+    assert_eq!(
+        (
+            j["status"].as_str(),
+            j["report"]["limits"]["memory_bytes"].as_u64()
+        ),
+        (Some("ok"), Some(256 << 20)),
+        "{j}"
+    );
+    assert_eq!(j["report"]["network"]["mode"], "allow-list");
+    let r = s.post(
+        "/v1/run",
+        &json!({"command": ["true"], "limits": {"memory_bytes": 1u64 << 30}}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("limits.memory_bytes"))
+    );
+    let r = s.post(
+        "/v1/run",
+        &json!({"command": ["true"], "allow_net": ["pypi.org"]}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (403, Some("not-allowed"))
+    );
+    assert_nothing_held(s.pid());
+}
+
 /// Egress: a request may name only the server's allow rules; what the proxy denies is in the
 /// run's report and counted in the metrics. (The denied name is never resolved or contacted: the
 /// proxy refuses it by the rule.)

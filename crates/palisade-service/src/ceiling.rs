@@ -1,24 +1,26 @@
 //! The server's policy as a ceiling: what every request starts from and may only narrow.
 //!
-//! The server reads one policy file (the same schema as `palisade run --policy`). Its limits are
-//! each request's defaults and maxima; its allow rules are the rules a request may name (a request
-//! that names none has no network); its binds, environment and other settings apply to every run
-//! and a request cannot change them. A request never names a host path and never reads the
-//! server's environment: the request types have no field for either.
-//!
-//! This is the one place that compares a request with the ceiling, so that the policy crate's
-//! own `Bounds` type can replace it when it lands.
+//! The server reads one policy file (the same schema as `palisade run --policy`). Its values are
+//! each request's defaults; its `[bounds]` table, or without one the values themselves, are the
+//! ceiling, as the policy crate's [`Bounds`]. A request may ask for any limit up to the bounds and
+//! name allow rules the bounds' rules cover (a request that names none has no network); the
+//! file's binds, environment and other settings apply to every run and a request cannot change
+//! them. A request never names a host path and never reads the server's environment: the
+//! request types have no field for either. Every policy built for a request is checked whole
+//! with [`Policy::check_within`] before it runs, whatever the per-field checks here said.
 
 use crate::api;
 use crate::error::ServiceError;
 use palisade::policy::net::NetRule;
-use palisade::policy::{EnvVar, Limits, Policy, Scratch};
+use palisade::policy::{Bounds, EnvVar, Limits, Policy, Scratch};
 use std::collections::BTreeMap;
 
 /// The server's policy, checked for use as a ceiling.
 #[derive(Debug, Clone)]
 pub struct Ceiling {
+    /// The defaults (lowered to the bounds).
     policy: Policy,
+    bounds: Bounds,
 }
 
 impl Ceiling {
@@ -26,6 +28,14 @@ impl Ceiling {
     /// must not have: a host scratch directory (every run would share it) or anything at the
     /// agent's path inside.
     pub fn new(policy: Policy) -> Result<Ceiling, String> {
+        let bounds = Bounds::from_policy(&policy);
+        Ceiling::with_bounds(policy, bounds)
+    }
+
+    /// The server's defaults under separate bounds (a policy file's `[bounds]` table): the
+    /// defaults are lowered to the bounds where they exceed them.
+    pub fn with_bounds(mut policy: Policy, bounds: Bounds) -> Result<Ceiling, String> {
+        policy.clamp_to(&bounds);
         if let Scratch::Host { path } = &policy.scratch {
             return Err(format!(
                 "filesystem.scratch `{}`: a server's runs each get a fresh scratch; a host directory would be shared by all of them",
@@ -48,7 +58,10 @@ impl Ceiling {
         if policy.keep_scratch {
             return Err("filesystem.keep_scratch: a server's runs each get a fresh scratch that goes with them".into());
         }
-        Ok(Ceiling { policy })
+        if bounds.scratch.is_some() || bounds.keep_scratch {
+            return Err("bounds.filesystem.scratch: a request never names a host directory".into());
+        }
+        Ok(Ceiling { policy, bounds })
     }
 
     /// The policy itself.
@@ -59,8 +72,9 @@ impl Ceiling {
     /// The limits of a request: the ceiling's, narrowed by what it asks; `prefix` names the
     /// request's field (`limits`, `runs[3].limits`).
     pub fn limits(&self, ask: &api::Limits, prefix: &str) -> Result<Limits, ServiceError> {
-        let c = self.policy.limits;
-        let mut l = c;
+        // The defaults are the server's values; the maxima its bounds.
+        let c = self.bounds.limits;
+        let mut l = self.policy.limits;
         let field = |f: &str| format!("{prefix}.{f}");
         let check = |f: &str,
                      v: Option<u64>,
@@ -134,7 +148,7 @@ impl Ceiling {
             &mut l.scratch_bytes,
         )?;
         let cpu_ceiling = c.cpu_time().as_millis() as u64;
-        let mut cpu = cpu_ceiling;
+        let mut cpu = (self.policy.limits.cpu_time().as_millis() as u64).min(cpu_ceiling);
         check("cpu_time_ms", ask.cpu_time_ms, cpu_ceiling, 1, &mut cpu)?;
         // The ceiling's CPU time stays in force unless the request narrows it (a timeout narrowed
         // alone must not leave a CPU budget larger than the server allows).
@@ -169,8 +183,10 @@ impl Ceiling {
         Ok(l)
     }
 
-    /// Each asked rule must be one of the server's allow rules (compared once parsed and
-    /// normalized); the server's deny rules, pins and DNS server always apply.
+    /// Each asked rule must be covered by the bounds' allow rules (the policy crate's rule: an
+    /// exact name by the same name or a wildcard above it, a wildcard by a wider one, an address
+    /// by a block that holds it, for every port the rule opens); the server's deny rules, pins
+    /// and DNS server always apply.
     pub fn network(
         &self,
         ask: &[String],
@@ -182,9 +198,11 @@ impl Ceiling {
             let f = format!("{field}[{i}]");
             let r = NetRule::parse("allow_net", s)
                 .map_err(|e| ServiceError::invalid(&f, s.as_str(), e.to_string()))?;
-            if !self.policy.network.allow.contains(&r) {
+            let mut probe = self.policy.clone();
+            probe.network.allow = vec![r.clone()];
+            if probe.check_within(&self.bounds).is_err() {
                 let allowed: Vec<String> = self
-                    .policy
+                    .bounds
                     .network
                     .allow
                     .iter()
@@ -196,7 +214,7 @@ impl Ceiling {
                     if allowed.is_empty() {
                         "none: this server allows no egress".to_owned()
                     } else {
-                        format!("one of the server's allow rules: {}", allowed.join(", "))
+                        format!("a rule within the server's: {}", allowed.join(", "))
                     },
                 ));
             }
@@ -239,7 +257,37 @@ impl Ceiling {
         p.env = env;
         p.validate()
             .map_err(|e| ServiceError::invalid("command", e.to_string(), "a valid command"))?;
+        // The whole policy against the bounds, as the policy crate decides it. A run through the
+        // agent has a backstop deadline and output cap of the server's own (each stage's are
+        // the request's, kept by the server): those two are checked as the request's.
+        let mut probe = p.clone();
+        probe.limits.timeout_ms = probe.limits.timeout_ms.min(self.bounds.limits.timeout_ms);
+        probe.limits.output_bytes = probe
+            .limits
+            .output_bytes
+            .min(self.bounds.limits.output_bytes);
+        probe.check_within(&self.bounds).map_err(|e| {
+            let mut err = ServiceError::ceiling(request_field(e.field), &e.asked, &e.allowed);
+            err.message = e.to_string();
+            err.accepted = Some(format!("{} (the server's bounds)", e.allowed));
+            err
+        })?;
         Ok(p)
+    }
+}
+
+/// The request's name for a policy field the bounds named.
+fn request_field(policy_field: &str) -> &str {
+    match policy_field {
+        "limits.timeout" => "limits.timeout_ms",
+        "limits.cpu_time" => "limits.cpu_time_ms",
+        "limits.memory" => "limits.memory_bytes",
+        "limits.output" => "limits.output_bytes",
+        "limits.file_size" => "limits.file_size_bytes",
+        "limits.tmp_size" => "limits.tmp_bytes",
+        "limits.scratch_size" => "limits.scratch_bytes",
+        "network.allow" => "allow_net",
+        other => other,
     }
 }
 
@@ -337,6 +385,88 @@ mod tests {
         assert!(e.accepted.unwrap().contains("pypi.org"));
         let e = c.network(&["*".into()], "allow_net").unwrap_err();
         assert_eq!(e.code, "invalid");
+    }
+
+    #[test]
+    fn rules_are_covered_as_the_policy_crate_decides() {
+        let mut p = Policy::new(["true"]).unwrap();
+        p.network
+            .allow
+            .push(NetRule::parse("t", "*.pythonhosted.org").unwrap());
+        let c = Ceiling::new(p).unwrap();
+        assert_eq!(
+            c.network(&["files.pythonhosted.org".into()], "allow_net")
+                .unwrap()
+                .allow
+                .len(),
+            1
+        );
+        let e = c
+            .network(&["pythonhosted.org".into()], "allow_net")
+            .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("allow_net[0]"));
+        let e = c
+            .network(&["files.pythonhosted.org:22".into()], "allow_net")
+            .unwrap_err();
+        assert_eq!(e.code, "not-allowed");
+    }
+
+    #[test]
+    fn a_bounds_table_separates_the_defaults_from_the_ceiling() {
+        let f = palisade::policy::file::PolicyFile::parse(
+            "s.toml",
+            "[limits]\nmemory = \"128MiB\"\ntimeout = \"10s\"\n[bounds.limits]\nmemory = \"1GiB\"\ntimeout = \"1m\"\n",
+        )
+        .unwrap();
+        let policy = palisade::Sandbox::builder()
+            .command(["true"])
+            .policy_file(&f)
+            .build()
+            .unwrap()
+            .policy()
+            .clone();
+        let c = Ceiling::with_bounds(policy, f.ceiling().unwrap()).unwrap();
+        let l = c.limits(&api::Limits::default(), "limits").unwrap();
+        assert_eq!(
+            (l.memory_bytes, l.timeout_ms),
+            (128 << 20, 10_000),
+            "the file's values are the defaults"
+        );
+        let l = c
+            .limits(
+                &api::Limits {
+                    memory_bytes: Some(512 << 20),
+                    ..Default::default()
+                },
+                "limits",
+            )
+            .unwrap();
+        assert_eq!(
+            l.memory_bytes,
+            512 << 20,
+            "a request may go up to the bounds"
+        );
+        let e = c
+            .limits(
+                &api::Limits {
+                    memory_bytes: Some(2 << 30),
+                    ..Default::default()
+                },
+                "limits",
+            )
+            .unwrap_err();
+        assert_eq!(
+            (e.code, e.field.as_deref()),
+            ("ceiling", Some("limits.memory_bytes"))
+        );
+        // The whole policy is checked against the bounds too (here a limit the per-field checks
+        // would not see: a timeout past the bounds through the limits given to policy_for).
+        let mut over = l;
+        over.cpu_time_ms = Some(120_000);
+        let e = c
+            .policy_for(vec!["true".into()], over, Default::default(), Vec::new())
+            .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("limits.cpu_time_ms"), "{e:?}");
     }
 
     #[test]
