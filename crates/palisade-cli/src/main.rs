@@ -17,6 +17,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 mod changes;
+mod serve;
 
 /// A kernel-enforced sandbox for code nobody has read.
 #[derive(Parser, Debug)]
@@ -62,6 +63,12 @@ enum Cmd {
     Apply(changes::ApplyArgs),
     /// Remove a change set without applying it.
     Discard(changes::DiscardArgs),
+    /// Serve the HTTP API: one-shot runs, batches, sessions, files, a SandboxFusion-compatible
+    /// /run_code (docs/server.md). The policy file is the ceiling of every request.
+    Serve(Box<serve::ServeArgs>),
+    /// The server's agent inside a sandbox (not for direct use).
+    #[command(name = "__agent", hide = true)]
+    Agent,
 }
 
 #[derive(Subcommand, Debug)]
@@ -269,6 +276,14 @@ fn main() {
         Cmd::Diff(a) => changes::exit(changes::diff(a)),
         Cmd::Apply(a) => changes::exit(changes::apply(a)),
         Cmd::Discard(a) => changes::exit(changes::discard(a)),
+        Cmd::Serve(a) => match serve::main(*a) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisade: error: {e:#}");
+                EXIT_SANDBOX_ERROR
+            }
+        },
+        Cmd::Agent => palisade_service::agent::main(),
         Cmd::CgroupDelegate { user } => match delegate(&user) {
             Ok(()) => 0,
             Err(e) => {

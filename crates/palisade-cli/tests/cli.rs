@@ -331,6 +331,11 @@ fn help_texts_match_their_snapshots() {
             include_str!("snapshots/help-policy.txt"),
             &["policy", "--help"][..],
         ),
+        (
+            "help-serve.txt",
+            include_str!("snapshots/help-serve.txt"),
+            &["serve", "--help"][..],
+        ),
     ] {
         let o = std::process::Command::new(palisade_bin())
             .args(args)
@@ -359,7 +364,7 @@ fn help_texts_match_their_snapshots() {
     }
     // Every subcommand has its own description, not an empty one.
     let top = include_str!("snapshots/help.txt");
-    for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy "] {
+    for cmd in ["run ", "doctor ", "cgroup-delegate ", "policy ", "serve "] {
         let line = top
             .lines()
             .find(|l| l.trim_start().starts_with(cmd))

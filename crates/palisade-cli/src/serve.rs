@@ -1,0 +1,771 @@
+//! `palisade serve`: the HTTP front end of the service core (docs/server.md). Thin: it reads
+//! bodies (bounded), turns JSON into requests (a bad one is a 4xx naming the field), calls the
+//! [`Service`], and turns its answers and errors into HTTP.
+// Errors carry the field, the value and what is accepted, on the cold path (see the service).
+#![allow(clippy::result_large_err)]
+
+use anyhow::Context;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use palisade_service::api::{self, ErrorBody};
+use palisade_service::{fusion, Ceiling, Class, Config, Service, ServiceError};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Options of `palisade serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where to listen: HOST:PORT, or unix:PATH for a unix socket (created, mode 0600, removed at
+    /// exit). Anything but a loopback address needs --token-file.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// The server's policy (TOML, the schema of `palisade run --policy`): every request's
+    /// defaults and ceiling. A request may narrow it, never widen it.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// A file holding the bearer token that every request but /healthz and /readyz must send
+    /// (`Authorization: Bearer TOKEN`). Required on a non-loopback address.
+    #[arg(long = "token-file", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Sandboxes that run at once (default: twice the CPUs).
+    #[arg(long = "max-concurrency", value_name = "N")]
+    max_concurrency: Option<usize>,
+    /// Requests that may wait for a slot; past that, 429 with Retry-After.
+    #[arg(long = "max-queue", value_name = "N", default_value_t = 64)]
+    max_queue: usize,
+    /// Largest request body, e.g. 16MiB.
+    #[arg(long = "max-body", value_name = "SIZE", default_value = "16MiB")]
+    max_body: String,
+    /// Most bytes read back from a sandbox, e.g. 16MiB: all the files of a run together, one file
+    /// of a session, one archive.
+    #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
+    max_fetch: String,
+    /// Longest (and default) session TTL, e.g. 1h.
+    #[arg(long = "session-ttl", value_name = "DURATION", default_value = "1h")]
+    session_ttl: String,
+    /// Default idle timeout of a session, e.g. 10m.
+    #[arg(long = "session-idle", value_name = "DURATION", default_value = "10m")]
+    session_idle: String,
+    /// Sessions alive at once.
+    #[arg(long = "max-sessions", value_name = "N", default_value_t = 64)]
+    max_sessions: usize,
+    /// Keep N sandboxes started ahead for runs with the default policy (the ceiling's limits, no
+    /// egress, no variables of their own), each used by one run (default: no pool).
+    #[arg(long = "pool", value_name = "N", default_value_t = 0)]
+    pool: usize,
+    /// How long a pooled sandbox may wait before it is replaced.
+    #[arg(long = "pool-max-age", value_name = "DURATION", default_value = "60s")]
+    pool_max_age: String,
+    /// At SIGTERM, how long running work may finish before it is killed.
+    #[arg(
+        long = "shutdown-grace",
+        value_name = "DURATION",
+        default_value = "10s"
+    )]
+    shutdown_grace: String,
+}
+
+#[derive(Clone)]
+struct App {
+    svc: Service,
+    token: Option<Arc<str>>,
+    max_body: usize,
+    openapi: Arc<String>,
+}
+
+/// An answer that is an error.
+struct ApiError(ServiceError);
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let code = match e.class() {
+            Class::BadRequest => StatusCode::BAD_REQUEST,
+            Class::Denied => StatusCode::FORBIDDEN,
+            Class::NotFound => StatusCode::NOT_FOUND,
+            Class::Gone => StatusCode::GONE,
+            Class::Conflict => StatusCode::CONFLICT,
+            Class::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Class::Busy => StatusCode::TOO_MANY_REQUESTS,
+            Class::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Class::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut body = serde_json::to_value(ErrorBody { error: e.clone() }).unwrap_or_default();
+        if e.class() == Class::Denied {
+            body["status"] = "policy-denied".into();
+        }
+        let mut r = (code, axum::Json(body)).into_response();
+        if let Some(s) = e.retry_after {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
+    }
+}
+
+type Res<T> = Result<T, ApiError>;
+
+/// Reads the body (at most `max_body`) and decodes it; errors name the field.
+async fn decode<T: DeserializeOwned>(app: &App, body: Body) -> Res<T> {
+    let bytes = read_body(app, body).await?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError(ServiceError::json(&path, e.inner()))
+    })
+}
+
+async fn read_body(app: &App, body: Body) -> Res<Bytes> {
+    axum::body::to_bytes(body, app.max_body)
+        .await
+        .map_err(|_| ApiError(ServiceError::too_large(app.max_body)))
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Response {
+    axum::Json(v).into_response()
+}
+
+/// Runs `palisade serve`; returns the exit code.
+pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PALISADE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    // The file's values are each request's defaults; its `[bounds]` table, or without one the
+    // values themselves, the ceiling.
+    let mut bounds = None;
+    let policy = {
+        let mut b = palisade::Sandbox::builder().command(["true"]);
+        if let Some(p) = &a.policy {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("--policy {}", p.display()))?;
+            let f = palisade::policy::file::PolicyFile::parse(&p.display().to_string(), &text)?;
+            if f.bounds.is_some() {
+                bounds = Some(
+                    f.ceiling()
+                        .with_context(|| format!("--policy {}: [bounds]", p.display()))?,
+                );
+            }
+            b = b.policy_file(&f);
+        }
+        b.build()?.policy().clone()
+    };
+    let ceiling = match bounds {
+        Some(bounds) => Ceiling::with_bounds(policy, bounds),
+        None => Ceiling::new(policy),
+    }
+    .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    let listen = Listen::parse(&a.listen)?;
+    let token = match &a.token_file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("--token-file {}", p.display()))?;
+            let t = t.trim().to_owned();
+            anyhow::ensure!(
+                t.len() >= 16 && !t.chars().any(char::is_whitespace),
+                "--token-file {}: the token must be one line of at least 16 characters without spaces",
+                p.display()
+            );
+            Some(Arc::<str>::from(t))
+        }
+        None => None,
+    };
+    if let Listen::Tcp(addr) = &listen {
+        anyhow::ensure!(
+            addr.ip().is_loopback() || token.is_some(),
+            "--listen {addr}: not a loopback address, so anyone who can reach it could run code here; give --token-file (or listen on 127.0.0.1 or a unix socket)"
+        );
+    }
+    let exe =
+        std::env::current_exe().context("cannot find palisade's own executable (the agent)")?;
+    let mut config = Config::new(ceiling, exe);
+    if let Some(n) = a.max_concurrency {
+        anyhow::ensure!(n >= 1, "--max-concurrency {n}: at least 1");
+        config.max_concurrency = n;
+    }
+    config.max_queue = a.max_queue;
+    config.max_fetch_bytes = palisade::policy::parse_size("--max-fetch", &a.max_fetch)?;
+    config.session_ttl = palisade::policy::parse_duration("--session-ttl", &a.session_ttl)?;
+    config.session_idle = palisade::policy::parse_duration("--session-idle", &a.session_idle)?;
+    config.max_sessions = a.max_sessions;
+    config.shutdown_grace =
+        palisade::policy::parse_duration("--shutdown-grace", &a.shutdown_grace)?;
+    config.pool_size = a.pool;
+    config.pool_max_age = palisade::policy::parse_duration("--pool-max-age", &a.pool_max_age)?;
+    let max_body = palisade::policy::parse_size("--max-body", &a.max_body)?;
+    anyhow::ensure!(
+        max_body <= 1 << 30,
+        "--max-body {}: at most 1GiB",
+        a.max_body
+    );
+    palisade_service::raise_open_files();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(config, listen, token, max_body as usize))?;
+    Ok(0)
+}
+
+enum Listen {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Listen {
+    fn parse(s: &str) -> anyhow::Result<Listen> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            anyhow::ensure!(
+                p.starts_with('/'),
+                "--listen {s}: unix:PATH takes an absolute path"
+            );
+            return Ok(Listen::Unix(PathBuf::from(p)));
+        }
+        let addr: SocketAddr = s.parse().with_context(|| {
+            format!(
+                "--listen {s}: expected HOST:PORT (e.g. 127.0.0.1:8080, [::1]:8080) or unix:PATH"
+            )
+        })?;
+        Ok(Listen::Tcp(addr))
+    }
+}
+
+async fn serve(
+    config: Config,
+    listen: Listen,
+    token: Option<Arc<str>>,
+    max_body: usize,
+) -> anyhow::Result<()> {
+    let svc = Service::new(config);
+    svc.start_pool();
+    let app = App {
+        svc: svc.clone(),
+        token,
+        max_body,
+        openapi: Arc::new(openapi()),
+    };
+    let router = router(app);
+    let shutdown = {
+        let svc = svc.clone();
+        async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                .expect("SIGINT handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::info!(
+                "shutting down: no new work; running work has its grace, then is killed"
+            );
+            // Stop taking work and wind down in the background while the listener closes.
+            tokio::spawn(async move { svc.shutdown().await });
+        }
+    };
+    match listen {
+        Listen::Tcp(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--listen {addr}"))?;
+            tracing::info!(listen = %l.local_addr()?, "palisade serve");
+            axum::serve(l, router)
+                .with_graceful_shutdown(shutdown)
+                .await?;
+        }
+        Listen::Unix(path) => {
+            let l = palisade_service::bind_private_unix(&path)
+                .and_then(tokio::net::UnixListener::from_std)
+                .with_context(|| format!("--listen unix:{}", path.display()))?;
+            tracing::info!(listen = %path.display(), "palisade serve");
+            let r = axum::serve(l, router)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            let _ = std::fs::remove_file(&path);
+            r?;
+        }
+    }
+    // Connections are closed; make sure nothing of ours is left alive.
+    svc.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn router(app: App) -> Router {
+    let api = Router::new()
+        .route("/v1/run", post(run))
+        .route("/v1/run/batch", post(batch))
+        .route("/run_code", post(run_code))
+        .route("/v1/languages", get(languages))
+        .route("/v1/sandboxes", post(create_session).get(list_sessions))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(get_session).delete(delete_session),
+        )
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/exec/{exec}", get(exec_info))
+        .route("/v1/sandboxes/{id}/exec/{exec}/stdin", post(exec_stdin))
+        .route("/v1/sandboxes/{id}/exec/{exec}/signal", post(exec_signal))
+        .route("/v1/sandboxes/{id}/files", get(list_files))
+        .route(
+            "/v1/sandboxes/{id}/archive",
+            get(get_archive).put(put_archive),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files/{*path}",
+            get(get_file).put(put_file).delete(remove_file),
+        )
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_doc))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .merge(api)
+        .fallback(|| async { ApiError(ServiceError::not_found("endpoint", "(see /openapi.json)")) })
+        .with_state(app)
+}
+
+async fn auth(State(app): State<App>, req: Request, next: Next) -> Response {
+    if let Some(t) = &app.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let ok = given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes()));
+        if !ok {
+            let body = serde_json::json!({"error": {"code": "unauthorized", "message": "this server needs `Authorization: Bearer TOKEN` (the token of its --token-file)"}});
+            let mut r = (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn readyz(State(app): State<App>) -> Response {
+    if app.svc.ready() {
+        "ready\n".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    }
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.svc.metrics(),
+    )
+        .into_response()
+}
+
+async fn openapi_doc(State(app): State<App>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        app.openapi.as_str().to_owned(),
+    )
+        .into_response()
+}
+
+async fn languages(State(app): State<App>) -> Response {
+    json(&app.svc.languages())
+}
+
+async fn run(State(app): State<App>, body: Body) -> Res<Response> {
+    let req: api::RunRequest = decode(&app, body).await?;
+    let r = app.svc.run(req).await?;
+    tracing::info!(status = r.status.name(), wall_ms = r.wall_time_ms, "run");
+    Ok(json(&r))
+}
+
+async fn run_code(State(app): State<App>, body: Body) -> Res<Response> {
+    let req: fusion::RunCodeRequest = decode(&app, body).await?;
+    let r = app.svc.run_code(req).await?;
+    Ok(json(&r))
+}
+
+/// A streamed body from a channel, with a keep-alive chunk after each second of silence: a
+/// client that went away is noticed at the next write, which drops the receiver, which kills
+/// the work behind it (a batch's runs, an exec).
+fn stream_body<T, F>(rx: tokio::sync::mpsc::Receiver<T>, render: F, beat: &'static [u8]) -> Body
+where
+    T: Send + 'static,
+    F: Fn(T) -> Bytes + Send + Sync + 'static,
+{
+    let stream = futures_util::stream::unfold((rx, render), move |(mut rx, render)| async move {
+        let chunk = match tokio::time::timeout(HEARTBEAT, rx.recv()).await {
+            Ok(Some(item)) => render(item),
+            Ok(None) => return None,
+            Err(_) => Bytes::from_static(beat),
+        };
+        Some((Ok::<_, std::convert::Infallible>(chunk), (rx, render)))
+    });
+    Body::from_stream(stream)
+}
+
+/// Silence after which a streamed answer gets a keep-alive chunk.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// NDJSON lines from a channel; blank lines are keep-alives.
+fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<T>) -> Response {
+    let body = stream_body(
+        rx,
+        |item| {
+            let mut line = serde_json::to_vec(&item).unwrap_or_default();
+            line.push(b'\n');
+            Bytes::from(line)
+        },
+        b"\n",
+    );
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+async fn batch(State(app): State<App>, body: Body) -> Res<Response> {
+    let req: api::BatchRequest = decode(&app, body).await?;
+    let rx = app.svc.run_batch(req)?;
+    Ok(ndjson(rx))
+}
+
+async fn create_session(State(app): State<App>, body: Body) -> Res<Response> {
+    let req: api::SessionRequest = decode(&app, body).await?;
+    let s = app.svc.create_session(req).await?;
+    Ok((StatusCode::CREATED, axum::Json(s)).into_response())
+}
+
+async fn list_sessions(State(app): State<App>) -> Response {
+    json(&app.svc.list_sessions())
+}
+
+async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
+    Ok(json(&app.svc.get_session(&id)?))
+}
+
+async fn delete_session(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
+    let report = app.svc.delete_session(&id).await?;
+    Ok(json(&serde_json::json!({ "id": id, "report": report })))
+}
+
+async fn exec(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Res<Response> {
+    let req: api::ExecRequest = decode(&app, body).await?;
+    let accept_sse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let mode = req.mode.clone().unwrap_or_else(|| {
+        if accept_sse {
+            "sse".into()
+        } else {
+            "sync".into()
+        }
+    });
+    match mode.as_str() {
+        "sync" => Ok(json(&app.svc.exec(&id, req).await?)),
+        "background" => Ok((
+            StatusCode::ACCEPTED,
+            axum::Json(app.svc.exec_background(&id, req).await?),
+        )
+            .into_response()),
+        "stream" => Ok(ndjson(app.svc.exec_stream(&id, req).await?)),
+        "sse" => {
+            let rx = app.svc.exec_stream(&id, req).await?;
+            let body = stream_body(
+                rx,
+                |ev| {
+                    let name = match &ev {
+                        api::ExecEvent::Start { .. } => "start",
+                        api::ExecEvent::Stdout { .. } => "stdout",
+                        api::ExecEvent::Stderr { .. } => "stderr",
+                        api::ExecEvent::Exit { .. } => "exit",
+                    };
+                    let data = serde_json::to_string(&ev).unwrap_or_default();
+                    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+                },
+                b": keep-alive\n\n",
+            );
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "text/event-stream"),
+                    (header::CACHE_CONTROL, "no-cache"),
+                ],
+                body,
+            )
+                .into_response())
+        }
+        other => Err(ApiError(ServiceError::invalid(
+            "mode",
+            other,
+            "one of: sync, stream, sse, background",
+        ))),
+    }
+}
+
+fn exec_id(s: &str) -> Res<u64> {
+    s.parse()
+        .map_err(|_| ApiError(ServiceError::invalid("exec", s, "an exec id (a number)")))
+}
+
+async fn exec_info(State(app): State<App>, Path((id, e)): Path<(String, String)>) -> Res<Response> {
+    Ok(json(&app.svc.exec_info(&id, exec_id(&e)?)?))
+}
+
+async fn exec_stdin(
+    State(app): State<App>,
+    Path((id, e)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Body,
+) -> Res<Response> {
+    let data = read_body(&app, body).await?;
+    let close = match q.get("close").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => return Err(ApiError(ServiceError::invalid("close", v, "true or false"))),
+    };
+    app.svc
+        .exec_stdin(&id, exec_id(&e)?, data.to_vec(), close)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn exec_signal(
+    State(app): State<App>,
+    Path((id, e)): Path<(String, String)>,
+    body: Body,
+) -> Res<Response> {
+    let req: api::SignalRequest = decode(&app, body).await?;
+    let sig = parse_signal(&req.signal)?;
+    app.svc.exec_signal(&id, exec_id(&e)?, sig).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn parse_signal(v: &serde_json::Value) -> Res<i32> {
+    const NAMES: &[(&str, i32)] = &[
+        ("HUP", 1),
+        ("INT", 2),
+        ("QUIT", 3),
+        ("KILL", 9),
+        ("USR1", 10),
+        ("USR2", 12),
+        ("TERM", 15),
+        ("CONT", 18),
+        ("STOP", 19),
+    ];
+    let bad = || {
+        ApiError(ServiceError::invalid("signal", v.to_string(), "a signal number from 1 to 64 or a name: HUP, INT, QUIT, KILL, USR1, USR2, TERM, CONT, STOP"))
+    };
+    match v {
+        serde_json::Value::Number(n) => n
+            .as_i64()
+            .filter(|n| (1..=64).contains(n))
+            .map(|n| n as i32)
+            .ok_or_else(bad),
+        serde_json::Value::String(s) => {
+            let s = s.strip_prefix("SIG").unwrap_or(s);
+            NAMES
+                .iter()
+                .find(|(n, _)| *n == s)
+                .map(|(_, v)| *v)
+                .ok_or_else(bad)
+        }
+        _ => Err(bad()),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    path: String,
+}
+
+async fn list_files(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Res<Response> {
+    Ok(json(&app.svc.list_files(&id, &q.path).await?))
+}
+
+async fn get_file(
+    State(app): State<App>,
+    Path((id, path)): Path<(String, String)>,
+) -> Res<Response> {
+    let data = app.svc.get_file(&id, &path).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+async fn put_file(
+    State(app): State<App>,
+    Path((id, path)): Path<(String, String)>,
+    body: Body,
+) -> Res<Response> {
+    let data = read_body(&app, body).await?;
+    app.svc.put_file(&id, &path, data.to_vec()).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn get_archive(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Res<Response> {
+    let (tar, skipped) = app.svc.get_archive(&id, &q.path).await?;
+    let mut r = ([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response();
+    if let Ok(v) = HeaderValue::from_str(&skipped.to_string()) {
+        r.headers_mut().insert("x-palisade-skipped", v);
+    }
+    Ok(r)
+}
+
+async fn put_archive(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+    body: Body,
+) -> Res<Response> {
+    let data = read_body(&app, body).await?;
+    app.svc.put_archive(&id, &q.path, data.to_vec()).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn remove_file(
+    State(app): State<App>,
+    Path((id, path)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Res<Response> {
+    let recursive = q.get("recursive").is_some_and(|v| v == "true");
+    app.svc.remove_file(&id, &path, recursive).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The OpenAPI 3.1 document, generated from the request and response types.
+pub fn openapi() -> String {
+    use schemars::JsonSchema;
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas".into();
+    let mut g = settings.into_generator();
+    let r = |s: schemars::Schema| s.to_value();
+    let run_req = r(g.subschema_for::<api::RunRequest>());
+    let run_res = r(g.subschema_for::<api::RunResult>());
+    let batch_req = r(g.subschema_for::<api::BatchRequest>());
+    let batch_line = r(g.subschema_for::<api::BatchLine>());
+    let fusion_req = r(g.subschema_for::<fusion::RunCodeRequest>());
+    let fusion_res = r(g.subschema_for::<fusion::RunCodeResponse>());
+    let langs = r(g.subschema_for::<Vec<api::Language>>());
+    let sess_req = r(g.subschema_for::<api::SessionRequest>());
+    let sess = r(g.subschema_for::<api::SessionInfo>());
+    let sessions = r(g.subschema_for::<Vec<api::SessionInfo>>());
+    let exec_req = r(g.subschema_for::<api::ExecRequest>());
+    let stage = r(g.subschema_for::<api::Stage>());
+    let exec_info = r(g.subschema_for::<api::ExecInfo>());
+    let exec_ev = r(g.subschema_for::<api::ExecEvent>());
+    let sig = r(g.subschema_for::<api::SignalRequest>());
+    let listing = r(g.subschema_for::<api::Listing>());
+    let err = r(g.subschema_for::<ErrorBody>());
+    let _ = api::Content::schema_name();
+    let defs = g.take_definitions(true);
+    let body = |s: &serde_json::Value| serde_json::json!({"required": true, "content": {"application/json": {"schema": s}}});
+    let ok = |s: &serde_json::Value, ct: &str| serde_json::json!({"description": "OK", "content": {ct: {"schema": s}}});
+    let errors = serde_json::json!({
+        "400": {"description": "Malformed request: the error names the field and what is accepted", "content": {"application/json": {"schema": err}}},
+        "401": {"description": "Missing or wrong bearer token"},
+        "403": {"description": "Above the server's ceiling, or not permitted by its policy (status policy-denied)", "content": {"application/json": {"schema": err}}},
+        "404": {"description": "No such session, exec or file", "content": {"application/json": {"schema": err}}},
+        "409": {"description": "In conflict with the exec's state (its stdin is closed, it has ended)", "content": {"application/json": {"schema": err}}},
+        "410": {"description": "The session is gone: past its TTL or idle timeout, deleted, or killed by a session-wide limit", "content": {"application/json": {"schema": err}}},
+        "413": {"description": "Body over --max-body", "content": {"application/json": {"schema": err}}},
+        "429": {"description": "Queue full: retry after Retry-After seconds", "content": {"application/json": {"schema": err}}},
+        "503": {"description": "Shutting down", "content": {"application/json": {"schema": err}}},
+        "500": {"description": "palisade failed on the server's side", "content": {"application/json": {"schema": err}}},
+    });
+    let with = |mut ok: serde_json::Value| {
+        if let (Some(o), Some(e)) = (ok.as_object_mut(), errors.as_object()) {
+            for (k, v) in e {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+        ok
+    };
+    let id = serde_json::json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
+    let exec = serde_json::json!({"name": "exec", "in": "path", "required": true, "schema": {"type": "integer"}});
+    let path = serde_json::json!({"name": "path", "in": "path", "required": true, "schema": {"type": "string"}});
+    let doc = serde_json::json!({
+        "openapi": "3.1.0",
+        "info": {"title": "palisade serve", "version": env!("CARGO_PKG_VERSION"), "description": "Run code nobody has read behind a kernel-enforced boundary (docs/server.md)."},
+        "components": {
+            "schemas": defs,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/run": {"post": {"summary": "Run one program in a fresh sandbox", "requestBody": body(&run_req), "responses": with(serde_json::json!({"200": ok(&run_res, "application/json")}))}},
+            "/v1/run/batch": {"post": {"summary": "Run many; results as NDJSON lines in order of completion, each with its index", "requestBody": body(&batch_req), "responses": with(serde_json::json!({"200": ok(&batch_line, "application/x-ndjson")}))}},
+            "/run_code": {"post": {"summary": "SandboxFusion-compatible run", "requestBody": body(&fusion_req), "responses": with(serde_json::json!({"200": ok(&fusion_res, "application/json")}))}},
+            "/v1/languages": {"get": {"summary": "Languages this server runs", "responses": {"200": ok(&langs, "application/json")}}},
+            "/v1/sandboxes": {
+                "post": {"summary": "Create a session", "requestBody": body(&sess_req), "responses": with(serde_json::json!({"201": ok(&sess, "application/json")}))},
+                "get": {"summary": "List sessions", "responses": {"200": ok(&sessions, "application/json")}}
+            },
+            "/v1/sandboxes/{id}": {
+                "parameters": [id],
+                "get": {"summary": "A session", "responses": with(serde_json::json!({"200": ok(&sess, "application/json")}))},
+                "delete": {"summary": "Destroy a session; answers its final report", "responses": with(serde_json::json!({"200": {"description": "Destroyed"}}))}
+            },
+            "/v1/sandboxes/{id}/exec": {
+                "parameters": [id],
+                "post": {"summary": "Run a command in the session: mode sync (a Stage), stream (NDJSON ExecEvents), sse (events stdout, stderr, exit), background (202, an ExecInfo)", "requestBody": body(&exec_req),
+                    "responses": with(serde_json::json!({"200": {"description": "OK", "content": {"application/json": {"schema": stage}, "application/x-ndjson": {"schema": exec_ev}, "text/event-stream": {"schema": {"type": "string"}}}}, "202": ok(&exec_info, "application/json")}))}
+            },
+            "/v1/sandboxes/{id}/exec/{exec}": {"parameters": [id, exec], "get": {"summary": "A background exec's state", "responses": with(serde_json::json!({"200": ok(&exec_info, "application/json")}))}},
+            "/v1/sandboxes/{id}/exec/{exec}/stdin": {"parameters": [id, exec], "post": {"summary": "Bytes for a background exec's stdin (?close=true ends it)", "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Written"}}))}},
+            "/v1/sandboxes/{id}/exec/{exec}/signal": {"parameters": [id, exec], "post": {"summary": "Signal a running exec's process group", "requestBody": body(&sig), "responses": with(serde_json::json!({"204": {"description": "Sent"}}))}},
+            "/v1/sandboxes/{id}/files": {"parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}], "get": {"summary": "List a directory", "responses": with(serde_json::json!({"200": ok(&listing, "application/json")}))}},
+            "/v1/sandboxes/{id}/files/{path}": {
+                "parameters": [id, path],
+                "get": {"summary": "Read a regular file (never through a symlink)", "responses": with(serde_json::json!({"200": {"description": "The bytes", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}}))},
+                "put": {"summary": "Write a file (parents created; never through a symlink)", "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Written"}}))},
+                "delete": {"summary": "Remove a file (?recursive=true for a directory)", "responses": with(serde_json::json!({"204": {"description": "Removed"}}))}
+            },
+            "/v1/sandboxes/{id}/archive": {
+                "parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}],
+                "get": {"summary": "A tar of a directory, made inside: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed)", "responses": with(serde_json::json!({"200": {"description": "The archive", "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
+                "put": {"summary": "Unpack a tar under a directory, inside: regular files and directories with relative names only, checked whole first", "requestBody": {"content": {"application/x-tar": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Unpacked"}}))}
+            },
+            "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/readyz": {"get": {"summary": "Taking work", "security": [], "responses": {"200": {"description": "ready"}, "503": {"description": "shutting down"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        }
+    });
+    serde_json::to_string_pretty(&doc).expect("the document serializes")
+}

@@ -1,0 +1,1792 @@
+//! `palisade serve` over real sockets with real sandboxes: every endpoint, bad input, sessions,
+//! file transfer attacks, the queue, SIGTERM under load, clients that go away, and veRL's own
+//! SandboxFusion client. Each test starts its own server on a unix socket (or loopback TCP) in a
+//! temporary directory; they run as root and as the unprivileged test user (scripts/test.sh).
+
+mod common;
+
+use common::{host_pids_with, palisade_bin, unique, TempDir};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `palisade serve`.
+struct Server {
+    child: Option<Child>,
+    dir: TempDir,
+    sock: PathBuf,
+}
+
+impl Server {
+    /// `palisade serve --listen unix:DIR/s.sock` with `policy` (TOML) as its ceiling.
+    fn start(policy: &str, opts: &[&str]) -> Server {
+        // A name of its own: a directory of an earlier server is never reused.
+        let dir = TempDir::new(&unique("serve").replace('-', ""));
+        std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
+        let sock = dir.path().join("s.sock");
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = Command::new(palisade_bin())
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--policy")
+            .arg(dir.path().join("policy.toml"))
+            .args(opts)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("palisade serve starts");
+        let mut s = Server {
+            child: Some(child),
+            dir,
+            sock,
+        };
+        let t0 = Instant::now();
+        loop {
+            if s.sock.exists() && s.get("/healthz").status == 200 {
+                return s;
+            }
+            if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("palisade serve exited {st}: {}", s.log());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "palisade serve did not come up: {}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    fn req(&self, method: &str, path: &str, body: &[u8]) -> Resp {
+        if let Err(e) = UnixStream::connect(&self.sock) {
+            panic!(
+                "the server is gone ({e}; socket there: {}): {}",
+                self.sock.exists(),
+                self.log()
+            );
+        }
+        request(&self.sock, method, path, &[], body)
+    }
+
+    fn get(&self, path: &str) -> Resp {
+        self.req("GET", path, b"")
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Resp {
+        self.req("POST", path, body.to_string().as_bytes())
+    }
+
+    /// SIGTERM, then waits for the exit; returns its status code.
+    fn stop(&mut self) -> i32 {
+        let mut c = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let st = c.wait().unwrap();
+        st.code().unwrap_or(-1)
+    }
+
+    /// A gauge or counter from /metrics.
+    fn metric(&self, name: &str) -> u64 {
+        let m = self.get("/metrics");
+        let text = String::from_utf8_lossy(&m.body).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A server started by a test itself, killed if the test fails before stopping it.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    fn lines(&self) -> Vec<Value> {
+        String::from_utf8_lossy(&self.body)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+fn send(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> UnixStream {
+    let mut s = UnixStream::connect(sock).expect("connect to the server");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: palisade\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut all = head.into_bytes();
+    all.extend_from_slice(body);
+    // A server may answer (401, 413) and close before it reads the whole body: the answer is
+    // still there to read.
+    let _ = s.write_all(&all);
+    s
+}
+
+/// One HTTP/1.1 request over the unix socket (Connection: close; chunked bodies decoded).
+fn request(sock: &Path, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    let mut s = send(sock, method, path, headers, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse(&raw)
+}
+
+fn parse(raw: &[u8]) -> Resp {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete head");
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[end + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"))
+    {
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        loop {
+            let nl = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("chunk size line");
+            let n = usize::from_str_radix(String::from_utf8_lossy(&rest[..nl]).trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
+            rest = &rest[nl + 2 + n + 2..];
+        }
+        body = out;
+    }
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// What a server process holds that a leak would leave: child processes, its runs' cgroups,
+/// its temporary directories.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    children: usize,
+    cgroups: Vec<String>,
+    temp_dirs: usize,
+}
+
+fn held(pid: u32) -> Held {
+    let mut children = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+            if after
+                .split_whitespace()
+                .nth(1)
+                .and_then(|x| x.parse::<u32>().ok())
+                == Some(pid)
+            {
+                children += 1;
+            }
+        }
+    }
+    let mut cgroups = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&format!("run-{pid}-")) {
+                    cgroups.push(e.path().display().to_string());
+                }
+                if d.components().count() < 8 {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    let temp_dirs = std::fs::read_dir(std::env::temp_dir())
+        .map(|r| {
+            r.flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("palisade-{pid}-"))
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    Held {
+        children,
+        cgroups,
+        temp_dirs,
+    }
+}
+
+/// Waits until `pid` holds no sandbox any more (or fails with what is left).
+fn assert_nothing_held(pid: u32) {
+    let t0 = Instant::now();
+    loop {
+        let h = held(pid);
+        if h == (Held {
+            children: 0,
+            cgroups: Vec::new(),
+            temp_dirs: 0,
+        }) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "left behind by the server: {h:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const POLICY: &str = "[limits]\nmemory = \"512MiB\"\ntimeout = \"60s\"\n";
+
+#[test]
+fn every_endpoint_answers() {
+    let s = Server::start(POLICY, &[]);
+    assert_eq!(s.get("/healthz").status, 200);
+    assert_eq!(s.get("/readyz").status, 200);
+    // The OpenAPI document is 3.1 and generated from the types: the schemas it names are there.
+    let doc = s.get("/openapi.json").json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for p in [
+        "/v1/run",
+        "/v1/run/batch",
+        "/run_code",
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}/exec",
+        "/v1/sandboxes/{id}/files/{path}",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} missing");
+    }
+    let schemas = &doc["components"]["schemas"];
+    assert!(
+        schemas["RunRequest"]["properties"]["limits"].is_object(),
+        "{schemas}"
+    );
+    assert!(schemas["RunCodeRequest"]["properties"]["memory_limit_MB"].is_object());
+    let text = doc.to_string();
+    assert!(
+        !text.contains("#/$defs/"),
+        "every reference points into components"
+    );
+    let langs = s.get("/v1/languages").json();
+    let names: Vec<&str> = langs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"python") && names.contains(&"cpp") && names.contains(&"bash"),
+        "{names:?}"
+    );
+
+    // A command, directly.
+    let r = s.post("/v1/run", &json!({"command": ["sh", "-c", "read x; echo out $x; echo err >&2; exit 3"], "stdin": "in"}));
+    assert_eq!(r.status, 200);
+    let j = r.json();
+    assert_eq!(
+        (j["status"].as_str(), j["exit_code"].as_i64()),
+        (Some("exit"), Some(3)),
+        "{j}"
+    );
+    assert_eq!(
+        (j["stdout"]["data"].as_str(), j["stderr"]["data"].as_str()),
+        (Some("out in\n"), Some("err\n"))
+    );
+    assert_eq!(j["report"]["status"], "exit");
+    assert!(j["report"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l["name"] == "seccomp" && l["enforced"] == true));
+    // Code with files in and out, through the agent; binary content in base64.
+    let r = s.post(
+        "/v1/run",
+        &json!({"language": "python", "code": "import sys\nd=open('data/in.bin','rb').read()\nopen('out.bin','wb').write(d[::-1])\nprint(sys.stdin.read().upper())",
+                "stdin": {"base64": "aGVsbG8="}, "files": {"data/in.bin": {"base64": "AP8B"}}, "fetch": ["out.bin", "missing.txt"], "env": {"X": "1"}}),
+    );
+    let j = r.json();
+    assert_eq!(j["status"], "ok", "{j}");
+    assert_eq!(j["stdout"]["data"], "HELLO\n");
+    assert_eq!(
+        j["files"]["out.bin"],
+        json!({"data": "Af8A", "encoding": "base64", "bytes": 3, "truncated": false})
+    );
+    assert_eq!(j["file_errors"]["missing.txt"], "not-found");
+    // A compiled language: a compile stage, then the program.
+    let j = s.post("/v1/run", &json!({"language": "cpp", "code": "#include <cstdio>\nint main(){int a,b;scanf(\"%d %d\",&a,&b);printf(\"%d\\n\",a+b);}", "stdin": "2 40"})).json();
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["data"].as_str()),
+        (Some("ok"), Some("42\n")),
+        "{j}"
+    );
+    assert_eq!(j["compile"]["status"], "ok");
+    let j = s
+        .post("/v1/run", &json!({"language": "c", "code": "int main( {"}))
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["compile"]["status"].as_str()),
+        (Some("exit"), Some("exit")),
+        "{j}"
+    );
+    assert!(
+        j["compile"]["stderr"]["data"]
+            .as_str()
+            .unwrap()
+            .contains("error"),
+        "{j}"
+    );
+    // Each limit's status, from one vocabulary.
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["sleep", "30"], "limits": {"timeout_ms": 300}}),
+        )
+        .json();
+    assert_eq!(j["status"], "timeout", "{j}");
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import time\ntime.sleep(30)", "limits": {"timeout_ms": 300}})).json();
+    assert_eq!(j["status"], "timeout", "{j}");
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["yes"], "limits": {"output_bytes": 1000}}),
+        )
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["truncated"].as_bool()),
+        (Some("output-limit"), Some(true)),
+        "{j}"
+    );
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"language": "bash", "code": "yes", "limits": {"output_bytes": 1000}}),
+        )
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["bytes"].as_u64()),
+        (Some("output-limit"), Some(1000)),
+        "{j}"
+    );
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "x = bytearray(400 << 20)\nx[::4096] = b'x' * len(x[::4096])\n", "limits": {"memory_bytes": 64 << 20}})).json();
+    assert_eq!(j["status"], "oom", "{j}");
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["sh", "-c", "kill -SEGV $$"]}),
+        )
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["signal"].as_i64()),
+        (Some("signal"), Some(11)),
+        "{j}"
+    );
+    let j = s
+        .post("/v1/run", &json!({"command": ["no-such-program"]}))
+        .json();
+    assert_eq!(
+        j["status"], "sandbox-error",
+        "a program that cannot start is never the program's result: {j}"
+    );
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "while True: pass", "limits": {"cpu_time_ms": 300}})).json();
+    assert_eq!(j["status"], "cpu-timeout", "{j}");
+
+    // A batch: NDJSON lines in order of completion, every index once.
+    let r = s.post(
+        "/v1/run/batch",
+        &json!({"runs": [
+        {"command": ["sh", "-c", "sleep 0.5; echo slow"]},
+        {"command": ["echo", "fast"]},
+        {"language": "python", "code": "print(6*7)"},
+        {"command": ["false"]}], "concurrency": 4}),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+    let mut lines = r.lines();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    lines.sort_by_key(|l| l["index"].as_u64());
+    let outs: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["result"]["status"].as_str().unwrap(),
+                l["result"]["stdout"]["data"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outs,
+        vec![
+            ("ok", "slow\n"),
+            ("ok", "fast\n"),
+            ("ok", "42\n"),
+            ("exit", "")
+        ]
+    );
+
+    // SandboxFusion's shape.
+    let j = s.post("/run_code", &json!({"code": "print(input())", "language": "python", "stdin": "7", "run_timeout": 5, "files": {"a.txt": "aGk="}, "fetch_files": ["a.txt"]})).json();
+    assert_eq!(
+        (j["status"].as_str(), j["message"].as_str()),
+        (Some("Success"), Some("")),
+        "{j}"
+    );
+    assert_eq!(j["run_result"]["status"], "Finished");
+    assert_eq!(
+        (
+            j["run_result"]["return_code"].as_i64(),
+            j["run_result"]["stdout"].as_str()
+        ),
+        (Some(0), Some("7\n"))
+    );
+    assert_eq!(j["files"]["a.txt"], "aGk=");
+    assert!(j["compile_result"].is_null());
+    let j = s.post("/run_code", &json!({"code": "import time; time.sleep(5)", "language": "python", "run_timeout": 0.3})).json();
+    assert_eq!(
+        (j["status"].as_str(), j["run_result"]["status"].as_str()),
+        (Some("Failed"), Some("TimeLimitExceeded")),
+        "{j}"
+    );
+    let j = s
+        .post(
+            "/run_code",
+            &json!({"code": "int main(){return 1", "language": "cpp"}),
+        )
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["compile_result"]["status"].as_str()),
+        (Some("Failed"), Some("Finished")),
+        "{j}"
+    );
+    assert!(
+        j["run_result"].is_null() && j["compile_result"]["return_code"].as_i64() != Some(0),
+        "{j}"
+    );
+
+    let m = String::from_utf8(s.get("/metrics").body).unwrap();
+    for needle in [
+        "palisade_runs_total{status=\"ok\"}",
+        "palisade_runs_total{status=\"oom\"} 1",
+        "palisade_run_seconds_bucket",
+        "palisade_queue_depth 0",
+        "palisade_sessions 0",
+        "palisade_denied_egress_total",
+        "palisade_oom_kills_total",
+    ] {
+        assert!(m.contains(needle), "{needle} not in {m}");
+    }
+    assert_nothing_held(s.pid());
+}
+
+#[test]
+fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
+    let policy =
+        "[limits]\nmemory = \"256MiB\"\ntimeout = \"20s\"\n[network]\nallow = [\"pypi.org\"]\n";
+    let s = Server::start(policy, &["--max-body", "64KiB"]);
+    let pid = s.pid();
+    // (what, body, status, code, field)
+    type Case<'a> = (&'a str, Vec<u8>, u16, &'a str, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        (
+            "malformed JSON",
+            b"{\"command\": [".to_vec(),
+            400,
+            "invalid-json",
+            None,
+        ),
+        ("not an object", b"[1]".to_vec(), 400, "invalid-json", None),
+        (
+            "unknown field",
+            br#"{"command":["true"],"memroy":1}"#.to_vec(),
+            400,
+            "unknown-field",
+            None,
+        ),
+        (
+            "unknown nested field",
+            br#"{"command":["true"],"limits":{"memory":1}}"#.to_vec(),
+            400,
+            "unknown-field",
+            Some("limits.memory"),
+        ),
+        (
+            "wrong type",
+            br#"{"command":["true"],"limits":{"memory_bytes":"lots"}}"#.to_vec(),
+            400,
+            "invalid-json",
+            Some("limits.memory_bytes"),
+        ),
+        (
+            "unknown language",
+            br#"{"language":"cobol","code":"x"}"#.to_vec(),
+            400,
+            "unknown-language",
+            Some("language"),
+        ),
+        (
+            "memory over the ceiling",
+            br#"{"command":["true"],"limits":{"memory_bytes":1073741824}}"#.to_vec(),
+            403,
+            "ceiling",
+            Some("limits.memory_bytes"),
+        ),
+        (
+            "timeout over the ceiling",
+            br#"{"command":["true"],"limits":{"timeout_ms":60000}}"#.to_vec(),
+            403,
+            "ceiling",
+            Some("limits.timeout_ms"),
+        ),
+        (
+            "compile timeout over the ceiling",
+            br#"{"language":"c","code":"int main(){}","compile":{"timeout_ms":60000}}"#.to_vec(),
+            403,
+            "ceiling",
+            Some("compile.timeout_ms"),
+        ),
+        (
+            "allow rule not permitted",
+            br#"{"command":["true"],"allow_net":["example.com"]}"#.to_vec(),
+            403,
+            "not-allowed",
+            Some("allow_net[0]"),
+        ),
+        (
+            "a wildcard allow rule",
+            br#"{"command":["true"],"allow_net":["*"]}"#.to_vec(),
+            400,
+            "invalid",
+            Some("allow_net[0]"),
+        ),
+        (
+            "a file path with ..",
+            br#"{"command":["true"],"files":{"../x":"a"}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("files[\"../x\"]"),
+        ),
+        (
+            "an absolute file path",
+            br#"{"command":["true"],"files":{"/etc/passwd":"a"}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("files[\"/etc/passwd\"]"),
+        ),
+        (
+            "a fetch path with ..",
+            br#"{"command":["true"],"fetch":["a/../../b"]}"#.to_vec(),
+            400,
+            "invalid",
+            Some("fetch[0]"),
+        ),
+        (
+            "bad base64",
+            br#"{"command":["true"],"stdin":{"base64":"@@"}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("stdin"),
+        ),
+        (
+            "a bad variable name",
+            br#"{"command":["true"],"env":{"1X":"a"}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("env.1X"),
+        ),
+        (
+            "too few processes for the agent",
+            br#"{"language":"python","code":"","limits":{"pids":2}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("limits.pids"),
+        ),
+        (
+            "too few processes to run at all",
+            br#"{"command":["true"],"limits":{"pids":1}}"#.to_vec(),
+            400,
+            "invalid",
+            Some("limits.pids"),
+        ),
+        (
+            "no command",
+            br#"{}"#.to_vec(),
+            400,
+            "invalid",
+            Some("command"),
+        ),
+        (
+            "a body over the limit",
+            format!(
+                "{{\"command\":[\"true\"],\"stdin\":\"{}\"}}",
+                "x".repeat(70_000)
+            )
+            .into_bytes(),
+            413,
+            "too-large",
+            None,
+        ),
+    ];
+    for (what, body, status, code, field) in &cases {
+        let r = s.req("POST", "/v1/run", body);
+        assert_eq!(
+            r.status,
+            *status,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let e = &r.json()["error"];
+        assert_eq!(e["code"], *code, "{what}: {e}");
+        if let Some(f) = field {
+            assert_eq!(e["field"], *f, "{what}: {e}");
+        }
+        assert!(!e["message"].as_str().unwrap().is_empty());
+        if *status == 403 {
+            assert_eq!(r.json()["status"], "policy-denied", "{what}");
+            assert!(
+                e["accepted"].as_str().is_some(),
+                "{what}: the accepted values are named: {e}"
+            );
+        }
+    }
+    // The ceiling's own values are named.
+    let e = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["true"], "limits": {"memory_bytes": 1u64 << 30}}),
+        )
+        .json();
+    assert!(
+        e["error"]["accepted"]
+            .as_str()
+            .unwrap()
+            .contains(&(256u64 << 20).to_string()),
+        "{e}"
+    );
+    let e = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["true"], "allow_net": ["example.com"]}),
+        )
+        .json();
+    assert!(
+        e["error"]["accepted"]
+            .as_str()
+            .unwrap()
+            .contains("pypi.org"),
+        "{e}"
+    );
+    // Batches name the run; SandboxFusion's endpoint names its own fields.
+    let r = s.post("/v1/run/batch", &json!({"runs": [{"command": ["true"]}, {"command": ["true"], "limits": {"pids": 1u64 << 40}}]}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("runs[1].limits.pids"))
+    );
+    let r = s.post(
+        "/run_code",
+        &json!({"code": "", "language": "python", "memory_limit_MB": 4096}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("limits.memory_bytes"))
+    );
+    let r = s.post("/run_code", &json!({"code": "", "language": "brainfuck"}));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (400, Some("unknown-language"))
+    );
+    // Unknown sessions, execs, endpoints.
+    let r = s.get("/v1/sandboxes/sb-nope");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (404, Some("not-found"))
+    );
+    let r = s.post("/v1/sandboxes/sb-nope/exec", &json!({"command": ["true"]}));
+    assert_eq!(r.status, 404);
+    assert_eq!(s.get("/v2/nothing").status, 404);
+    // Found by schemathesis: these were 500s (the sandbox could not even start its agent).
+    let r = s.post("/v1/sandboxes", &json!({"limits": {"open_files": 1}}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.open_files"))
+    );
+    let r = s.post(
+        "/v1/run",
+        &json!({"command": ["true"], "limits": {"open_files": 3}}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.open_files"))
+    );
+    let r = s.post("/v1/sandboxes", &json!({"limits": {"pids": 1}}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.pids"))
+    );
+    let r = s.post("/v1/sandboxes", &json!({"ttl_s": 1_000_000}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("ttl_s"))
+    );
+    // Nothing ran for any of them.
+    assert_eq!(s.metric("palisade_runs_total{status=\"ok\"}"), 0);
+    assert_nothing_held(pid);
+}
+
+#[test]
+fn a_token_is_required_when_given_and_off_loopback() {
+    let dir = TempDir::new("serve-token");
+    let out = Command::new(palisade_bin())
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--token-file") && err.contains("loopback"),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("token"), "0123456789abcdef-token\n").unwrap();
+    let mut s = {
+        std::fs::write(dir.path().join("p.toml"), "").unwrap();
+        let sock = dir.path().join("t.sock");
+        let child = Command::new(palisade_bin())
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--token-file")
+            .arg(dir.path().join("token"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until("the socket", || sock.exists());
+        (Reap(child), sock)
+    };
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&s.1).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "only the server's user may connect"
+    );
+    let r = request(&s.1, "POST", "/v1/run", &[], br#"{"command":["true"]}"#);
+    assert_eq!(
+        (r.status, r.header("www-authenticate")),
+        (401, Some("Bearer"))
+    );
+    let r = request(
+        &s.1,
+        "POST",
+        "/v1/run",
+        &[("Authorization", "Bearer wrong-token-of-some-length")],
+        br#"{"command":["true"]}"#,
+    );
+    assert_eq!(r.status, 401);
+    let r = request(
+        &s.1,
+        "POST",
+        "/v1/run",
+        &[("Authorization", "Bearer 0123456789abcdef-token")],
+        br#"{"command":["true"]}"#,
+    );
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ok")));
+    assert_eq!(
+        request(&s.1, "GET", "/healthz", &[], b"").status,
+        200,
+        "health checks need no token"
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &s.0 .0.id().to_string()])
+        .status();
+    assert_eq!(s.0 .0.wait().unwrap().code(), Some(0));
+    assert!(!s.1.exists(), "the socket is removed at exit");
+}
+
+/// A socket left by a server that died is replaced; anything else at the path is not.
+#[test]
+fn a_stale_socket_is_replaced_and_nothing_else_is() {
+    let dir = TempDir::new("serve-stale");
+    let sock = dir.path().join("s.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the server answers", || {
+        UnixStream::connect(&sock).is_ok()
+            && request(&sock, "GET", "/healthz", &[], b"").status == 200
+    });
+    // A second server on a live socket is refused.
+    let out = Command::new(palisade_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not replaced"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+    // A regular file is never removed.
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").unwrap();
+    let out = Command::new(palisade_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", file.display()))
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
+
+#[test]
+fn a_session_survives_many_execs_and_dies_at_its_ttl() {
+    let s = Server::start(POLICY, &[]);
+    let info = s.post("/v1/sandboxes", &json!({"ttl_s": 4, "labels": {"who": "test"}, "idempotency_key": "k1", "env": {"GREETING": "hi"}}));
+    assert_eq!(info.status, 201, "{:?}", info);
+    let info = info.json();
+    let id = info["id"].as_str().unwrap().to_owned();
+    assert_eq!(info["labels"]["who"], "test");
+    // The same idempotency key gives the same session.
+    assert_eq!(
+        s.post("/v1/sandboxes", &json!({"idempotency_key": "k1"}))
+            .json()["id"],
+        id.as_str()
+    );
+    // Many execs share the session's filesystem and processes' ceilings.
+    for i in 0..30 {
+        let j = s
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                &json!({"command": ["sh", "-c", "echo $GREETING >> log; wc -l < log"]}),
+            )
+            .json();
+        assert_eq!(j["status"], "ok", "{j}");
+        assert_eq!(
+            j["stdout"]["data"].as_str().unwrap().trim(),
+            (i + 1).to_string()
+        );
+    }
+    // Files: put, list, get, remove.
+    assert_eq!(
+        s.req(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/files/d/e/f.txt"),
+            b"content"
+        )
+        .status,
+        204
+    );
+    let l = s.get(&format!("/v1/sandboxes/{id}/files?path=d/e")).json();
+    assert_eq!(
+        l["entries"],
+        json!([{"name": "f.txt", "kind": "file", "size": 7}])
+    );
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/d/e/f.txt")).body,
+        b"content"
+    );
+    assert_eq!(
+        s.req(
+            "DELETE",
+            &format!("/v1/sandboxes/{id}/files/d?recursive=true"),
+            b""
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/d/e/f.txt")).status,
+        404
+    );
+    // Streamed as NDJSON and as server-sent events.
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["sh", "-c", "echo one; echo two >&2"], "mode": "stream"}),
+    );
+    let ev: Vec<String> = r
+        .lines()
+        .iter()
+        .map(|l| l["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ev.first().map(String::as_str), Some("start"));
+    assert_eq!(ev.last().map(String::as_str), Some("exit"));
+    assert!(
+        ev.contains(&"stdout".into()) && ev.contains(&"stderr".into()),
+        "{ev:?}"
+    );
+    let r = request(
+        &s.sock,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &[("Accept", "text/event-stream")],
+        br#"{"command":["echo","sse"]}"#,
+    );
+    let text = String::from_utf8(r.body).unwrap();
+    assert!(
+        text.contains("event: stdout\ndata: ") && text.contains("event: exit\n"),
+        "{text}"
+    );
+    // In the background: poll, feed stdin, signal.
+    let b = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["sh", "-c", "cat; echo done"], "mode": "background"}),
+    );
+    assert_eq!(b.status, 202);
+    let e = b.json()["id"].as_u64().unwrap();
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["running"],
+        true
+    );
+    assert_eq!(
+        s.req(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec/{e}/stdin"),
+            b"fed "
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        s.req(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec/{e}/stdin?close=true"),
+            b"input"
+        )
+        .status,
+        204
+    );
+    wait_until("the background exec ends", || {
+        s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["running"] == false
+    });
+    let j = s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json();
+    assert_eq!(j["result"]["stdout"]["data"], "fed inputdone\n", "{j}");
+    let b = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sleep", "60"], "mode": "background"}),
+        )
+        .json();
+    let e = b["id"].as_u64().unwrap();
+    assert_eq!(
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec/{e}/signal"),
+            &json!({"signal": "TERM"})
+        )
+        .status,
+        204
+    );
+    wait_until("the signalled exec ends", || {
+        s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["running"] == false
+    });
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["result"]["signal"],
+        15
+    );
+    // A program that is not there: 400 naming the command (found by schemathesis: it was a 500).
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["no-such-program"]}),
+    );
+    assert_eq!(
+        (
+            r.status,
+            r.json()["error"]["code"].as_str(),
+            r.json()["error"]["field"].as_str()
+        ),
+        (400, Some("exec"), Some("command"))
+    );
+    // A per-exec deadline kills the exec, not the session.
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sleep", "60"], "timeout_ms": 200}),
+        )
+        .json();
+    assert_eq!(j["status"], "timeout");
+    assert_eq!(
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["true"]})
+        )
+        .json()["status"],
+        "ok"
+    );
+    // At its TTL it is destroyed with everything in it; calls then get 410.
+    wait_until("the TTL passes", || {
+        s.get(&format!("/v1/sandboxes/{id}")).status == 410
+    });
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["true"]}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (410, Some("gone"))
+    );
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("TTL"));
+    assert_eq!(s.metric("palisade_sessions"), 0);
+    assert_nothing_held(s.pid());
+    // Idle past its idle timeout: destroyed too, and the reason says so.
+    let id = s
+        .post("/v1/sandboxes", &json!({"ttl_s": 600, "idle_timeout_s": 1}))
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until("the idle timeout passes", || {
+        s.get(&format!("/v1/sandboxes/{id}")).status == 410
+    });
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["true"]}),
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("idle"),
+        "{:?}",
+        r.json()
+    );
+    assert!(s.metric("palisade_sessions_expired_total") >= 2);
+    // Deleted explicitly: its report comes back, and it is gone.
+    let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let d = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_eq!(d.status, 200);
+    assert!(d.json()["report"]["layers"].is_array());
+    assert_eq!(s.get(&format!("/v1/sandboxes/{id}")).status, 410);
+    assert_nothing_held(s.pid());
+}
+
+#[test]
+fn file_transfers_cannot_leave_the_sandbox() {
+    let s = Server::start(POLICY, &["--max-fetch", "1MiB"]);
+    // A host file the code must not reach through the server.
+    let host = TempDir::new("serve-host");
+    let secret = host.path().join("secret");
+    std::fs::write(&secret, "host secret").unwrap();
+    let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let plant = format!(
+        "ln -s {0} host-link; ln -s /etc/passwd passwd-link; ln -s / root-link; ln -s {1} dir-link; mkfifo fifo; head -c 2000000 /dev/zero > huge; mkdir d; echo inside > d/ok",
+        secret.display(),
+        host.path().display()
+    );
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sh", "-c", plant]}),
+        )
+        .json();
+    assert_eq!(j["status"], "ok", "{j}");
+    for (path, code) in [
+        ("host-link", "symlink"),
+        ("passwd-link", "symlink"),
+        ("root-link/etc/passwd", "symlink"),
+        ("dir-link/secret", "symlink"),
+        ("fifo", "not-regular"),
+        ("huge", "too-large"),
+        ("d", "not-regular"),
+    ] {
+        let r = s.get(&format!("/v1/sandboxes/{id}/files/{path}"));
+        assert!(
+            r.status >= 400 && r.status < 500,
+            "GET {path}: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["value"], code, "GET {path}");
+    }
+    for (path, code) in [
+        ("host-link", "symlink"),
+        ("passwd-link", "symlink"),
+        ("root-link/tmp/x", "symlink"),
+        ("dir-link/secret", "symlink"),
+        ("fifo", "not-regular"),
+    ] {
+        let r = s.req(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/files/{path}"),
+            b"overwritten",
+        );
+        assert!(
+            r.status >= 400 && r.status < 500,
+            "PUT {path}: {}",
+            r.status
+        );
+        assert_eq!(r.json()["error"]["value"], code, "PUT {path}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "host secret",
+        "the host file is untouched"
+    );
+    // `..` and absolute paths never reach the agent (the URL's own `..` is normalized away by
+    // nothing here: it is refused).
+    for p in ["../x", "a/../../x", "./x"] {
+        let r = s.get(&format!("/v1/sandboxes/{id}/files/{p}"));
+        assert_eq!(r.status, 400, "{p}");
+    }
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files//etc/passwd"))
+            .status,
+        400
+    );
+    // Archives: what comes out holds regular files and directories only (links skipped, never
+    // followed); what goes in must be files and directories with relative names, checked whole.
+    let r = s.get(&format!("/v1/sandboxes/{id}/archive"));
+    assert_eq!(
+        r.status,
+        400,
+        "the huge file is over --max-fetch: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["error"]["value"], "too-large");
+    assert_eq!(
+        s.req("DELETE", &format!("/v1/sandboxes/{id}/files/huge"), b"")
+            .status,
+        204
+    );
+    let r = s.get(&format!("/v1/sandboxes/{id}/archive"));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.header("x-palisade-skipped"),
+        Some("5"),
+        "four links and a fifo"
+    );
+    let mut names: Vec<String> = tar::Archive::new(&r.body[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["d/", "d/ok"]);
+    let mut good = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(5);
+    h.set_mode(0o755);
+    good.append_data(&mut h, "x/y/run.sh", &b"hello"[..])
+        .unwrap();
+    let good = good.into_inner().unwrap();
+    assert_eq!(
+        s.req("PUT", &format!("/v1/sandboxes/{id}/archive?path=up"), &good)
+            .status,
+        204
+    );
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/up/x/y/run.sh"))
+            .body,
+        b"hello"
+    );
+    let evil = |name: &[u8], kind: tar::EntryType, link: Option<&str>| {
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_entry_type(kind);
+        h.set_size(if kind == tar::EntryType::Regular {
+            1
+        } else {
+            0
+        });
+        h.set_mode(0o644);
+        if let Some(l) = link {
+            h.set_link_name(l).unwrap();
+        }
+        h.set_cksum();
+        let mut v = h.as_bytes().to_vec();
+        if kind == tar::EntryType::Regular {
+            v.extend_from_slice(b"x");
+            v.resize(1024, 0);
+        }
+        // A first, harmless entry, which must not be written either: the archive is checked whole.
+        let mut first = tar::Builder::new(Vec::new());
+        let mut fh = tar::Header::new_gnu();
+        fh.set_size(1);
+        first
+            .append_data(&mut fh, "first-entry", &b"1"[..])
+            .unwrap();
+        let mut out = first.into_inner().unwrap();
+        out.truncate(out.len() - 1024); // drop its end-of-archive blocks
+        out.extend_from_slice(&v);
+        out.extend_from_slice(&[0u8; 1024]);
+        out
+    };
+    for (what, tar) in [
+        (
+            "a `..` entry",
+            evil(b"../escape", tar::EntryType::Regular, None),
+        ),
+        (
+            "an absolute entry",
+            evil(b"/etc/cron.d/x", tar::EntryType::Regular, None),
+        ),
+        (
+            "a symlink entry",
+            evil(
+                b"link",
+                tar::EntryType::Symlink,
+                Some(&secret.display().to_string()),
+            ),
+        ),
+        (
+            "a hard link entry",
+            evil(b"hard", tar::EntryType::Link, Some("/etc/passwd")),
+        ),
+        ("a device", evil(b"dev", tar::EntryType::Char, None)),
+    ] {
+        let r = s.req("PUT", &format!("/v1/sandboxes/{id}/archive"), &tar);
+        assert_eq!(
+            r.status,
+            400,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["value"], "invalid", "{what}");
+    }
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/first-entry"))
+            .status,
+        404,
+        "nothing of a refused archive is written"
+    );
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret");
+    // One budget for all the files a run fetches: --max-fetch in all, not per file.
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"language": "bash", "code": "head -c 700000 /dev/zero > a; head -c 700000 /dev/zero > b", "fetch": ["a", "b"]}),
+        )
+        .json();
+    assert_eq!(j["files"]["a"]["bytes"], 700000, "{}", j["file_errors"]);
+    assert_eq!(j["file_errors"]["b"], "too-large");
+    // One-shot fetches refuse the same way, and the run's own files still come back.
+    let j = s
+        .post("/v1/run", &json!({"command": ["true"], "fetch": ["x"]}))
+        .json();
+    assert_eq!(j["file_errors"]["x"], "not-found");
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"language": "bash", "code": format!("ln -s {} l; mkfifo f; echo ok > good", secret.display()), "fetch": ["l", "f", "good"]}),
+        )
+        .json();
+    assert_eq!(
+        j["file_errors"],
+        json!({"l": "symlink", "f": "not-regular"}),
+        "{j}"
+    );
+    assert_eq!(j["files"]["good"]["data"], "ok\n");
+    // The session still works after all that.
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}/files/d/ok")).body,
+        b"inside\n"
+    );
+    assert_eq!(
+        s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").status,
+        200
+    );
+    assert_nothing_held(s.pid());
+}
+
+/// A policy file with a `[bounds]` table: its values are the defaults, the bounds the ceiling.
+#[test]
+fn a_bounds_table_gives_defaults_and_a_ceiling_apart() {
+    let policy = "[limits]\nmemory = \"128MiB\"\n[network]\n[bounds.limits]\nmemory = \"512MiB\"\n[bounds.network]\nallow = [\"*.pythonhosted.org\"]\n";
+    let s = Server::start(policy, &[]);
+    let j = s.post("/v1/run", &json!({"command": ["true"]})).json();
+    assert_eq!(j["report"]["limits"]["memory_bytes"], 128u64 << 20, "{j}");
+    let j = s.post("/v1/run", &json!({"command": ["true"], "limits": {"memory_bytes": 256u64 << 20}, "allow_net": ["files.pythonhosted.org"]})).json();
+    assert_eq!(
+        (
+            j["status"].as_str(),
+            j["report"]["limits"]["memory_bytes"].as_u64()
+        ),
+        (Some("ok"), Some(256 << 20)),
+        "{j}"
+    );
+    assert_eq!(j["report"]["network"]["mode"], "allow-list");
+    let r = s.post(
+        "/v1/run",
+        &json!({"command": ["true"], "limits": {"memory_bytes": 1u64 << 30}}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("limits.memory_bytes"))
+    );
+    let r = s.post(
+        "/v1/run",
+        &json!({"command": ["true"], "allow_net": ["pypi.org"]}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (403, Some("not-allowed"))
+    );
+    assert_nothing_held(s.pid());
+}
+
+/// Egress: a request may name only the server's allow rules; what the proxy denies is in the
+/// run's report and counted in the metrics. (The denied name is never resolved or contacted: the
+/// proxy refuses it by the rule.)
+#[test]
+fn egress_is_the_servers_rules_at_most_and_denials_are_counted() {
+    let s = Server::start("[network]\nallow = [\"pypi.org\"]\n", &[]);
+    let code = "import urllib.request\ntry:\n    urllib.request.urlopen('http://denied.example/', timeout=5)\nexcept Exception as e:\n    print('refused', type(e).__name__)\n";
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({"language": "python", "code": code, "allow_net": ["pypi.org"]}),
+        )
+        .json();
+    assert_eq!(j["status"], "ok", "{j}");
+    assert!(
+        j["stdout"]["data"].as_str().unwrap().starts_with("refused"),
+        "{j}"
+    );
+    assert_eq!(j["report"]["network"]["mode"], "allow-list");
+    assert!(
+        j["report"]["network"]["denied"].as_u64().unwrap() >= 1,
+        "{}",
+        j["report"]["network"]
+    );
+    assert!(s.metric("palisade_denied_egress_total") >= 1);
+    // Without allow_net the run has no network at all, whatever the server allows.
+    let j = s
+        .post("/v1/run", &json!({"language": "python", "code": code}))
+        .json();
+    assert_eq!(j["report"]["network"]["mode"], "none", "{j}");
+    assert_nothing_held(s.pid());
+}
+
+/// The warm pool: runs with the default policy take a sandbox started ahead (each used once, the
+/// pool refilled); runs that narrow the policy start their own; the counters say which.
+#[test]
+fn the_warm_pool_serves_default_runs_once_each() {
+    let s = Server::start(POLICY, &["--pool", "2"]);
+    wait_until("the pool is full", || s.metric("palisade_pool_ready") == 2);
+    assert_eq!(s.metric("palisade_pool_size"), 2);
+    for i in 0..6 {
+        let code = format!("import os\nprint({i}, os.path.exists('seen'))\nopen('seen', 'w')");
+        let j = s
+            .post("/v1/run", &json!({"language": "python", "code": code}))
+            .json();
+        assert_eq!(j["status"], "ok", "{j}");
+        // Each run sees a fresh sandbox: nothing of an earlier run is there.
+        assert_eq!(j["stdout"]["data"], format!("{i} False\n"), "{j}");
+        wait_until("the pool refills", || s.metric("palisade_pool_ready") == 2);
+    }
+    assert_eq!(
+        s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
+        6
+    );
+    assert_eq!(
+        s.metric("palisade_pool_hits_total"),
+        6,
+        "a full pool serves every run"
+    );
+    assert!(s.metric("palisade_pool_started_total") >= 8);
+    // A run that narrows the policy, or names variables, starts its own sandbox.
+    let before = s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total");
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "print(1)", "limits": {"memory_bytes": 128u64 << 20}})).json();
+    assert_eq!(
+        (
+            j["status"].as_str(),
+            j["report"]["limits"]["memory_bytes"].as_u64()
+        ),
+        (Some("ok"), Some(128 << 20))
+    );
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import os; print(os.environ['K'])", "env": {"K": "v"}})).json();
+    assert_eq!(j["stdout"]["data"], "v\n");
+    assert_eq!(
+        s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
+        before
+    );
+    // A narrower deadline still uses the pool: the server keeps each stage's.
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import time; time.sleep(30)", "limits": {"timeout_ms": 300}})).json();
+    assert_eq!(j["status"], "timeout", "{j}");
+    assert_eq!(
+        s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
+        before + 1
+    );
+}
+
+/// 200 requests at once against 4 slots and 46 places in the queue: exactly 50 are admitted (they
+/// wait at a gate the test holds shut), the other 150 get 429 with Retry-After; once the gate
+/// opens, the 50 complete; nothing is left behind.
+#[test]
+fn a_full_queue_answers_429_and_the_accepted_complete() {
+    let gate = TempDir::new("serve-gate");
+    std::fs::set_permissions(
+        gate.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let policy = format!(
+        "[filesystem]\nro = [\"{}:/gate\"]\n[limits]\ntimeout = \"120s\"\n",
+        gate.s()
+    );
+    let s = Server::start(&policy, &["--max-concurrency", "4", "--max-queue", "46"]);
+    let sock = s.sock.clone();
+    let results = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for _ in 0..200 {
+        let (sock, results) = (sock.clone(), results.clone());
+        threads.push(std::thread::spawn(move || {
+            let body = json!({"command": ["sh", "-c", "while [ ! -e /gate/open ]; do sleep 0.05; done; echo through"]}).to_string();
+            let r = request(&sock, "POST", "/v1/run", &[], body.as_bytes());
+            results.lock().unwrap().push(r);
+        }));
+    }
+    // Every request has been either answered or admitted.
+    wait_until("all 200 requests are answered or admitted", || {
+        let answered = results.lock().unwrap().len() as u64;
+        answered + s.metric("palisade_running") + s.metric("palisade_queue_depth") == 200
+    });
+    {
+        let r = results.lock().unwrap();
+        assert_eq!(r.len(), 150, "exactly the requests past 50 are turned away");
+        for x in r.iter() {
+            assert_eq!(x.status, 429);
+            assert_eq!(x.header("retry-after"), Some("1"));
+            assert_eq!(x.json()["error"]["code"], "busy");
+        }
+    }
+    assert_eq!(s.metric("palisade_running"), 4);
+    assert_eq!(s.metric("palisade_queue_depth"), 46);
+    std::fs::write(gate.path().join("open"), "").unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let r = results.lock().unwrap();
+    let ok: Vec<&Resp> = r.iter().filter(|x| x.status == 200).collect();
+    assert_eq!(ok.len(), 50);
+    for x in ok {
+        let j = x.json();
+        assert_eq!(
+            (j["status"].as_str(), j["stdout"]["data"].as_str()),
+            (Some("ok"), Some("through\n")),
+            "{j}"
+        );
+    }
+    assert_eq!(s.metric("palisade_rejected_busy_total"), 150);
+    assert_nothing_held(s.pid());
+}
+
+/// SIGTERM while runs, a batch and a session are alive: the server stops taking work, kills what
+/// is left after its grace, and exits 0 leaving no process, cgroup, temp dir or socket.
+#[test]
+fn sigterm_under_load_leaves_nothing() {
+    let mut s = Server::start(
+        POLICY,
+        &[
+            "--shutdown-grace",
+            "1s",
+            "--max-concurrency",
+            "8",
+            "--pool",
+            "2",
+        ],
+    );
+    let pid = s.pid();
+    let marker = unique("sigterm");
+    let cmd = json!({"command": ["sh", "-c", format!("sleep 60; : {marker}")]}).to_string();
+    let mut threads = Vec::new();
+    for _ in 0..6 {
+        let (sock, body) = (s.sock.clone(), cmd.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut st = send(&sock, "POST", "/v1/run", &[], body.as_bytes());
+            let mut raw = Vec::new();
+            let _ = st.read_to_end(&mut raw);
+        }));
+    }
+    let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bg =
+        json!({"command": ["sh", "-c", format!("sleep 60; : {marker}")], "mode": "background"});
+    assert_eq!(s.post(&format!("/v1/sandboxes/{id}/exec"), &bg).status, 202);
+    wait_until("the runs are running", || {
+        host_pids_with(&marker).len() >= 7
+    });
+    let sock = s.sock.clone();
+    assert_eq!(s.stop(), 0, "a clean exit");
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        host_pids_with(&marker).is_empty(),
+        "processes left: {:?}",
+        host_pids_with(&marker)
+    );
+    let h = held(pid);
+    assert!(
+        h.cgroups.is_empty() && h.temp_dirs == 0,
+        "left behind: {h:?}"
+    );
+    assert!(!sock.exists(), "the socket is removed");
+}
+
+/// A client that goes away takes its work with it: a plain run, a batch, a streamed exec. (The
+/// programs sleep longer than `wait_until` waits, so work left running fails the test.)
+#[test]
+fn a_client_that_disconnects_kills_its_run() {
+    // A deadline far beyond the waits below, so that only the disconnection can end the work.
+    let s = Server::start("[limits]\ntimeout = \"10m\"\n", &[]);
+    let marker = unique("gone");
+    let body = json!({"command": ["sh", "-c", format!("sleep 300; : {marker}")]}).to_string();
+    let c = send(&s.sock, "POST", "/v1/run", &[], body.as_bytes());
+    // One shell per run carries the marker (its `sleep` does not).
+    wait_until("the run is running", || host_pids_with(&marker).len() == 1);
+    drop(c);
+    wait_until("the run is killed", || host_pids_with(&marker).is_empty());
+    let batch = json!({"runs": [{"command": ["sh", "-c", format!("sleep 300; : {marker}")]}, {"command": ["sh", "-c", format!("sleep 300; : {marker}")]}]}).to_string();
+    let c = send(&s.sock, "POST", "/v1/run/batch", &[], batch.as_bytes());
+    wait_until("the batch is running", || {
+        host_pids_with(&marker).len() == 2
+    });
+    drop(c);
+    wait_until("the batch is killed", || host_pids_with(&marker).is_empty());
+    let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ex = json!({"command": ["sh", "-c", format!("echo started; sleep 300; : {marker}")], "mode": "stream"}).to_string();
+    let mut c = send(
+        &s.sock,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &[],
+        ex.as_bytes(),
+    );
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("started") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(c);
+    wait_until("the exec is killed", || host_pids_with(&marker).is_empty());
+    wait_until("the session knows", || {
+        s.get(&format!("/v1/sandboxes/{id}")).json()["running"] == json!([])
+    });
+    assert_eq!(
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["true"]})
+        )
+        .json()["status"],
+        "ok",
+        "the session lives on"
+    );
+    assert_eq!(
+        s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").status,
+        200
+    );
+    assert_nothing_held(s.pid());
+}
+
+/// veRL's own SandboxFusion client (`verl.utils.reward_score.sandbox_fusion.utils`, from PyPI,
+/// installed by scripts/verl-venv.sh) against palisade serve on loopback TCP.
+#[test]
+fn verls_sandboxfusion_client_scores_through_run_code() {
+    let venv = std::env::var_os("PALISADE_VERL_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/palisade-ci/verl-venv"));
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/verl-venv.sh (CI's setup does)",
+        python.display()
+    );
+    let dir = TempDir::new("serve-verl");
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // The address it took, from its first log line.
+    let mut err = child.0.stderr.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    let addr = loop {
+        let n = err.read(&mut buf).unwrap();
+        assert!(n > 0, "palisade serve exited: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if let Some(i) = seen.find("listen=") {
+            let rest = &seen[i + 7..];
+            if let Some(end) = rest.find(char::is_whitespace) {
+                break rest[..end].trim_matches('"').to_owned();
+            }
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let script = dir.path().join("verl_client.py");
+    std::fs::write(
+        &script,
+        r##"
+import glob, importlib.util, json, sys
+path = glob.glob(sys.prefix + "/lib/python3*/site-packages/verl/utils/reward_score/sandbox_fusion/utils.py")[0]
+spec = importlib.util.spec_from_file_location("verl_sandbox_fusion_utils", path)
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+url = sys.argv[1]
+out = {}
+code = "a, b = map(int, input().split())\nprint(a + b)\n"
+out["python"] = m.check_correctness(url, {"inputs": ["1 2", "3 4"], "outputs": ["3", "8"]}, code, timeout=10, language="python")[0]
+cpp = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<std::endl;}\n"
+out["cpp"] = m.check_correctness(url, {"inputs": ["6 7"], "outputs": ["42"]}, cpp, timeout=10, language="cpp")[0]
+out["runtime_error"] = m.check_correctness(url, {"inputs": [""], "outputs": [""]}, "raise SystemExit(3)", timeout=10, language="python")[0]
+out["timeout"] = m.check_correctness(url, {"inputs": [""], "outputs": [""]}, "while True: pass", timeout=1, language="python")[0]
+out["compile_error"] = m.check_correctness(url, {"inputs": [""], "outputs": [""]}, "int main( {", timeout=10, language="cpp")[0]
+resp, err = m.call_sandbox_api(url, "print('hi')", "", 10, 10, 1024, "python")
+out["raw"] = [resp["status"], resp["run_result"]["status"], resp["run_result"]["stdout"], err]
+print(json.dumps(out))
+"##,
+    )
+    .unwrap();
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(format!("http://{addr}/run_code"))
+        .output()
+        .unwrap();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    let _ = child.0.wait();
+    assert!(
+        out.status.success(),
+        "veRL's client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["python"], json!([true, false]), "{j}");
+    assert_eq!(j["cpp"], json!([true]), "{j}");
+    assert_eq!(j["runtime_error"], json!([-2]), "{j}");
+    assert_eq!(j["timeout"], json!([-3]), "{j}");
+    assert_eq!(j["compile_error"], json!([-4]), "{j}");
+    assert_eq!(
+        j["raw"],
+        json!(["Success", "Finished", "hi\n", null]),
+        "{j}"
+    );
+}

@@ -1,0 +1,758 @@
+//! `palisade __agent`: the sandbox's payload when the server moves files or runs several commands
+//! in one sandbox. It runs inside the boundary (namespaces, Landlock, seccomp, the cgroup's
+//! ceilings), so whatever it is asked to do, it can reach nothing the code inside could not.
+//!
+//! It first makes itself non-dumpable (so that a process it starts, same uid, cannot read or
+//! write its memory or take its descriptors through `/proc`), moves its control socket (fd 0) to
+//! a close-on-exec descriptor and puts `/dev/null` at fd 0, then serves [`proto`](crate::proto)
+//! requests until the server closes the socket. Files are opened one component at a time with
+//! `O_NOFOLLOW` (a symlink anywhere on the path fails), with `O_NONBLOCK` (a fifo cannot block
+//! it), and only regular files are read or replaced.
+
+use crate::proto::{self, check_path, Entry, Event, Request};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{FileType, Mode, OFlags};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Runs the agent on fd 0; returns the process's exit code.
+pub fn main() -> i32 {
+    // Before anything else: no process this agent starts may read its memory or descriptors.
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!("palisade agent: cannot make itself non-dumpable: {e}");
+        return 125;
+    }
+    let sock = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("palisade agent: no control socket on fd 0: {e}");
+            return 125;
+        }
+    };
+    match std::fs::File::open("/dev/null") {
+        Ok(n) => {
+            if let Err(e) = rustix::stdio::dup2_stdin(&n) {
+                eprintln!("palisade agent: cannot replace fd 0: {e}");
+                return 125;
+            }
+        }
+        Err(e) => {
+            eprintln!("palisade agent: cannot open /dev/null: {e}");
+            return 125;
+        }
+    }
+    let cwd = match rustix::fs::open(
+        ".",
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("palisade agent: cannot open the working directory: {e}");
+            return 125;
+        }
+    };
+    let agent = Agent {
+        out: Arc::new(Mutex::new(UnixStream::from(
+            sock.try_clone().expect("dup the socket"),
+        ))),
+        cwd,
+        execs: Arc::new(Mutex::new(HashMap::new())),
+    };
+    let mut input = UnixStream::from(sock);
+    loop {
+        let mut prefix = [0u8; 8];
+        if input.read_exact(&mut prefix).is_err() {
+            break; // the server closed the socket: the end
+        }
+        let (h, d) = match proto::lengths(&prefix, proto::MAX_DATA) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("palisade agent: bad frame from the server: {e}");
+                return 125;
+            }
+        };
+        let mut header = vec![0u8; h];
+        let mut data = vec![0u8; d];
+        if input.read_exact(&mut header).is_err() || input.read_exact(&mut data).is_err() {
+            break;
+        }
+        let req: Request = match serde_json::from_slice(&header) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("palisade agent: bad request from the server: {e}");
+                return 125;
+            }
+        };
+        agent.handle(req, data);
+    }
+    // Whatever is still running dies with the sandbox when this payload ends.
+    0
+}
+
+struct Agent {
+    out: Arc<Mutex<UnixStream>>,
+    cwd: OwnedFd,
+    /// Running execs: id → process group.
+    execs: Arc<Mutex<HashMap<u64, i32>>>,
+}
+
+/// An error with its stable code.
+struct Fail(&'static str, String);
+
+impl From<rustix::io::Errno> for Fail {
+    fn from(e: rustix::io::Errno) -> Fail {
+        let code = match e {
+            rustix::io::Errno::NOENT => "not-found",
+            rustix::io::Errno::LOOP => "symlink",
+            rustix::io::Errno::NOTDIR => "not-directory",
+            rustix::io::Errno::EXIST => "exists",
+            rustix::io::Errno::ISDIR => "is-directory",
+            rustix::io::Errno::NOSPC | rustix::io::Errno::FBIG | rustix::io::Errno::DQUOT => {
+                "no-space"
+            }
+            _ => "io",
+        };
+        Fail(code, e.to_string())
+    }
+}
+
+impl Agent {
+    fn send(&self, ev: &Event, data: &[u8], fds: &[BorrowedFd<'_>]) {
+        let frame = proto::encode(ev, data);
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        if fds.is_empty() {
+            let _ = out.write_all(&frame);
+            return;
+        }
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(3))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        control.push(rustix::net::SendAncillaryMessage::ScmRights(fds));
+        // The descriptors go with the frame's first bytes; the rest follows as usual.
+        match rustix::net::sendmsg(
+            &*out,
+            &[std::io::IoSlice::new(&frame)],
+            &mut control,
+            rustix::net::SendFlags::empty(),
+        ) {
+            Ok(n) if n < frame.len() => {
+                let _ = out.write_all(&frame[n..]);
+            }
+            _ => {}
+        }
+    }
+
+    fn handle(&self, req: Request, data: Vec<u8>) {
+        let id = req.id();
+        let r = match req {
+            Request::Write { path, mode, .. } => self.write(&path, mode, &data).map(|_| Vec::new()),
+            Request::Mkdir { path, .. } => self.dir(&path, true).map(|_| Vec::new()),
+            Request::Read { path, max, .. } => match self.read(&path, max) {
+                Ok(bytes) => {
+                    self.send(
+                        &Event::Ok {
+                            id,
+                            entries: Vec::new(),
+                            pid: None,
+                            skipped: None,
+                        },
+                        &bytes,
+                        &[],
+                    );
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            Request::List { path, .. } => self.list(&path),
+            Request::Remove {
+                path, recursive, ..
+            } => self.remove(&path, recursive).map(|_| Vec::new()),
+            Request::Exec { argv, env, cwd, .. } => {
+                if let Err(Fail(code, message)) = self.exec(id, argv, env, &cwd) {
+                    self.send(
+                        &Event::Err {
+                            id,
+                            code: code.into(),
+                            message,
+                        },
+                        &[],
+                        &[],
+                    );
+                }
+                return;
+            }
+            Request::Signal { exec, signal, .. } => self.signal(exec, signal).map(|_| Vec::new()),
+            Request::TarOut { path, max, .. } => match self.tar_out(&path, max) {
+                Ok((bytes, skipped)) => {
+                    self.send(
+                        &Event::Ok {
+                            id,
+                            entries: Vec::new(),
+                            pid: None,
+                            skipped: Some(skipped),
+                        },
+                        &bytes,
+                        &[],
+                    );
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            Request::TarIn { path, .. } => self.tar_in(&path, &data).map(|_| Vec::new()),
+        };
+        match r {
+            Ok(entries) => self.send(
+                &Event::Ok {
+                    id,
+                    entries,
+                    pid: None,
+                    skipped: None,
+                },
+                &[],
+                &[],
+            ),
+            Err(Fail(code, message)) => self.send(
+                &Event::Err {
+                    id,
+                    code: code.into(),
+                    message,
+                },
+                &[],
+                &[],
+            ),
+        }
+    }
+
+    /// Opens the directory `comps` under the working directory, component by component, never
+    /// following a symlink; `create` makes missing ones.
+    fn open_dir(&self, comps: &[&str], create: bool) -> Result<OwnedFd, Fail> {
+        let mut dir = rustix::fs::openat(
+            &self.cwd,
+            ".",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        for c in comps {
+            let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+            dir = match rustix::fs::openat(&dir, *c, flags, Mode::empty()) {
+                Ok(d) => d,
+                Err(rustix::io::Errno::NOENT) if create => {
+                    match rustix::fs::mkdirat(&dir, *c, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    rustix::fs::openat(&dir, *c, flags, Mode::empty())?
+                }
+                // A symlink with O_DIRECTORY|O_NOFOLLOW: ENOTDIR on some kernels, ELOOP on others.
+                Err(e) => {
+                    if is_symlink(&dir, c) {
+                        return Err(Fail(
+                            "symlink",
+                            format!("`{c}` is a symbolic link: not followed"),
+                        ));
+                    }
+                    return Err(e.into());
+                }
+            };
+        }
+        Ok(dir)
+    }
+
+    fn split<'p>(&self, path: &'p str) -> Result<(Vec<&'p str>, &'p str), Fail> {
+        let comps = check_path(path).map_err(|e| Fail("invalid", e.to_owned()))?;
+        let (last, parents) = comps.split_last().expect("check_path gives at least one");
+        Ok((parents.to_vec(), last))
+    }
+
+    fn write(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), Fail> {
+        let (parents, name) = self.split(path)?;
+        let dir = self.open_dir(&parents, true)?;
+        let mode = Mode::from_raw_mode(mode & 0o777);
+        let f = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            mode,
+        )
+        .map_err(|e| {
+            if is_symlink(&dir, name) {
+                Fail(
+                    "symlink",
+                    format!("`{path}` is a symbolic link: not followed"),
+                )
+            } else if e == rustix::io::Errno::NXIO {
+                Fail("not-regular", format!("`{path}` is not a regular file"))
+            } else {
+                e.into()
+            }
+        })?;
+        let st = rustix::fs::fstat(&f)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(Fail(
+                "not-regular",
+                format!("`{path}` is not a regular file"),
+            ));
+        }
+        rustix::fs::ftruncate(&f, 0)?;
+        rustix::fs::fchmod(&f, mode)?;
+        let mut file = std::fs::File::from(f);
+        file.write_all(data).map_err(|e| match e.raw_os_error() {
+            Some(n) => Fail::from(rustix::io::Errno::from_raw_os_error(n)),
+            None => Fail("io", e.to_string()),
+        })
+    }
+
+    fn dir(&self, path: &str, create: bool) -> Result<OwnedFd, Fail> {
+        let comps = check_path(path).map_err(|e| Fail("invalid", e.to_owned()))?;
+        self.open_dir(&comps, create)
+    }
+
+    fn read(&self, path: &str, max: u64) -> Result<Vec<u8>, Fail> {
+        let (parents, name) = self.split(path)?;
+        let dir = self.open_dir(&parents, false)?;
+        let f = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            if is_symlink(&dir, name) {
+                Fail(
+                    "symlink",
+                    format!("`{path}` is a symbolic link: not followed"),
+                )
+            } else {
+                e.into()
+            }
+        })?;
+        let st = rustix::fs::fstat(&f)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(Fail(
+                "not-regular",
+                format!("`{path}` is not a regular file"),
+            ));
+        }
+        if st.st_size as u64 > max {
+            return Err(Fail(
+                "too-large",
+                format!("`{path}` has {} bytes (at most {max})", st.st_size),
+            ));
+        }
+        let mut v = Vec::new();
+        // The size can grow while we read (the code may still be writing): read at most max+1.
+        std::fs::File::from(f)
+            .take(max + 1)
+            .read_to_end(&mut v)
+            .map_err(|e| Fail("io", e.to_string()))?;
+        if v.len() as u64 > max {
+            return Err(Fail("too-large", format!("`{path}` grew past {max} bytes")));
+        }
+        Ok(v)
+    }
+
+    fn list(&self, path: &str) -> Result<Vec<Entry>, Fail> {
+        let dir = if path.is_empty() || path == "." {
+            self.open_dir(&[], false)?
+        } else {
+            self.dir(path, false)?
+        };
+        let mut out = Vec::new();
+        let d = rustix::fs::Dir::read_from(&dir)?;
+        for e in d {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." {
+                continue;
+            }
+            let st =
+                rustix::fs::statat(&dir, e.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok();
+            let kind = match st.map(|s| FileType::from_raw_mode(s.st_mode)) {
+                Some(FileType::RegularFile) => "file",
+                Some(FileType::Directory) => "dir",
+                Some(FileType::Symlink) => "symlink",
+                Some(FileType::Fifo) => "fifo",
+                Some(FileType::Socket) => "socket",
+                _ => "other",
+            };
+            out.push(Entry {
+                name,
+                kind: kind.into(),
+                size: st.map(|s| s.st_size as u64).unwrap_or(0),
+            });
+            if out.len() >= 10_000 {
+                break;
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn remove(&self, path: &str, recursive: bool) -> Result<(), Fail> {
+        let (parents, name) = self.split(path)?;
+        let dir = self.open_dir(&parents, false)?;
+        let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            if recursive {
+                remove_tree(&dir, name, 0)?;
+            } else {
+                rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::REMOVEDIR)?;
+            }
+        } else {
+            rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::empty())?;
+        }
+        Ok(())
+    }
+
+    fn exec(
+        &self,
+        id: u64,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: &str,
+    ) -> Result<(), Fail> {
+        let Some(prog) = argv.first() else {
+            return Err(Fail("invalid", "an empty command".into()));
+        };
+        let dir = if cwd.is_empty() {
+            std::path::PathBuf::from(".")
+        } else {
+            check_path(cwd).map_err(|e| Fail("invalid", e.to_owned()))?;
+            // Checked without following links, then used by name: the code may swap it in between,
+            // which only moves its own program to another directory it can reach anyway.
+            self.dir(cwd, false)?;
+            std::path::PathBuf::from(cwd)
+        };
+        let (in_r, in_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let mut cmd = std::process::Command::new(prog);
+        cmd.args(&argv[1..])
+            .envs(env)
+            .current_dir(dir)
+            .stdin(std::process::Stdio::from(in_r))
+            .stdout(std::process::Stdio::from(out_w))
+            .stderr(std::process::Stdio::from(err_w))
+            .process_group(0);
+        let t0 = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => "not-found",
+                std::io::ErrorKind::PermissionDenied => "permission",
+                _ => "io",
+            };
+            Fail(code, format!("cannot start `{prog}`: {e}"))
+        })?;
+        // The Command holds the child's ends; drop them so that end of file reaches the server.
+        drop(cmd);
+        let pid = child.id() as i32;
+        self.execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, pid);
+        self.send(
+            &Event::Ok {
+                id,
+                entries: Vec::new(),
+                pid: Some(pid),
+                skipped: None,
+            },
+            &[],
+            &[in_w.as_fd(), out_r.as_fd(), err_r.as_fd()],
+        );
+        drop((in_w, out_r, err_r));
+        let (out, execs) = (self.out.clone(), self.execs.clone());
+        std::thread::spawn(move || {
+            let st = child.wait();
+            execs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            // An exec ends with its program: what it left running in its process group goes
+            // too, so that its pipes reach end of file.
+            if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+            }
+            let (code, signal) = match st {
+                Ok(s) => (s.code(), s.signal()),
+                Err(_) => (None, None),
+            };
+            let ev = Event::Exit {
+                id,
+                code,
+                signal,
+                wall_ms: t0.elapsed().as_secs_f64() * 1000.0,
+            };
+            let frame = proto::encode(&ev, &[]);
+            let _ = out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .write_all(&frame);
+        });
+        Ok(())
+    }
+
+    fn signal(&self, exec: u64, signal: i32) -> Result<(), Fail> {
+        let pgid = self
+            .execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&exec)
+            .copied();
+        let Some(pgid) = pgid else {
+            return Err(Fail("not-found", format!("no running exec {exec}")));
+        };
+        let sig = rustix::process::Signal::from_named_raw(signal)
+            .ok_or_else(|| Fail("invalid", format!("signal {signal}")))?;
+        let pid =
+            rustix::process::Pid::from_raw(pgid).ok_or_else(|| Fail("invalid", "pid".into()))?;
+        rustix::process::kill_process_group(pid, sig)?;
+        Ok(())
+    }
+}
+
+/// A file to write: its mode and content.
+type FileData = (u32, Vec<u8>);
+
+/// Most entries in an archive, either way.
+const MAX_TAR_ENTRIES: usize = 100_000;
+
+impl Agent {
+    fn base_dir(&self, path: &str, create: bool) -> Result<(OwnedFd, Vec<String>), Fail> {
+        if path.is_empty() || path == "." {
+            return Ok((self.open_dir(&[], create)?, Vec::new()));
+        }
+        let comps = check_path(path).map_err(|e| Fail("invalid", e.to_owned()))?;
+        Ok((
+            self.open_dir(&comps, create)?,
+            comps.iter().map(|c| c.to_string()).collect(),
+        ))
+    }
+
+    fn tar_out(&self, path: &str, max: u64) -> Result<(Vec<u8>, u64), Fail> {
+        let (dir, _) = self.base_dir(path, false)?;
+        let mut w = TarWalk {
+            b: tar::Builder::new(Vec::new()),
+            total: 0,
+            max,
+            skipped: 0,
+            entries: 0,
+        };
+        w.walk(&dir, "", 0)?;
+        let bytes = w.b.into_inner().map_err(|e| Fail("io", e.to_string()))?;
+        Ok((bytes, w.skipped))
+    }
+
+    fn tar_in(&self, path: &str, data: &[u8]) -> Result<(), Fail> {
+        // The whole archive is checked before anything is written.
+        // Each entry: its path, and for a file its mode and content (a directory: none).
+        let mut plan: Vec<(String, Option<FileData>)> = Vec::new();
+        let mut ar = tar::Archive::new(data);
+        let entries = ar
+            .entries()
+            .map_err(|e| Fail("invalid", format!("not a tar archive: {e}")))?;
+        for e in entries {
+            let mut e = e.map_err(|e| Fail("invalid", format!("a bad tar entry: {e}")))?;
+            if plan.len() >= MAX_TAR_ENTRIES {
+                return Err(Fail(
+                    "too-large",
+                    format!("more than {MAX_TAR_ENTRIES} entries"),
+                ));
+            }
+            let raw = e.path_bytes().into_owned();
+            let name = String::from_utf8(raw)
+                .map_err(|_| Fail("invalid", "an entry name that is not UTF-8".into()))?;
+            // `./a/b` is `a/b`; `..`, absolute names and NUL bytes are refused.
+            let comps: Vec<&str> = name
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .collect();
+            if name.starts_with('/') || comps.contains(&"..") {
+                return Err(Fail(
+                    "invalid",
+                    format!("entry `{}`: {}", name.escape_debug(), proto::PATH_EXPECTED),
+                ));
+            }
+            if comps.is_empty() {
+                continue; // the archive's own `./`
+            }
+            let rel = comps.join("/");
+            check_path(&rel)
+                .map_err(|e| Fail("invalid", format!("entry `{}`: {e}", name.escape_debug())))?;
+            match e.header().entry_type() {
+                tar::EntryType::Directory => plan.push((rel, None)),
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let mode = e.header().mode().unwrap_or(0o644) & 0o777;
+                    let mut v = Vec::new();
+                    e.read_to_end(&mut v).map_err(|err| Fail("invalid", format!("entry `{rel}`: {err}")))?;
+                    plan.push((rel, Some((mode, v))));
+                }
+                other => {
+                    return Err(Fail(
+                        "invalid",
+                        format!("entry `{rel}` is a {other:?}: only regular files and directories are unpacked"),
+                    ))
+                }
+            }
+        }
+        let (_, base) = self.base_dir(path, true)?;
+        for (rel, what) in plan {
+            let full = if base.is_empty() {
+                rel
+            } else {
+                format!("{}/{rel}", base.join("/"))
+            };
+            match what {
+                None => {
+                    self.dir(&full, true)?;
+                }
+                Some((mode, bytes)) => self.write(&full, mode, &bytes)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds an archive from inside, never following a link.
+struct TarWalk {
+    b: tar::Builder<Vec<u8>>,
+    total: u64,
+    max: u64,
+    skipped: u64,
+    entries: usize,
+}
+
+impl TarWalk {
+    fn walk(&mut self, dir: &OwnedFd, prefix: &str, depth: usize) -> Result<(), Fail> {
+        if depth > proto::MAX_DEPTH {
+            return Err(Fail("invalid", "directory tree too deep".into()));
+        }
+        let mut names: Vec<std::ffi::CString> = rustix::fs::Dir::read_from(dir)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_owned())
+            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+            .collect();
+        names.sort();
+        for n in names {
+            self.entries += 1;
+            if self.entries > MAX_TAR_ENTRIES {
+                return Err(Fail(
+                    "too-large",
+                    format!("more than {MAX_TAR_ENTRIES} entries"),
+                ));
+            }
+            let Ok(name) = n.to_str() else {
+                self.skipped += 1;
+                continue;
+            };
+            let rel = format!("{prefix}{name}");
+            let st = match rustix::fs::statat(
+                dir,
+                n.as_c_str(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                Ok(s) => s,
+                Err(_) => {
+                    self.skipped += 1;
+                    continue;
+                }
+            };
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(st.st_mode & 0o777);
+            h.set_mtime(st.st_mtime as u64);
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let sub = rustix::fs::openat(
+                        dir,
+                        n.as_c_str(),
+                        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_size(0);
+                    self.b
+                        .append_data(&mut h, format!("{rel}/"), std::io::empty())
+                        .map_err(|e| Fail("io", e.to_string()))?;
+                    self.walk(&sub, &format!("{rel}/"), depth + 1)?;
+                }
+                FileType::RegularFile => {
+                    let f = rustix::fs::openat(
+                        dir,
+                        n.as_c_str(),
+                        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    let st = rustix::fs::fstat(&f)?;
+                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                        self.skipped += 1;
+                        continue;
+                    }
+                    let room = self.max.saturating_sub(self.total);
+                    let mut v = Vec::new();
+                    std::fs::File::from(f)
+                        .take(room + 1)
+                        .read_to_end(&mut v)
+                        .map_err(|e| Fail("io", e.to_string()))?;
+                    if v.len() as u64 > room {
+                        return Err(Fail(
+                            "too-large",
+                            format!(
+                                "the files under the directory have more than {} bytes",
+                                self.max
+                            ),
+                        ));
+                    }
+                    self.total += v.len() as u64;
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(v.len() as u64);
+                    self.b
+                        .append_data(&mut h, &rel, &v[..])
+                        .map_err(|e| Fail("io", e.to_string()))?;
+                }
+                _ => self.skipped += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_symlink(dir: &OwnedFd, name: &str) -> bool {
+    rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        .map(|s| FileType::from_raw_mode(s.st_mode) == FileType::Symlink)
+        .unwrap_or(false)
+}
+
+/// Removes `name` in `dir` and everything under it, without following links.
+fn remove_tree(dir: &OwnedFd, name: &str, depth: usize) -> Result<(), Fail> {
+    if depth > 256 {
+        return Err(Fail("invalid", "directory tree too deep".into()));
+    }
+    let sub = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let names: Vec<(String, bool)> = rustix::fs::Dir::read_from(&sub)?
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.file_type() == FileType::Directory,
+            )
+        })
+        .filter(|(n, _)| n != "." && n != "..")
+        .collect();
+    for (n, is_dir) in names {
+        if is_dir {
+            remove_tree(&sub, &n, depth + 1)?;
+        } else {
+            rustix::fs::unlinkat(&sub, n.as_str(), rustix::fs::AtFlags::empty())?;
+        }
+    }
+    rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)?;
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! Request and response types. Serde for the wire (unknown fields refused), schemars for the
+//! OpenAPI document the HTTP front end serves, so the document is the types.
+
+use crate::proto::Entry;
+use base64::Engine;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// File or stdin content: a UTF-8 string, or `{"base64": "..."}` for bytes.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(untagged)]
+pub enum Content {
+    /// UTF-8 text, as is.
+    Text(String),
+    /// Bytes, base64 encoded (standard alphabet, padded).
+    Base64 {
+        /// The bytes in base64.
+        base64: String,
+    },
+}
+
+impl Content {
+    /// The bytes, or the error naming `field`.
+    pub fn bytes(&self, field: &str) -> Result<Vec<u8>, crate::ServiceError> {
+        match self {
+            Content::Text(s) => Ok(s.as_bytes().to_vec()),
+            Content::Base64 { base64 } => base64::engine::general_purpose::STANDARD
+                .decode(base64)
+                .map_err(|e| {
+                    crate::ServiceError::invalid(
+                        field,
+                        base64.as_str(),
+                        format!("standard base64 ({e})"),
+                    )
+                }),
+        }
+    }
+}
+
+/// Limits a request may ask for; each at most the server's ceiling, which is also the default.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock limit of the run (of each stage), in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// CPU time of all processes together, in milliseconds.
+    pub cpu_time_ms: Option<u64>,
+    /// Memory of the whole sandbox, in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Processes and threads.
+    pub pids: Option<u64>,
+    /// stdout plus stderr, in bytes, of the run (of each stage).
+    pub output_bytes: Option<u64>,
+    /// Open files per process.
+    pub open_files: Option<u64>,
+    /// Largest file a process may write, in bytes.
+    pub file_size_bytes: Option<u64>,
+    /// Size of `/tmp`, in bytes.
+    pub tmp_bytes: Option<u64>,
+    /// Size of the working directory's tmpfs, in bytes.
+    pub scratch_bytes: Option<u64>,
+    /// CPU share, in CPUs (0.5 = half a CPU).
+    pub cpus: Option<f64>,
+}
+
+/// Limits of the compile stage.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StageLimits {
+    /// Wall-clock limit of the stage, in milliseconds (at most the ceiling's timeout).
+    pub timeout_ms: Option<u64>,
+    /// stdout plus stderr of the stage, in bytes.
+    pub output_bytes: Option<u64>,
+}
+
+/// `POST /v1/run`: one program in a fresh sandbox.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// The program and its arguments (looked up in the sandbox's `PATH`). Either this or
+    /// `language` and `code`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// The language of `code`: see `GET /v1/languages` for those this server has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// Source code, written to the language's main file in the working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Extra arguments for the program built from `code`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Standard input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<Content>,
+    /// Files written into the working directory before the run: relative path → content.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, Content>,
+    /// Files read back after the run (relative paths; regular files only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fetch: Vec<String>,
+    /// Variables set inside (name → value). Nothing of the server's own environment is passed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Limits of the run, within the server's ceiling.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Limits of the compile stage (compiled languages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<StageLimits>,
+    /// Egress allow rules, each one of the server's own allow rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_net: Vec<String>,
+}
+
+/// How a run ended, in one vocabulary for every front end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunStatus {
+    /// Exit code 0.
+    Ok,
+    /// A non-zero exit code.
+    Exit,
+    /// Killed by a signal (not by palisade).
+    Signal,
+    /// Killed at the wall-clock limit.
+    Timeout,
+    /// Killed when the CPU time was used up.
+    CpuTimeout,
+    /// Killed by the OOM killer at the memory ceiling.
+    Oom,
+    /// Killed at the output cap.
+    OutputLimit,
+    /// Refused before it started: the request asked for more than the server allows.
+    PolicyDenied,
+    /// palisade failed; the program's result is unknown (or it never ran).
+    SandboxError,
+}
+
+impl RunStatus {
+    /// The wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Exit => "exit",
+            RunStatus::Signal => "signal",
+            RunStatus::Timeout => "timeout",
+            RunStatus::CpuTimeout => "cpu-timeout",
+            RunStatus::Oom => "oom",
+            RunStatus::OutputLimit => "output-limit",
+            RunStatus::PolicyDenied => "policy-denied",
+            RunStatus::SandboxError => "sandbox-error",
+        }
+    }
+
+    /// Every status, for metrics.
+    pub const ALL: [RunStatus; 9] = [
+        RunStatus::Ok,
+        RunStatus::Exit,
+        RunStatus::Signal,
+        RunStatus::Timeout,
+        RunStatus::CpuTimeout,
+        RunStatus::Oom,
+        RunStatus::OutputLimit,
+        RunStatus::PolicyDenied,
+        RunStatus::SandboxError,
+    ];
+}
+
+/// Bytes a program wrote, or a file read back.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Data {
+    /// The bytes: as text when they are UTF-8, else base64.
+    pub data: String,
+    /// `utf-8` or `base64`.
+    pub encoding: String,
+    /// Number of bytes.
+    pub bytes: u64,
+    /// Bytes past the cap were discarded.
+    pub truncated: bool,
+}
+
+impl Data {
+    /// Encodes `b`.
+    pub fn new(b: Vec<u8>, truncated: bool) -> Data {
+        let bytes = b.len() as u64;
+        match String::from_utf8(b) {
+            Ok(s) => Data {
+                data: s,
+                encoding: "utf-8".into(),
+                bytes,
+                truncated,
+            },
+            Err(e) => Data {
+                data: base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
+                encoding: "base64".into(),
+                bytes,
+                truncated,
+            },
+        }
+    }
+
+    /// The bytes back.
+    pub fn decode(&self) -> Vec<u8> {
+        if self.encoding == "base64" {
+            base64::engine::general_purpose::STANDARD
+                .decode(&self.data)
+                .unwrap_or_default()
+        } else {
+            self.data.as_bytes().to_vec()
+        }
+    }
+}
+
+/// One stage (compile or run) of a run.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct Stage {
+    /// How the stage ended.
+    pub status: RunStatus,
+    /// The exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it, when one did.
+    pub signal: Option<i32>,
+    /// Wall-clock time of the stage, in milliseconds.
+    pub wall_time_ms: f64,
+    /// Standard output.
+    pub stdout: Data,
+    /// Standard error.
+    pub stderr: Data,
+}
+
+/// The answer to `POST /v1/run` (and one line of a batch).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunResult {
+    /// How the run ended. `sandbox-error` is never the program's result.
+    pub status: RunStatus,
+    /// The program's exit code.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// Wall-clock time of the program (the run stage), in milliseconds.
+    pub wall_time_ms: f64,
+    /// Standard output of the program.
+    pub stdout: Data,
+    /// Standard error of the program.
+    pub stderr: Data,
+    /// The compile stage, for compiled languages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile: Option<Stage>,
+    /// Files read back: path → content.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, Data>,
+    /// Files that could not be read back: path → why (`not-found`, `symlink`, `not-regular`,
+    /// `too-large`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub file_errors: BTreeMap<String, String>,
+    /// What failed, for `sandbox-error` and `policy-denied`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::ServiceError>,
+    /// palisade's full report of the sandbox (docs/report): layers, resources, denied calls and
+    /// connections.
+    #[schemars(with = "Option<BTreeMap<String, serde_json::Value>>")]
+    pub report: Option<serde_json::Value>,
+}
+
+/// `POST /v1/run/batch`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The runs; each line of the answer names its index here.
+    pub runs: Vec<RunRequest>,
+    /// How many of them run at once (at most the server's concurrency).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+}
+
+/// One NDJSON line of a batch's answer, in order of completion.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct BatchLine {
+    /// Index of the run in the request.
+    pub index: usize,
+    /// Its result.
+    pub result: RunResult,
+}
+
+/// A language this server runs.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Language {
+    /// Its name in requests.
+    pub name: String,
+    /// The compiler or interpreter used.
+    pub tool: String,
+    /// Compiled first (a compile stage).
+    pub compiled: bool,
+}
+
+/// `POST /v1/sandboxes`: a session, a sandbox that lives across calls.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// Seconds the session lives at most (at most the server's session TTL).
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+    /// Seconds without a call after which it is destroyed.
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    /// Limits of the whole session (memory, pids, cpu time… hold across all its execs together).
+    #[serde(default)]
+    pub limits: Limits,
+    /// Egress allow rules, each one of the server's own.
+    #[serde(default)]
+    pub allow_net: Vec<String>,
+    /// Variables set for every exec.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Free labels, returned as given.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// A second create with the same key returns the first session instead of a new one.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// A session as `GET /v1/sandboxes/{id}` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SessionInfo {
+    /// Its id.
+    pub id: String,
+    /// Labels, as given.
+    pub labels: BTreeMap<String, String>,
+    /// Seconds since it was created.
+    pub age_s: f64,
+    /// Seconds until its TTL.
+    pub expires_in_s: f64,
+    /// Idle timeout, in seconds.
+    pub idle_timeout_s: u64,
+    /// Execs started so far.
+    pub execs: u64,
+    /// Execs running now.
+    pub running: Vec<u64>,
+    /// The idempotency key it was created with.
+    pub idempotency_key: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// Standard input (for a background exec, more can be sent later).
+    #[serde(default)]
+    pub stdin: Option<Content>,
+    /// Variables for this exec, on top of the session's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory, relative to the session's.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Wall-clock limit, in milliseconds (at most the ceiling's timeout).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// stdout plus stderr kept, in bytes (at most the ceiling's output limit).
+    #[serde(default)]
+    pub output_bytes: Option<u64>,
+    /// `sync` (default: answer when it ends), `stream` (NDJSON events as it runs), `sse`
+    /// (server-sent events), or `background` (answer at once with the exec id).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+/// An exec's state (`GET /v1/sandboxes/{id}/exec/{exec}`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ExecInfo {
+    /// The exec's id in its session.
+    pub id: u64,
+    /// Still running.
+    pub running: bool,
+    /// The result once it ended.
+    pub result: Option<Stage>,
+}
+
+/// One event of a streamed exec.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ExecEvent {
+    /// The exec started.
+    Start {
+        /// Its id.
+        id: u64,
+    },
+    /// Bytes on stdout.
+    Stdout {
+        /// The bytes.
+        data: Data,
+    },
+    /// Bytes on stderr.
+    Stderr {
+        /// The bytes.
+        data: Data,
+    },
+    /// The end (the stage's stdout and stderr are empty here: they came as events).
+    Exit {
+        /// How it ended.
+        result: Stage,
+    },
+}
+
+/// `POST /v1/sandboxes/{id}/exec/{exec}/signal`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// Signal number (e.g. 15 for SIGTERM, 9 for SIGKILL) or name (`SIGTERM`, `TERM`).
+    pub signal: serde_json::Value,
+}
+
+/// A directory listing.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Listing {
+    /// The directory, relative to the working directory.
+    pub path: String,
+    /// Its entries, by name.
+    pub entries: Vec<Entry>,
+}
+
+/// The error body of every 4xx/5xx answer.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: crate::ServiceError,
+}

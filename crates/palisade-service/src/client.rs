@@ -1,0 +1,364 @@
+//! The server's end of the agent's control socket. Every byte from the agent is untrusted: frame
+//! sizes are bounded, headers must parse as the protocol's types, descriptors are accepted only
+//! with an exec's reply (three, each a pipe of the right direction) and closed otherwise, and no
+//! path that comes back is ever used on the host.
+
+use crate::proto::{self, Entry, Event, Request};
+use rustix::fd::OwnedFd;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::AsyncWriteExt;
+use tokio::io::Interest;
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+/// Most descriptors that may wait for their frame.
+const MAX_PENDING_FDS: usize = 16;
+
+/// A reply to one request.
+#[derive(Debug)]
+pub enum Reply {
+    /// Done: entries (list), data (read), pid and pipes (exec).
+    Ok {
+        entries: Vec<Entry>,
+        data: Vec<u8>,
+        pid: Option<i32>,
+        fds: Vec<OwnedFd>,
+        skipped: Option<u64>,
+    },
+    /// Failed, with the agent's code and message.
+    Err { code: String, message: String },
+}
+
+/// How an exec ended, as the agent saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub wall_ms: f64,
+}
+
+/// The agent is gone or spoke out of protocol.
+#[derive(Debug, Clone)]
+pub struct Lost(pub String);
+
+struct Shared {
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    exits: Mutex<HashMap<u64, oneshot::Sender<Exit>>>,
+    dead: AtomicBool,
+    why: Mutex<Option<String>>,
+    gone: tokio::sync::Notify,
+}
+
+/// A connection to one agent.
+pub struct AgentConn {
+    shared: Arc<Shared>,
+    writer: tokio::sync::Mutex<Option<tokio::net::unix::OwnedWriteHalf>>,
+    next: AtomicU64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// A started exec: its pipes and the promise of its end.
+pub struct Exec {
+    pub id: u64,
+    pub pid: i32,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+    pub exit: oneshot::Receiver<Exit>,
+}
+
+impl AgentConn {
+    /// Takes the socket (the other end of the agent's fd 0). `max_data`: the largest data part
+    /// the server accepts from the agent (a file read back).
+    pub fn new(sock: std::fs::File, max_data: usize) -> std::io::Result<AgentConn> {
+        let std_sock = std::os::unix::net::UnixStream::from(OwnedFd::from(sock));
+        std_sock.set_nonblocking(true)?;
+        let stream = tokio::net::UnixStream::from_std(std_sock)?;
+        let (r, w) = stream.into_split();
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            why: Mutex::new(None),
+            gone: tokio::sync::Notify::new(),
+        });
+        let sh = shared.clone();
+        let reader = tokio::spawn(async move {
+            let why = read_loop(r, &sh, max_data).await;
+            sh.dead.store(true, Ordering::SeqCst);
+            *sh.why.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            // Dropping the senders wakes every waiter with an error.
+            sh.pending.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            sh.exits.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            sh.gone.notify_waiters();
+        });
+        Ok(AgentConn {
+            shared,
+            writer: tokio::sync::Mutex::new(Some(w)),
+            next: AtomicU64::new(1),
+            reader,
+        })
+    }
+
+    fn lost(&self) -> Lost {
+        Lost(
+            self.shared
+                .why
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_else(|| "the agent is gone".into()),
+        )
+    }
+
+    /// Whether the agent is gone.
+    pub fn is_dead(&self) -> bool {
+        self.shared.dead.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the agent is gone.
+    pub async fn gone(&self) {
+        let n = self.shared.gone.notified();
+        if self.is_dead() {
+            return;
+        }
+        n.await
+    }
+
+    /// A fresh request id.
+    pub fn id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends `req` with `data` and waits for its reply.
+    pub async fn call(&self, req: Request, data: &[u8]) -> Result<Reply, Lost> {
+        let id = req.id();
+        let (tx, rx) = oneshot::channel();
+        if self.is_dead() {
+            return Err(self.lost());
+        }
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, tx);
+        self.send(&req, data).await?;
+        rx.await.map_err(|_| self.lost())
+    }
+
+    async fn send(&self, req: &Request, data: &[u8]) -> Result<(), Lost> {
+        let frame = proto::encode(req, data);
+        let mut w = self.writer.lock().await;
+        match w.as_mut() {
+            Some(w) => w
+                .write_all(&frame)
+                .await
+                .map_err(|e| Lost(format!("writing to the agent: {e}"))),
+            None => Err(Lost("the connection to the agent is closed".into())),
+        }
+    }
+
+    /// Starts `argv`; the exit's receiver is registered before the request goes out.
+    pub async fn exec(
+        &self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: String,
+    ) -> Result<Result<Exec, (String, String)>, Lost> {
+        let id = self.id();
+        let (etx, erx) = oneshot::channel();
+        self.shared
+            .exits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, etx);
+        let reply = self.call(Request::Exec { id, argv, env, cwd }, &[]).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => return Err(e),
+        };
+        match reply {
+            Reply::Ok {
+                pid: Some(pid),
+                fds,
+                ..
+            } if fds.len() == 3 => {
+                let mut it = fds.into_iter();
+                let (i, o, e) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+                // Each must be a pipe of the right direction (tokio checks both), or the agent lied.
+                let bad = |what: &str, err: std::io::Error| {
+                    Lost(format!("the agent passed a bad {what} descriptor: {err}"))
+                };
+                let stdin = pipe::Sender::from_owned_fd(i).map_err(|e| bad("stdin", e))?;
+                let stdout = pipe::Receiver::from_owned_fd(o).map_err(|e| bad("stdout", e))?;
+                let stderr = pipe::Receiver::from_owned_fd(e).map_err(|e| bad("stderr", e))?;
+                Ok(Ok(Exec {
+                    id,
+                    pid,
+                    stdin: Some(stdin),
+                    stdout,
+                    stderr,
+                    exit: erx,
+                }))
+            }
+            Reply::Ok { .. } => Err(Lost(
+                "the agent's exec reply had no pid or not three descriptors".into(),
+            )),
+            Reply::Err { code, message } => {
+                self.shared
+                    .exits
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                Ok(Err((code, message)))
+            }
+        }
+    }
+
+    /// Sends a signal to an exec's process group.
+    pub async fn signal(&self, exec: u64, signal: i32) -> Result<Reply, Lost> {
+        let id = self.id();
+        self.call(Request::Signal { id, exec, signal }, &[]).await
+    }
+
+    /// Closes the connection: the agent reads end of file and ends, and with it the sandbox.
+    pub async fn close(&self) {
+        if let Some(mut w) = self.writer.lock().await.take() {
+            let _ = w.shutdown().await;
+        }
+    }
+}
+
+impl Drop for AgentConn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Reads frames until the agent closes or breaks the protocol; returns why it stopped.
+async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: usize) -> String {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut fds: VecDeque<OwnedFd> = VecDeque::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        // Every complete frame in the buffer first.
+        while buf.len() >= 8 {
+            let (h, d) = match proto::lengths(buf[..8].try_into().expect("8 bytes"), max_data) {
+                Ok(l) => l,
+                Err(e) => return format!("the agent sent a bad frame: {e}"),
+            };
+            if buf.len() < 8 + h + d {
+                break;
+            }
+            let ev: Event = match serde_json::from_slice(&buf[8..8 + h]) {
+                Ok(e) => e,
+                Err(e) => return format!("the agent sent a bad header: {e}"),
+            };
+            let data = buf[8 + h..8 + h + d].to_vec();
+            buf.drain(..8 + h + d);
+            dispatch(sh, ev, data, &mut fds);
+        }
+        let res = r
+            .as_ref()
+            .async_io(Interest::READABLE, || {
+                let mut space =
+                    [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+                let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+                let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
+                let m = rustix::net::recvmsg(
+                    r.as_ref(),
+                    &mut iov,
+                    &mut control,
+                    rustix::net::RecvFlags::CMSG_CLOEXEC,
+                )
+                .map_err(std::io::Error::from)?;
+                let mut got = Vec::new();
+                for msg in control.drain() {
+                    if let rustix::net::RecvAncillaryMessage::ScmRights(it) = msg {
+                        got.extend(it);
+                    }
+                }
+                let truncated = m.flags.contains(rustix::net::ReturnFlags::CTRUNC);
+                Ok((m.bytes, got, truncated))
+            })
+            .await;
+        match res {
+            Ok((0, _, _)) => return "the agent closed its socket".into(),
+            Ok((n, got, truncated)) => {
+                if truncated {
+                    return "the agent sent more descriptors than an exec's three".into();
+                }
+                fds.extend(got);
+                if fds.len() > MAX_PENDING_FDS {
+                    return "the agent sent descriptors without a frame for them".into();
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Err(e) => return format!("reading from the agent: {e}"),
+        }
+    }
+}
+
+fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) {
+    match ev {
+        Event::Ok {
+            id,
+            entries,
+            pid,
+            skipped,
+        } => {
+            // An exec's reply takes the three descriptors that came with it; any other reply
+            // takes none (and a stray descriptor is closed when the queue is dropped or trimmed).
+            let mine: Vec<OwnedFd> = if pid.is_some() {
+                (0..3).filter_map(|_| fds.pop_front()).collect()
+            } else {
+                Vec::new()
+            };
+            if let Some(tx) = sh
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id)
+            {
+                let _ = tx.send(Reply::Ok {
+                    entries,
+                    data,
+                    pid,
+                    fds: mine,
+                    skipped,
+                });
+            }
+        }
+        Event::Err { id, code, message } => {
+            if let Some(tx) = sh
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id)
+            {
+                let _ = tx.send(Reply::Err { code, message });
+            }
+        }
+        Event::Exit {
+            id,
+            code,
+            signal,
+            wall_ms,
+        } => {
+            if let Some(tx) = sh
+                .exits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id)
+            {
+                let _ = tx.send(Exit {
+                    code,
+                    signal,
+                    wall_ms,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! palisade's service core: what `palisade serve` (HTTP), and later the MCP server and the Python
+//! SDK, stand on. Async on tokio, no HTTP here.
+//!
+//! A [`Service`] holds the server's policy as a [`Ceiling`] that every request may only narrow,
+//! a bounded queue (at most `max_concurrency` sandboxes at once and `max_queue` requests waiting;
+//! past that a typed `busy` error), the registry of sessions, the metrics, and the operations:
+//! one-shot runs ([`Service::run`]), batches ([`Service::run_batch`]), sessions, and shutdown.
+//!
+//! Files move in and out of a sandbox through the agent (`palisade __agent`, see [`agent`]),
+//! which runs inside the boundary as the sandbox's payload: the server never follows a path the
+//! code controls. A run without files starts its command directly.
+#![forbid(unsafe_code)]
+// A ServiceError carries the field, the value and what is accepted: built once per refused
+// request, on the cold path, where its size costs nothing.
+#![allow(clippy::result_large_err)]
+
+pub mod agent;
+pub mod api;
+pub mod ceiling;
+pub mod client;
+mod error;
+pub mod fusion;
+pub mod lang;
+mod metrics;
+mod pool;
+pub mod proto;
+mod run;
+mod session;
+
+pub use ceiling::Ceiling;
+pub use error::{Class, ServiceError};
+pub use metrics::Gauges;
+pub use session::ExecStream;
+
+use palisade::RunKiller;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How the service is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The server's policy.
+    pub ceiling: Ceiling,
+    /// Sandboxes that run at once.
+    pub max_concurrency: usize,
+    /// Requests that may wait for a slot; past that, `busy`.
+    pub max_queue: usize,
+    /// The executable bound into sandboxes as the agent (the server's own: `current_exe`).
+    pub agent_exe: PathBuf,
+    /// Largest file read back from a sandbox.
+    pub max_fetch_bytes: u64,
+    /// Longest session TTL (and the default).
+    pub session_ttl: Duration,
+    /// Default idle timeout of a session.
+    pub session_idle: Duration,
+    /// Sessions alive at once.
+    pub max_sessions: usize,
+    /// At shutdown, how long running work may finish before it is killed.
+    pub shutdown_grace: Duration,
+    /// Sandboxes kept started ahead for runs with the default policy (0: no pool).
+    pub pool_size: usize,
+    /// How long a pooled sandbox may wait before it is replaced.
+    pub pool_max_age: Duration,
+}
+
+impl Config {
+    /// Defaults for `ceiling`.
+    pub fn new(ceiling: Ceiling, agent_exe: PathBuf) -> Config {
+        Config {
+            ceiling,
+            max_concurrency: 2 * palisade_cpus().max(1),
+            max_queue: 64,
+            agent_exe,
+            max_fetch_bytes: 16 << 20,
+            session_ttl: Duration::from_secs(3600),
+            session_idle: Duration::from_secs(600),
+            max_sessions: 64,
+            shutdown_grace: Duration::from_secs(10),
+            pool_size: 0,
+            pool_max_age: Duration::from_secs(60),
+        }
+    }
+}
+
+fn palisade_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// The service; cheap to clone (one shared state).
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    langs: Vec<lang::Lang>,
+    slots: Arc<Semaphore>,
+    /// Requests admitted and not finished (running or waiting).
+    admitted: AtomicUsize,
+    metrics: metrics::Metrics,
+    /// Killers of the sandboxes running now, for shutdown.
+    live: Mutex<HashMap<u64, RunKiller>>,
+    next: AtomicU64,
+    /// Notified when work ends (for shutdown's wait).
+    quiet: tokio::sync::Notify,
+    stopping: AtomicBool,
+    sessions: session::Registry,
+    pool: pool::Pool,
+}
+
+/// A place in the queue; dropping it gives the place back.
+pub struct Ticket {
+    inner: Arc<Inner>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Ticket {
+    /// Waits for a slot.
+    pub async fn ready(&mut self) -> Result<(), ServiceError> {
+        if self.permit.is_none() {
+            let p = self
+                .inner
+                .slots
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| ServiceError::shutting_down())?;
+            self.permit = Some(p);
+        }
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(ServiceError::shutting_down());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.permit = None;
+        self.inner.admitted.fetch_sub(1, Ordering::SeqCst);
+        self.inner.quiet.notify_waiters();
+    }
+}
+
+impl Service {
+    /// A service for `config`.
+    pub fn new(config: Config) -> Service {
+        let langs = lang::available();
+        let slots = Arc::new(Semaphore::new(config.max_concurrency.max(1)));
+        Service {
+            inner: Arc::new(Inner {
+                config,
+                langs,
+                slots,
+                admitted: AtomicUsize::new(0),
+                metrics: metrics::Metrics::default(),
+                live: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(1),
+                quiet: tokio::sync::Notify::new(),
+                stopping: AtomicBool::new(false),
+                sessions: session::Registry::default(),
+                pool: pool::Pool::default(),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The languages this server runs.
+    pub fn languages(&self) -> Vec<api::Language> {
+        lang::describe(&self.inner.langs)
+    }
+
+    /// A place in the queue, or `busy` when `max_concurrency + max_queue` requests are already
+    /// running or waiting (nothing is started for a refused request).
+    pub fn admit(&self) -> Result<Ticket, ServiceError> {
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(ServiceError::shutting_down());
+        }
+        let cap = self.inner.config.max_concurrency + self.inner.config.max_queue;
+        let mut cur = self.inner.admitted.load(Ordering::SeqCst);
+        loop {
+            if cur >= cap {
+                self.inner.metrics.busy();
+                return Err(ServiceError::busy(cur));
+            }
+            match self.inner.admitted.compare_exchange(
+                cur,
+                cur + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        Ok(Ticket {
+            inner: self.inner.clone(),
+            permit: None,
+        })
+    }
+
+    /// Fills the warm pool (with `pool_size` set); call once from inside the runtime.
+    pub fn start_pool(&self) {
+        self.refill();
+    }
+
+    /// Whether the service takes work (`/readyz`).
+    pub fn ready(&self) -> bool {
+        !self.inner.stopping.load(Ordering::SeqCst)
+    }
+
+    /// The Prometheus text of the metrics.
+    pub fn metrics(&self) -> String {
+        let c = &self.inner.config;
+        let running =
+            c.max_concurrency - self.inner.slots.available_permits().min(c.max_concurrency);
+        let admitted = self.inner.admitted.load(Ordering::SeqCst);
+        self.inner.metrics.render(&Gauges {
+            running,
+            queued: admitted.saturating_sub(running),
+            sessions: self.inner.sessions.len(),
+            max_concurrency: c.max_concurrency,
+            max_queue: c.max_queue,
+            pool_size: c.pool_size,
+            pool_ready: self.inner.pool.len(),
+            pool_hits: self.inner.pool.hits.load(Ordering::Relaxed),
+            pool_misses: self.inner.pool.misses.load(Ordering::Relaxed),
+            pool_started: self.inner.pool.started.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Stops taking work, lets running work finish for the grace period, then kills what is
+    /// left, destroys every session, and returns once no sandbox of this service is alive.
+    pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.pool.drain();
+        self.destroy_all_sessions().await;
+        let deadline = tokio::time::Instant::now() + self.inner.config.shutdown_grace;
+        while self.inner.admitted.load(Ordering::SeqCst) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            let n = self.inner.quiet.notified();
+            let _ = tokio::time::timeout(Duration::from_millis(100), n).await;
+        }
+        loop {
+            let killers: Vec<RunKiller> = self
+                .inner
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            for k in &killers {
+                k.kill();
+            }
+            if self.inner.admitted.load(Ordering::SeqCst) == 0
+                && self
+                    .inner
+                    .live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_empty()
+            {
+                break;
+            }
+            let n = self.inner.quiet.notified();
+            let _ = tokio::time::timeout(Duration::from_millis(100), n).await;
+        }
+        self.destroy_all_sessions().await;
+        self.inner.pool.drain();
+        self.inner.slots.close();
+    }
+
+    fn register(&self, k: Option<RunKiller>) -> u64 {
+        let key = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = k {
+            self.inner
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, k);
+            // A shutdown that began while this run started must still kill it.
+            if self.inner.stopping.load(Ordering::SeqCst) {
+                if let Some(k) = self
+                    .inner
+                    .live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&key)
+                {
+                    k.kill();
+                }
+            }
+        }
+        key
+    }
+
+    fn unregister(&self, key: u64) {
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        self.inner.quiet.notify_waiters();
+    }
+}
+
+/// `s` cut to at most `max` characters, with `…` when cut, and escaped for logs and messages.
+pub(crate) fn shorten(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).collect();
+    if s.chars().count() > max {
+        out.push('…');
+    }
+    out.escape_debug().to_string()
+}
+
+/// Raises this process's soft limit on open files to its hard limit: a server holds a few
+/// descriptors per running sandbox and per connection.
+pub fn raise_open_files() {
+    let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if l.current < l.maximum {
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: l.maximum,
+                maximum: l.maximum,
+            },
+        );
+    }
+}
+
+/// Binds a unix socket at `path` that only this user can connect to: created under a umask of
+/// 0177 (never group- or world-accessible, not even between bind and a chmod). A socket left there
+/// by a server that died (nobody accepts on it) is replaced; any other file is an error.
+pub fn bind_private_unix(
+    path: &std::path::Path,
+) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        let stale = m.file_type().is_socket()
+            && matches!(
+                std::os::unix::net::UnixStream::connect(path),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+            );
+        if !stale {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "something is there already (a live server, or not a socket): not replaced",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let r = std::os::unix::net::UnixListener::bind(path);
+    rustix::process::umask(old);
+    let l = r?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}

@@ -1,0 +1,927 @@
+//! Sessions: a sandbox that lives across calls, whose payload is the agent. Every exec runs
+//! inside the same boundary and cgroup, so the session's ceilings (memory, processes, CPU time,
+//! disk) hold across all its execs together; each exec has its own deadline and output cap, kept
+//! by the server, which kills the exec's process group through the agent, and the whole session
+//! if the agent does not answer. A session past its TTL or idle timeout is destroyed with
+//! everything in it.
+
+use crate::api::{self, Data, ExecEvent, ExecInfo, SessionInfo, SessionRequest, Stage};
+use crate::client::{AgentConn, Reply};
+use crate::proto::{self, Request};
+use crate::run::{capture, exec_error, stage_of, Held};
+use crate::{Service, ServiceError};
+use palisade::{Io, Sandbox, Stdin};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+/// Events of a streamed exec.
+pub type ExecStream = tokio::sync::mpsc::Receiver<ExecEvent>;
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    map: Mutex<HashMap<String, Arc<Session>>>,
+    keys: Mutex<HashMap<String, String>>,
+    /// Sessions that ended, and why (the latest [`ENDED_KEPT`]): a call for one is 410, not 404.
+    ended: Mutex<std::collections::VecDeque<(String, String)>>,
+}
+
+/// How many ended sessions are remembered.
+const ENDED_KEPT: usize = 4096;
+
+impl Registry {
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+pub(crate) struct Session {
+    id: String,
+    labels: BTreeMap<String, String>,
+    key: Option<String>,
+    created: Instant,
+    ttl: Duration,
+    idle: Duration,
+    last: Mutex<Instant>,
+    env: Vec<(String, String)>,
+    conn: AgentConn,
+    held: tokio::sync::Mutex<Option<Held>>,
+    execs: Mutex<HashMap<u64, Bg>>,
+    count: AtomicU64,
+    /// Execs running now (all modes).
+    running: Mutex<Vec<u64>>,
+    wake: tokio::sync::Notify,
+}
+
+/// A background exec.
+struct Bg {
+    stdin: Option<Arc<tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>>>,
+    result: Option<Stage>,
+}
+
+impl Session {
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn info(&self) -> SessionInfo {
+        let age = self.created.elapsed();
+        SessionInfo {
+            id: self.id.clone(),
+            labels: self.labels.clone(),
+            age_s: age.as_secs_f64(),
+            expires_in_s: self.ttl.saturating_sub(age).as_secs_f64(),
+            idle_timeout_s: self.idle.as_secs(),
+            execs: self.count.load(Ordering::Relaxed),
+            running: self
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            idempotency_key: self.key.clone(),
+        }
+    }
+
+    /// When it must end, and why.
+    fn due(&self) -> (Instant, &'static str) {
+        let ttl = self.created + self.ttl;
+        let idle = *self.last.lock().unwrap_or_else(|p| p.into_inner()) + self.idle;
+        // An exec running keeps the session from going idle.
+        if !self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+            || idle >= ttl
+        {
+            (ttl, "its TTL passed")
+        } else {
+            (idle, "it was idle past its idle timeout")
+        }
+    }
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b.copy_from_slice(&t.to_le_bytes());
+    }
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("sb-{hex}")
+}
+
+impl Service {
+    /// `POST /v1/sandboxes`: a new session (or, for a known idempotency key, the existing one).
+    pub async fn create_session(&self, req: SessionRequest) -> Result<SessionInfo, ServiceError> {
+        let c = &self.inner.config;
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(ServiceError::shutting_down());
+        }
+        if let Some(k) = &req.idempotency_key {
+            if k.is_empty() || k.len() > 200 {
+                return Err(ServiceError::invalid(
+                    "idempotency_key",
+                    k.as_str(),
+                    "1 to 200 characters",
+                ));
+            }
+            let known = self
+                .inner
+                .sessions
+                .keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(k)
+                .cloned();
+            if let Some(id) = known {
+                if let Ok(s) = self.session(&id) {
+                    return Ok(s.info());
+                }
+            }
+        }
+        if req.labels.len() > 64
+            || req
+                .labels
+                .iter()
+                .any(|(k, v)| k.len() > 128 || v.len() > 1024)
+        {
+            return Err(ServiceError::invalid(
+                "labels",
+                format!("{} labels", req.labels.len()),
+                "at most 64 labels, keys up to 128 and values up to 1024 bytes",
+            ));
+        }
+        let max_ttl = c.session_ttl.as_secs();
+        let ttl = match req.ttl_s {
+            None => max_ttl,
+            Some(0) => {
+                return Err(ServiceError::invalid(
+                    "ttl_s",
+                    "0",
+                    format!("between 1 and {max_ttl}"),
+                ))
+            }
+            Some(t) if t > max_ttl => return Err(ServiceError::ceiling("ttl_s", t, max_ttl)),
+            Some(t) => t,
+        };
+        let idle = match req.idle_timeout_s {
+            None => c.session_idle.as_secs().min(ttl),
+            Some(0) => {
+                return Err(ServiceError::invalid(
+                    "idle_timeout_s",
+                    "0",
+                    format!("between 1 and {ttl} (the TTL)"),
+                ))
+            }
+            Some(t) if t > ttl => {
+                return Err(ServiceError::invalid(
+                    "idle_timeout_s",
+                    t.to_string(),
+                    format!("at most the TTL, {ttl}"),
+                ))
+            }
+            Some(t) => t,
+        };
+        let mut limits = c.ceiling.limits(&req.limits, "limits")?;
+        if limits.open_files < crate::run::AGENT_MIN_FILES {
+            return Err(ServiceError::invalid(
+                "limits.open_files",
+                limits.open_files.to_string(),
+                format!(
+                    "at least {}: what the sandbox's setup and its agent need",
+                    crate::run::AGENT_MIN_FILES
+                ),
+            ));
+        }
+        if limits.pids < crate::run::AGENT_MIN_PIDS {
+            return Err(ServiceError::invalid(
+                "limits.pids",
+                limits.pids.to_string(),
+                format!("at least {}: the sandbox's init, the agent, a thread that waits for an exec, and the program", crate::run::AGENT_MIN_PIDS),
+            ));
+        }
+        let network = c.ceiling.network(&req.allow_net, "allow_net")?;
+        let env = c.ceiling.env(&req.env, "env")?;
+        let env_pairs: Vec<(String, String)> = req
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        // The sandbox's own deadline is the TTL (with room for the teardown); its CPU budget is
+        // the session's whole (the ceiling's, unless asked for less).
+        limits.timeout_ms =
+            (ttl * 1000 + 30_000).min(palisade::policy::MAX_TIMEOUT.as_millis() as u64);
+        limits.output_bytes = 1 << 20;
+        let mut policy = c.ceiling.policy_for(
+            vec![proto::AGENT_PATH.into(), proto::AGENT_ARG.into()],
+            limits,
+            network,
+            env,
+        )?;
+        policy.binds.push(crate::run::agent_bind(&c.agent_exe)?);
+        if self.inner.sessions.len() >= c.max_sessions {
+            self.inner.metrics.busy();
+            let mut e = ServiceError::busy(self.inner.sessions.len());
+            e.message = format!(
+                "the server already holds its maximum of {} sessions; delete one or retry later",
+                c.max_sessions
+            );
+            return Err(e);
+        }
+        let sandbox = Sandbox::from_policy(policy)
+            .map_err(|e| ServiceError::internal(format!("policy: {e}")))?;
+        let mut held = Held::start(
+            self,
+            sandbox,
+            Io {
+                stdin: Some(Stdin::Socket),
+                stream_buffer: None,
+                ..Io::default()
+            },
+        )
+        .await;
+        let Some(sock) = held.run_mut().take_stdin() else {
+            let out = held.finish().await;
+            return Err(ServiceError::internal(format!(
+                "the session's sandbox did not start: {}",
+                out.report.error.unwrap_or_else(|| "unknown".into())
+            )));
+        };
+        let conn = AgentConn::new(sock, c.max_fetch_bytes as usize + 1)
+            .map_err(|e| ServiceError::internal(format!("agent socket: {e}")))?;
+        let s = Arc::new(Session {
+            id: new_id(),
+            labels: req.labels.clone(),
+            key: req.idempotency_key.clone(),
+            created: Instant::now(),
+            ttl: Duration::from_secs(ttl),
+            idle: Duration::from_secs(idle),
+            last: Mutex::new(Instant::now()),
+            env: env_pairs,
+            conn,
+            held: tokio::sync::Mutex::new(Some(held)),
+            execs: Mutex::new(HashMap::new()),
+            count: AtomicU64::new(0),
+            running: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+        });
+        {
+            let mut keys = self
+                .inner
+                .sessions
+                .keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(k) = &req.idempotency_key {
+                // Two creates with one key at once: the first to register wins, the other's
+                // sandbox is destroyed.
+                if let Some(id) = keys.get(k).cloned() {
+                    drop(keys);
+                    let s2 = s.clone();
+                    tokio::spawn(async move { teardown(&s2).await });
+                    return self.session(&id).map(|x| x.info());
+                }
+                keys.insert(k.clone(), s.id.clone());
+            }
+            self.inner
+                .sessions
+                .map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(s.id.clone(), s.clone());
+        }
+        self.inner.metrics.session_created();
+        tracing::info!(session = %s.id, ttl_s = ttl, idle_s = idle, "session created");
+        // The reaper: destroys the session at its TTL or idle timeout, or when its agent dies.
+        let svc = self.clone();
+        let s2 = s.clone();
+        tokio::spawn(async move {
+            loop {
+                let (due, why) = s2.due();
+                let wake = s2.wake.notified();
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due.into()) => {
+                        if Instant::now() >= s2.due().0 {
+                            svc.inner.metrics.session_expired();
+                            tracing::info!(session = %s2.id, why, "session expired");
+                            svc.remove_session(&s2.id, why).await;
+                            return;
+                        }
+                    }
+                    _ = s2.conn.gone() => {
+                        svc.remove_session(&s2.id, "its agent ended (the sandbox was killed, or a limit of the whole session was reached)").await;
+                        return;
+                    }
+                    _ = wake => {
+                        if s2.held.lock().await.is_none() { return; }
+                    }
+                }
+            }
+        });
+        Ok(s.info())
+    }
+
+    fn session(&self, id: &str) -> Result<Arc<Session>, ServiceError> {
+        let found = self
+            .inner
+            .sessions
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned();
+        found.ok_or_else(|| {
+            let ended = self
+                .inner
+                .sessions
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match ended.iter().find(|(e, _)| e == id) {
+                Some((_, why)) => ServiceError::gone(id, why),
+                None => ServiceError::not_found("session", id),
+            }
+        })
+    }
+
+    /// `GET /v1/sandboxes/{id}`.
+    pub fn get_session(&self, id: &str) -> Result<SessionInfo, ServiceError> {
+        Ok(self.session(id)?.info())
+    }
+
+    /// `GET /v1/sandboxes`.
+    pub fn list_sessions(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<SessionInfo> = self
+            .inner
+            .sessions
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|s| s.info())
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`: destroys it; returns its final report.
+    pub async fn delete_session(&self, id: &str) -> Result<serde_json::Value, ServiceError> {
+        self.session(id)?;
+        Ok(self
+            .remove_session(id, "deleted")
+            .await
+            .unwrap_or(serde_json::Value::Null))
+    }
+
+    async fn remove_session(&self, id: &str, why: &str) -> Option<serde_json::Value> {
+        let s = self
+            .inner
+            .sessions
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)?;
+        if let Some(k) = &s.key {
+            self.inner
+                .sessions
+                .keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(k);
+        }
+        {
+            let mut ended = self
+                .inner
+                .sessions
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if ended.len() >= ENDED_KEPT {
+                ended.pop_front();
+            }
+            ended.push_back((id.to_owned(), why.to_owned()));
+        }
+        tracing::info!(session = %id, why, "session destroyed");
+        let report = teardown(&s).await;
+        s.wake.notify_waiters();
+        if let Some(r) = &report {
+            self.inner.metrics.report(r);
+        }
+        report
+    }
+
+    pub(crate) async fn destroy_all_sessions(&self) {
+        let ids: Vec<String> = self
+            .inner
+            .sessions
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for id in ids {
+            self.remove_session(&id, "the server is shutting down")
+                .await;
+        }
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec` in `sync` mode: runs and answers when it ends.
+    pub async fn exec(&self, id: &str, req: api::ExecRequest) -> Result<Stage, ServiceError> {
+        let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
+        let e = self.start_exec(&s, argv, env, cwd).await?;
+        let eid = e.id;
+        let c = capture(&s.conn, e, stdin, timeout, cap, None).await;
+        self.exec_ended(&s, eid, &c).await;
+        Ok(stage_of(&c))
+    }
+
+    /// `stream` and `sse` modes: the exec's events as they come. Dropping the stream kills the exec.
+    pub async fn exec_stream(
+        &self,
+        id: &str,
+        req: api::ExecRequest,
+    ) -> Result<ExecStream, ServiceError> {
+        let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
+        let e = self.start_exec(&s, argv, env, cwd).await?;
+        let eid = e.id;
+        let (tx, rx) = tokio::sync::mpsc::channel::<ExecEvent>(16);
+        let (ctx, mut crx) = tokio::sync::mpsc::channel::<(bool, Vec<u8>)>(16);
+        let svc = self.clone();
+        let _ = tx.send(ExecEvent::Start { id: eid }).await;
+        let tx2 = tx.clone();
+        let fwd = tokio::spawn(async move {
+            loop {
+                let (err, b) = tokio::select! {
+                    m = crx.recv() => match m {
+                        Some(m) => m,
+                        None => break,
+                    },
+                    // The client went away: dropping `crx` tells the exec's capture.
+                    _ = tx2.closed() => break,
+                };
+                let data = Data::new(b, false);
+                let ev = if err {
+                    ExecEvent::Stderr { data }
+                } else {
+                    ExecEvent::Stdout { data }
+                };
+                if tx2.send(ev).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
+            drop(ctx);
+            let _ = fwd.await;
+            svc.exec_ended(&s, eid, &c).await;
+            let _ = tx
+                .send(ExecEvent::Exit {
+                    result: stage_of(&c),
+                })
+                .await;
+        });
+        Ok(rx)
+    }
+
+    /// `background` mode: starts it and answers with its id at once.
+    pub async fn exec_background(
+        &self,
+        id: &str,
+        req: api::ExecRequest,
+    ) -> Result<ExecInfo, ServiceError> {
+        let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
+        let mut e = self.start_exec(&s, argv, env, cwd).await?;
+        let eid = e.id;
+        let pipe = Arc::new(tokio::sync::Mutex::new(e.stdin.take()));
+        if !stdin.is_empty() {
+            if let Some(w) = pipe.lock().await.as_mut() {
+                let _ = w.write_all(&stdin).await;
+            }
+        }
+        s.execs.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            eid,
+            Bg {
+                stdin: Some(pipe),
+                result: None,
+            },
+        );
+        let svc = self.clone();
+        let s2 = s.clone();
+        tokio::spawn(async move {
+            let c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
+            svc.exec_ended(&s2, eid, &c).await;
+            if let Some(bg) = s2
+                .execs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(&eid)
+            {
+                bg.result = Some(stage_of(&c));
+                bg.stdin = None;
+            }
+        });
+        Ok(ExecInfo {
+            id: eid,
+            running: true,
+            result: None,
+        })
+    }
+
+    /// `GET /v1/sandboxes/{id}/exec/{exec}`: a background exec's state.
+    pub fn exec_info(&self, id: &str, exec: u64) -> Result<ExecInfo, ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
+        let bg = execs
+            .get(&exec)
+            .ok_or_else(|| ServiceError::not_found("exec", &exec.to_string()))?;
+        Ok(ExecInfo {
+            id: exec,
+            running: bg.result.is_none(),
+            result: bg.result.clone(),
+        })
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec/{exec}/stdin`: more input for a background exec; `close`
+    /// ends it (end of file).
+    pub async fn exec_stdin(
+        &self,
+        id: &str,
+        exec: u64,
+        data: Vec<u8>,
+        close: bool,
+    ) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        let pipe = {
+            let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
+            let bg = execs
+                .get(&exec)
+                .ok_or_else(|| ServiceError::not_found("exec", &exec.to_string()))?;
+            bg.stdin
+                .clone()
+                .ok_or_else(|| ServiceError::conflict("exec", format!("exec {exec} has ended")))?
+        };
+        let mut g = pipe.lock().await;
+        let Some(w) = g.as_mut() else {
+            return Err(ServiceError::conflict(
+                "stdin",
+                format!("the stdin of exec {exec} is closed"),
+            ));
+        };
+        if !data.is_empty() {
+            w.write_all(&data).await.map_err(|e| {
+                ServiceError::conflict(
+                    "stdin",
+                    format!("exec {exec} does not read its stdin any more: {e}"),
+                )
+            })?;
+        }
+        if close {
+            *g = None;
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec/{exec}/signal`.
+    pub async fn exec_signal(&self, id: &str, exec: u64, signal: i32) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        if !s
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&exec)
+        {
+            return Err(ServiceError::not_found("running exec", &exec.to_string()));
+        }
+        match s.conn.signal(exec, signal).await {
+            Ok(Reply::Ok { .. }) => Ok(()),
+            Ok(Reply::Err { code, message }) => Err(ServiceError::file("signal", &code, &message)),
+            Err(e) => Err(ServiceError::internal(format!("the agent: {}", e.0))),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn exec_plan(
+        &self,
+        id: &str,
+        req: &api::ExecRequest,
+    ) -> Result<
+        (
+            Arc<Session>,
+            Vec<String>,
+            Vec<(String, String)>,
+            String,
+            Duration,
+            u64,
+            Vec<u8>,
+        ),
+        ServiceError,
+    > {
+        let s = self.session(id)?;
+        s.touch();
+        let c = self.inner.config.ceiling.policy().limits;
+        if req.command.is_empty()
+            || req.command[0].is_empty()
+            || req.command.iter().any(|a| a.contains('\0'))
+        {
+            return Err(ServiceError::invalid(
+                "command",
+                format!("{:?}", req.command),
+                "a program and its arguments, without NUL bytes",
+            ));
+        }
+        let timeout = req.timeout_ms.unwrap_or(c.timeout_ms);
+        if timeout == 0 {
+            return Err(ServiceError::invalid(
+                "timeout_ms",
+                "0",
+                format!("between 1 and {}", c.timeout_ms),
+            ));
+        }
+        if timeout > c.timeout_ms {
+            return Err(ServiceError::ceiling("timeout_ms", timeout, c.timeout_ms));
+        }
+        let cap = req.output_bytes.unwrap_or(c.output_bytes.min(64 << 20));
+        if cap == 0 || cap > c.output_bytes {
+            return Err(ServiceError::ceiling("output_bytes", cap, c.output_bytes));
+        }
+        let mut env = s.env.clone();
+        for (k, v) in &req.env {
+            palisade::policy::EnvVar::new(k, v).map_err(|e| {
+                ServiceError::invalid(format!("env.{k}"), k.as_str(), e.to_string())
+            })?;
+            env.retain(|(n, _)| n != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let cwd = match &req.cwd {
+            None => String::new(),
+            Some(p) => {
+                proto::check_path(p).map_err(|e| ServiceError::invalid("cwd", p.as_str(), e))?;
+                p.clone()
+            }
+        };
+        let stdin = match &req.stdin {
+            Some(c) => c.bytes("stdin")?,
+            None => Vec::new(),
+        };
+        Ok((
+            s,
+            req.command.clone(),
+            env,
+            cwd,
+            Duration::from_millis(timeout),
+            cap,
+            stdin,
+        ))
+    }
+
+    async fn start_exec(
+        &self,
+        s: &Arc<Session>,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: String,
+    ) -> Result<crate::client::Exec, ServiceError> {
+        match s.conn.exec(argv, env, cwd).await {
+            Ok(Ok(e)) => {
+                s.count.fetch_add(1, Ordering::Relaxed);
+                s.running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(e.id);
+                self.inner.metrics.exec();
+                Ok(e)
+            }
+            Ok(Err((code, message))) => Err(exec_error(&code, &message)),
+            Err(e) => Err(ServiceError::gone(
+                &s.id,
+                &format!("its agent is gone ({})", e.0),
+            )),
+        }
+    }
+
+    async fn exec_ended(&self, s: &Arc<Session>, eid: u64, c: &crate::run::Captured) {
+        s.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|x| *x != eid);
+        s.touch();
+        s.wake.notify_waiters();
+        // A killed exec that never ended: the agent does not answer; the session goes.
+        if c.exit.is_none() && !s.conn.is_dead() {
+            self.remove_session(&s.id, "an exec could not be stopped through its agent")
+                .await;
+        }
+    }
+
+    /// `PUT /v1/sandboxes/{id}/files/{path}`.
+    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        let rid = s.conn.id();
+        file_reply(
+            &s,
+            "path",
+            s.conn
+                .call(
+                    Request::Write {
+                        id: rid,
+                        path: path.into(),
+                        mode: 0o644,
+                    },
+                    &data,
+                )
+                .await,
+        )
+        .map(|_| ())
+    }
+
+    /// `GET /v1/sandboxes/{id}/files/{path}`.
+    pub async fn get_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        let rid = s.conn.id();
+        let max = self.inner.config.max_fetch_bytes;
+        file_reply(
+            &s,
+            "path",
+            s.conn
+                .call(
+                    Request::Read {
+                        id: rid,
+                        path: path.into(),
+                        max,
+                    },
+                    &[],
+                )
+                .await,
+        )
+        .map(|r| match r {
+            Reply::Ok { data, .. } => data,
+            Reply::Err { .. } => Vec::new(),
+        })
+    }
+
+    /// `GET /v1/sandboxes/{id}/files?path=DIR`.
+    pub async fn list_files(&self, id: &str, path: &str) -> Result<api::Listing, ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        if !path.is_empty() && path != "." {
+            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        }
+        let rid = s.conn.id();
+        file_reply(
+            &s,
+            "path",
+            s.conn
+                .call(
+                    Request::List {
+                        id: rid,
+                        path: path.into(),
+                    },
+                    &[],
+                )
+                .await,
+        )
+        .map(|r| match r {
+            Reply::Ok { entries, .. } => api::Listing {
+                path: path.into(),
+                entries,
+            },
+            Reply::Err { .. } => api::Listing {
+                path: path.into(),
+                entries: Vec::new(),
+            },
+        })
+    }
+
+    /// `DELETE /v1/sandboxes/{id}/files/{path}`.
+    pub async fn remove_file(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        let rid = s.conn.id();
+        file_reply(
+            &s,
+            "path",
+            s.conn
+                .call(
+                    Request::Remove {
+                        id: rid,
+                        path: path.into(),
+                        recursive,
+                    },
+                    &[],
+                )
+                .await,
+        )
+        .map(|_| ())
+    }
+}
+
+impl Service {
+    /// `GET /v1/sandboxes/{id}/archive?path=DIR`: a tar of the directory's regular files and
+    /// directories (at most `--max-fetch` bytes of content), made inside; the count of entries
+    /// skipped (links, fifos, sockets, devices) comes with it.
+    pub async fn get_archive(&self, id: &str, path: &str) -> Result<(Vec<u8>, u64), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        if !path.is_empty() && path != "." {
+            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        }
+        let rid = s.conn.id();
+        let max = self.inner.config.max_fetch_bytes;
+        let r = file_reply(
+            &s,
+            "path",
+            s.conn
+                .call(
+                    Request::TarOut {
+                        id: rid,
+                        path: path.into(),
+                        max,
+                    },
+                    &[],
+                )
+                .await,
+        )?;
+        match r {
+            Reply::Ok { data, skipped, .. } => Ok((data, skipped.unwrap_or(0))),
+            Reply::Err { .. } => Ok((Vec::new(), 0)),
+        }
+    }
+
+    /// `PUT /v1/sandboxes/{id}/archive?path=DIR`: unpacks a tar under the directory, inside;
+    /// only regular files and directories, with relative names (checked whole first).
+    pub async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        if !path.is_empty() && path != "." {
+            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        }
+        let rid = s.conn.id();
+        file_reply(
+            &s,
+            "archive",
+            s.conn
+                .call(
+                    Request::TarIn {
+                        id: rid,
+                        path: path.into(),
+                    },
+                    &tar,
+                )
+                .await,
+        )
+        .map(|_| ())
+    }
+}
+
+fn file_reply(
+    s: &Session,
+    field: &str,
+    r: Result<Reply, crate::client::Lost>,
+) -> Result<Reply, ServiceError> {
+    match r {
+        Ok(Reply::Err { code, message }) => Err(ServiceError::file(field, &code, &message)),
+        Ok(ok) => Ok(ok),
+        Err(e) => Err(ServiceError::gone(
+            &s.id,
+            &format!("its agent is gone ({})", e.0),
+        )),
+    }
+}
+
+/// Closes the agent and kills the sandbox; returns its report.
+async fn teardown(s: &Session) -> Option<serde_json::Value> {
+    let held = s.held.lock().await.take()?;
+    s.conn.close().await;
+    held.kill();
+    let out = held.finish().await;
+    serde_json::to_value(&out.report).ok()
+}
