@@ -486,6 +486,15 @@ fn run_op(plan: &Plan, op: &Op) -> SysResult<()> {
             close(tree);
             Ok(())
         }
+        Op::BindFile { from, path } => {
+            let tree = open_tree(libc::AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+            let attrs =
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+            let r = mount_setattr(tree, c"", libc::AT_EMPTY_PATH as u32, attrs, 0, -1)
+                .and_then(|()| move_mount_fd(tree, libc::AT_FDCWD, path));
+            close(tree);
+            r
+        }
         Op::UserNsLimits => {
             for &(file, value, required) in USERNS_LIMITS {
                 let fd = match openat(libc::AT_FDCWD, file, libc::O_WRONLY, 0) {

@@ -29,8 +29,9 @@ pub use child::Step;
 pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use output::{OutputQueue, Received, Stream};
-pub use plan::{Ids, SockRole, SockSpec};
+pub use plan::{Extras, Ids, SockRole, SockSpec};
 pub use spawn::{
-    namespaces_error, spawn, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer, LimitHit, Outcome,
-    Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID, ROOT_MAPPED_IDS,
+    namespaces_error, spawn, spawn_with, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer,
+    LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
+    ROOT_MAPPED_IDS,
 };

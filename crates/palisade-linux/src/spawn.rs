@@ -443,11 +443,22 @@ pub fn spawn(
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
 ) -> Result<Running, SetupError> {
+    spawn_with(policy, stdin, before_start, &plan::Extras::default())
+}
+
+/// [`spawn`] with what the supervisor made for this run ([`plan::Extras`]: the CA of TLS
+/// inspection to trust, the placeholders of secrets).
+pub fn spawn_with(
+    policy: &Policy,
+    stdin: Stdin,
+    before_start: Option<BeforeStart<'_>>,
+    extras: &plan::Extras,
+) -> Result<Running, SetupError> {
     let setup_cpu0 = sys::thread_cpu_time();
     let (ids, scratch_seen, lease) = choose_ids(policy)?;
     // a. The plan: every path resolved and checked, every string converted; nothing on the host
     //    touched before it passes, and the child never allocates after it.
-    let mut plan = plan::build(policy, ids, &plan::RealHost)?;
+    let mut plan = plan::build_with(policy, ids, &plan::RealHost, extras)?;
     // The ids came from the scratch directory's owner: the directory the plan mounts (and the child
     // checks again by device and inode) must be that same one, not one swapped in meanwhile.
     if let (Some(seen), Some(i)) = (scratch_seen, plan.scratch_source) {

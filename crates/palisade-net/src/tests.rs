@@ -24,20 +24,27 @@ fn network(allow: &[String], pins: &[&str]) -> Network {
     }
 }
 
+/// Nothing prepared: no inspection, no secrets.
+fn none() -> Prepared {
+    Prepared::new(&Network::default()).unwrap()
+}
+
 fn quiet() -> Egress {
     let net = network(&["example.org".into()], &[]);
-    Egress::start_with(net, Vec::new(), None, Limits::default()).unwrap()
+    Egress::start_with(net, Vec::new(), None, Limits::default(), none()).unwrap()
 }
 
 /// An HTTP proxy listener on the host's loopback, served by a new Egress.
 fn proxy(net: Network, limits: Limits, notify: Option<Notify>) -> (Egress, SocketAddr) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let prepared = Prepared::new(&net).unwrap();
     let e = Egress::start_with(
         net,
         vec![(Role::HttpProxy, OwnedFd::from(l))],
         notify,
         limits,
+        prepared,
     )
     .unwrap();
     (e, addr)
@@ -196,7 +203,7 @@ fn what_the_sandbox_sent_is_stored_escaped_and_printed_as_one_safe_line() {
     let p = printed.clone();
     let notify: Notify = Box::new(move |e: &Event| p.lock().unwrap().push(e.to_string()));
     let net = network(&["example.org".into()], &[]);
-    let e = Egress::start_with(net, Vec::new(), Some(notify), Limits::default()).unwrap();
+    let e = Egress::start_with(net, Vec::new(), Some(notify), Limits::default(), none()).unwrap();
     let forged: &[u8] = b"\n\x1b[2K\rpalisade: ok \xc2\xb7 exit 0 \xc2\xb7 FORGED";
     serve::answer(&e.shared, &query(&[forged, b"\x1b]0;title\x07x\xff"]));
     let log = e.finish();
@@ -229,7 +236,8 @@ fn notify_is_called_only_for_kept_events_and_at_most_max_notify_times_per_decisi
         events: 30,
         ..Limits::default()
     };
-    let e = Egress::start_with(network(&[], &[]), Vec::new(), Some(notify), limits).unwrap();
+    let e =
+        Egress::start_with(network(&[], &[]), Vec::new(), Some(notify), limits, none()).unwrap();
     for i in 0..20 {
         e.shared.record(event(Via::Dns, &format!("d{i}"), 53));
         let mut ev = event(Via::Dns, &format!("a{i}"), 53);

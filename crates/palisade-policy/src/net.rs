@@ -32,6 +32,20 @@ pub const DNS_PORT: u16 = 53;
 /// sandbox, where palisade's transparent listeners take the connections and map them back.
 pub const TRANSPARENT_NET: [u8; 2] = [127, 77];
 
+/// The system CA bundles a host may have, most common first: Debian, Ubuntu, Alpine, Arch and
+/// Gentoo; Fedora, RHEL and CentOS; openSUSE; others. With TLS inspection the sandbox sees each
+/// that exists with the run's CA appended, and the proxy verifies upstream servers against the
+/// first that exists (unless `network.upstream_ca` names another).
+pub const TRUST_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/ssl/cert.pem",
+    "/etc/ca-certificates/extracted/tls-ca-bundle.pem",
+];
+
 /// At most this many rules of each kind, and names pinned with `network.resolve`.
 pub const MAX_RULES: usize = 256;
 /// At most this many `network.local_ports` (each is a Landlock rule).

@@ -506,13 +506,40 @@ impl Sandbox {
             *cgroup.borrow_mut() = Some(c);
             Ok(files)
         };
-        let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
-        let mut running = match palisade_linux::spawn(&policy, stdin.into(), Some(&prepare)) {
-            Ok(r) => r,
-            Err(e) => return fail(&e, scratch),
+        // What the proxy needs before the sandbox exists: the run's CA (its key stays in this
+        // process), whose certificate the view trusts, and the secrets' placeholders.
+        let prepared = if policy.network.enabled() {
+            match palisade_net::Prepared::new(&policy.network) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let e = SetupError::Supervisor {
+                        op: "prepare TLS inspection and secrets",
+                        source: std::io::Error::other(e.to_string()),
+                    };
+                    return fail(&e, scratch);
+                }
+            }
+        } else {
+            None
         };
+        let extras = palisade_linux::Extras {
+            trust: prepared
+                .as_ref()
+                .and_then(|p| p.ca_pem())
+                .map(str::to_owned),
+            env: prepared
+                .as_ref()
+                .map(|p| p.placeholders())
+                .unwrap_or_default(),
+        };
+        let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
+        let mut running =
+            match palisade_linux::spawn_with(&policy, stdin.into(), Some(&prepare), &extras) {
+                Ok(r) => r,
+                Err(e) => return fail(&e, scratch),
+            };
         // The egress proxy, on the listeners init made inside the sandbox's network namespace.
-        let egress = if policy.network.enabled() {
+        let egress = if let Some(prepared) = prepared {
             let socks = running
                 .take_egress()
                 .into_iter()
@@ -530,7 +557,12 @@ impl Sandbox {
                 .net_notify
                 .clone()
                 .map(|f| Box::new(move |e: &palisade_net::Event| f(e)) as palisade_net::Notify);
-            match palisade_net::Egress::start(policy.network.clone(), socks, notify) {
+            match palisade_net::Egress::start_prepared(
+                policy.network.clone(),
+                socks,
+                notify,
+                prepared,
+            ) {
                 Ok(e) => Some(e),
                 Err(source) => {
                     running.kill();
