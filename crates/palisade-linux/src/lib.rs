@@ -31,7 +31,7 @@ pub use landlock::LandlockState;
 pub use output::{OutputQueue, Received, Stream};
 pub use plan::{Extras, Ids, SockRole, SockSpec};
 pub use spawn::{
-    namespaces_error, spawn, spawn_with, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer,
-    LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
+    namespaces_error, spawn, spawn_with, Attempt, BeforeStart, CpuWatch, DeniedCall, IdLease,
+    Killer, LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
     ROOT_MAPPED_IDS,
 };

@@ -287,13 +287,19 @@ impl SockSpec {
     }
 }
 
-/// The egress listeners for a policy: none without allow rules.
+/// The egress listeners for a policy: without allow rules, only the DNS stub (which refuses).
 pub fn sockets(policy: &Policy) -> Vec<SockSpec> {
     use palisade_policy::net::{DNS_PORT, HTTP_PROXY_PORT, SOCKS_PORT};
-    if !policy.network.enabled() {
-        return Vec::new();
-    }
     const LO: u32 = 0x7f00_0001;
+    if !policy.network.enabled() {
+        // No egress: the DNS stub alone, which refuses every name and counts it for the
+        // report's attempts.
+        return vec![SockSpec {
+            role: SockRole::Dns,
+            addr: LO,
+            port: DNS_PORT,
+        }];
+    }
     let mut v = vec![
         SockSpec {
             role: SockRole::HttpProxy,
@@ -891,7 +897,9 @@ pub fn build_with(
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
         scratch_source,
-        seccomp: crate::seccomp::program(policy.allow_ptrace),
+        // Without egress, every connect also goes past the supervisor, which records where it
+        // was going (the report's attempts) and lets the kernel refuse it.
+        seccomp: crate::seccomp::program_with(policy.allow_ptrace, !policy.network.enabled()),
         rlimits: vec![
             // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
             (

@@ -47,7 +47,7 @@ pub mod fuzzing;
 use palisade_policy::net::{Network, Refusal};
 use palisade_policy::untrusted::Untrusted;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
@@ -282,6 +282,19 @@ pub struct NetLog {
     pub notify_suppressed: u64,
     /// CPU time the proxy's threads spent (user and system), in milliseconds.
     pub supervisor_cpu_ms: u64,
+    /// Names the DNS stub refused, each with how many queries asked for it, in the order first
+    /// asked (at most [`MAX_LOOKUPS`]).
+    pub lookups: Vec<Lookup>,
+    /// Queries for refused names past [`MAX_LOOKUPS`].
+    pub lookups_dropped: u64,
+}
+
+/// A name the DNS stub refused, and how often it was asked for. `name` is what the sandbox sent,
+/// escaped and cut like an event's `host`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lookup {
+    pub name: String,
+    pub count: u64,
 }
 
 /// Most connections open at once per [`Egress`] (each holds one supervisor thread).
@@ -307,6 +320,8 @@ pub const FIRST_BYTES: Duration = Duration::from_secs(10);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a request head or ClientHello the proxy reads before deciding.
 pub const MAX_HEAD: usize = 64 * 1024;
+/// Most refused names the DNS stub counts queries for ([`NetLog::lookups`]).
+pub const MAX_LOOKUPS: usize = 1024;
 /// Most names the DNS stub hands addresses out for (and refused names it logs once).
 pub const MAX_NAMES: usize = 16_384;
 /// How long a `--dns-server` lookup may take, both record types and one retry included.
@@ -461,8 +476,13 @@ struct Names {
     by_name: HashMap<Arc<str>, Ipv4Addr>,
     by_addr: HashMap<Ipv4Addr, Arc<str>>,
     /// Names refused once, by a keyed hash: logged the first time only (resolvers ask for A and
-    /// AAAA, and retry). A hash, not the name, so that the set costs 8 bytes a name.
-    refused: HashSet<u64>,
+    /// AAAA, and retry). A hash, not the name, so that the set costs 8 bytes a name; the value
+    /// is the name's place in `lookups`, if it has one.
+    refused: HashMap<u64, Option<usize>>,
+    /// Refused names with how often each was asked for, the first [`MAX_LOOKUPS`].
+    lookups: Vec<Lookup>,
+    /// Queries for refused names past [`MAX_LOOKUPS`].
+    lookups_dropped: u64,
     keys: std::collections::hash_map::RandomState,
 }
 
@@ -584,6 +604,10 @@ impl Egress {
         self.stop();
         let sh = &self.shared;
         let mut log = std::mem::take(&mut *sh.log.lock().unwrap_or_else(|e| e.into_inner()));
+        let (lookups, lookups_dropped) = {
+            let mut names = sh.names.lock().unwrap_or_else(|e| e.into_inner());
+            (std::mem::take(&mut names.lookups), names.lookups_dropped)
+        };
         NetLog {
             events: std::mem::take(&mut log.entries)
                 .into_iter()
@@ -599,6 +623,8 @@ impl Egress {
             refused_connections: sh.refused.load(Ordering::Relaxed),
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: sh.cpu_ns.load(Ordering::Relaxed) / 1_000_000,
+            lookups,
+            lookups_dropped,
         }
     }
 

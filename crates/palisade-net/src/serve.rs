@@ -6,8 +6,8 @@ use crate::relay::{self, read_by, read_exact_by, write_all, CpuMeter, Wake};
 use crate::tls::{HandshakeError, Peer};
 use crate::wire::{self, HostError, ProxyRequest, Sniffed};
 use crate::{
-    dns, event, Decision, Event, Protocol, Reason, Role, Shared, Via, CONNECT_TIMEOUT, DNS_TIMEOUT,
-    MAX_HEAD, MAX_NAMES,
+    dns, event, Decision, Event, Lookup, Protocol, Reason, Role, Shared, Via, CONNECT_TIMEOUT,
+    DNS_TIMEOUT, MAX_HEAD, MAX_LOOKUPS, MAX_NAMES,
 };
 use palisade_policy::net::{Host, Refusal, TRANSPARENT_NET};
 use palisade_policy::untrusted::Untrusted;
@@ -103,7 +103,37 @@ pub(crate) fn answer(sh: &Shared, q: &wire::Question) -> Vec<u8> {
         Err((r, detail)) => {
             let mut names = sh.names.lock().unwrap_or_else(|e| e.into_inner());
             let key = names.keys.hash_one(q.name.as_bytes());
-            let first = names.refused.len() < MAX_NAMES && names.refused.insert(key);
+            let first = match names.refused.get(&key).copied() {
+                Some(Some(i)) => {
+                    names.lookups[i].count += 1;
+                    false
+                }
+                Some(None) => {
+                    names.lookups_dropped += 1;
+                    false
+                }
+                None if names.refused.len() >= MAX_NAMES => {
+                    names.lookups_dropped += 1;
+                    false
+                }
+                None => {
+                    let at = (names.lookups.len() < MAX_LOOKUPS).then_some(names.lookups.len());
+                    match at {
+                        Some(_) => names.lookups.push(Lookup {
+                            name: crate::bounded(
+                                &Untrusted::new(&q.name)
+                                    .max(crate::MAX_HOST_CHARS)
+                                    .to_string(),
+                                crate::HOST_SHOWN,
+                            ),
+                            count: 1,
+                        }),
+                        None => names.lookups_dropped += 1,
+                    }
+                    names.refused.insert(key, at);
+                    true
+                }
+            };
             drop(names);
             if first {
                 ev.reason = r.into();

@@ -508,29 +508,19 @@ impl Sandbox {
         };
         // What the proxy needs before the sandbox exists: the run's CA (its key stays in this
         // process), whose certificate the view trusts, and the secrets' placeholders.
-        let prepared = if policy.network.enabled() {
-            match palisade_net::Prepared::new(&policy.network) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    let e = SetupError::Supervisor {
-                        op: "prepare TLS inspection and secrets",
-                        source: std::io::Error::other(e.to_string()),
-                    };
-                    return fail(&e, scratch);
-                }
+        let prepared = match palisade_net::Prepared::new(&policy.network) {
+            Ok(p) => p,
+            Err(e) => {
+                let e = SetupError::Supervisor {
+                    op: "prepare TLS inspection and secrets",
+                    source: std::io::Error::other(e.to_string()),
+                };
+                return fail(&e, scratch);
             }
-        } else {
-            None
         };
         let extras = palisade_linux::Extras {
-            trust: prepared
-                .as_ref()
-                .and_then(|p| p.ca_pem())
-                .map(str::to_owned),
-            env: prepared
-                .as_ref()
-                .map(|p| p.placeholders())
-                .unwrap_or_default(),
+            trust: prepared.ca_pem().map(str::to_owned),
+            env: prepared.placeholders(),
         };
         let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
         let mut running =
@@ -538,24 +528,29 @@ impl Sandbox {
                 Ok(r) => r,
                 Err(e) => return fail(&e, scratch),
             };
-        // The egress proxy, on the listeners init made inside the sandbox's network namespace.
-        let egress = if let Some(prepared) = prepared {
-            let socks = running
-                .take_egress()
-                .into_iter()
-                .map(|(spec, fd)| {
-                    let role = match spec.role {
-                        palisade_linux::SockRole::HttpProxy => palisade_net::Role::HttpProxy,
-                        palisade_linux::SockRole::Socks => palisade_net::Role::Socks,
-                        palisade_linux::SockRole::Dns => palisade_net::Role::Dns,
-                        palisade_linux::SockRole::Transparent => palisade_net::Role::Transparent,
-                    };
-                    (role, fd)
-                })
-                .collect();
+        // The egress proxy, on the listeners init made inside the sandbox's network namespace
+        // (without egress, the DNS stub alone: it refuses every name and counts it).
+        let socks: Vec<(palisade_net::Role, std::os::fd::OwnedFd)> = running
+            .take_egress()
+            .into_iter()
+            .map(|(spec, fd)| {
+                let role = match spec.role {
+                    palisade_linux::SockRole::HttpProxy => palisade_net::Role::HttpProxy,
+                    palisade_linux::SockRole::Socks => palisade_net::Role::Socks,
+                    palisade_linux::SockRole::Dns => palisade_net::Role::Dns,
+                    palisade_linux::SockRole::Transparent => palisade_net::Role::Transparent,
+                };
+                (role, fd)
+            })
+            .collect();
+        let egress = if socks.is_empty() {
+            None
+        } else {
+            // Without egress there are no decisions to tell, only attempts for the report.
             let notify = self
                 .net_notify
                 .clone()
+                .filter(|_| policy.network.enabled())
                 .map(|f| Box::new(move |e: &palisade_net::Event| f(e)) as palisade_net::Notify);
             match palisade_net::Egress::start_prepared(
                 policy.network.clone(),
@@ -574,8 +569,6 @@ impl Sandbox {
                     return fail(&e, scratch);
                 }
             }
-        } else {
-            None
         };
         tell(Some(running.killer()), running.take_stdin());
         if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
@@ -606,8 +599,12 @@ impl Sandbox {
             signals: io.signals.as_ref(),
             refusal_share: quota.unwrap_or(1.0).min(1.0),
         };
+        let mut attempts = (Vec::new(), 0);
         let mut report = match running.wait(watch) {
-            Ok(o) => Report::from_outcome(&o, ids, &landlock, scratch, policy.limits),
+            Ok(mut o) => {
+                attempts = (std::mem::take(&mut o.attempts), o.attempts_dropped);
+                Report::from_outcome(&o, ids, &landlock, scratch, policy.limits)
+            }
             Err(e) => {
                 output.close();
                 Report::from_error(&e, t0.elapsed(), scratch, policy.limits)
@@ -632,8 +629,10 @@ impl Sandbox {
         if policy.allow_ptrace {
             report.note_ptrace_allowed();
         }
-        if let Some(e) = egress {
-            report.set_network(e.finish(), &policy.network);
+        match egress {
+            Some(e) if policy.network.enabled() => report.set_network(e.finish(), &policy.network),
+            Some(e) => report.set_attempts(e.finish(), attempts.0, attempts.1),
+            None => report.set_attempts(palisade_net::NetLog::default(), attempts.0, attempts.1),
         }
         report.set_protected(&protection, disarmed);
         report
