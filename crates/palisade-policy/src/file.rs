@@ -702,7 +702,7 @@ impl PolicyFile {
         }
         let shown = |v: &[String]| list(v);
         s.push_str(&format!(
-            "no_inspect = {}\nhttp = {}\n# secrets: names, hosts and sources only; never a value\nsecrets = {}\n",
+            "no_inspect = {}\nhttp = {}\n# secrets: NAME@HOST and where from, never what they hold\nsecrets = {}\n",
             rules(&n.no_inspect),
             shown(&n.http.iter().map(|r| r.to_string()).collect::<Vec<_>>()),
             shown(&n.secrets.iter().map(|r| r.to_string()).collect::<Vec<_>>()),
