@@ -717,3 +717,65 @@ say("bytes", curl(f"https://api.test:4443/bytes/4096?{M}")[0])
     );
     assert_eq!(e[0]["request"]["status"], 200);
 }
+
+/// Without egress, the report says what the code tried to reach: names it looked up (counted
+/// per name), the addresses and ports it connected to, TCP or UDP, IPv4 or IPv6, with counts;
+/// the connections fail as before. At most 256 destinations are listed, the rest counted.
+#[test]
+fn a_run_without_egress_reports_what_it_tried_to_reach() {
+    let m = unique("attempts");
+    let code = format!(
+        r#"
+import errno, socket
+def tcp(a, p, fam=socket.AF_INET):
+    s = socket.socket(fam)
+    try:
+        s.connect((a, p))
+        return "REACHED"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print("tcp:", tcp("198.51.100.10", 443), tcp("198.51.100.10", 443), tcp("2001:db8:5::10", 8443, socket.AF_INET6))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.connect(("198.51.100.53", 53))
+    print("udp: connected")
+except OSError as e:
+    print("udp:", errno.errorcode[e.errno])
+for _ in range(3):
+    try:
+        socket.getaddrinfo("{m}.exfil.test", 443)
+        print("lookup: RESOLVED")
+    except socket.gaierror:
+        print("lookup: failed")
+for p in range(1, 301):
+    tcp("198.18.0.10", p)
+"#
+    );
+    let r = run(&["--json", "-"], &["python3", "-c", &code]);
+    let tcp = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tcp: "))
+        .unwrap_or_else(|| panic!("{}\n{}", r.stdout, r.stderr));
+    assert_eq!(tcp, "EACCES EACCES EACCES", "refused as before");
+    assert!(r.stdout.contains("udp: ENETUNREACH"), "{}", r.stdout);
+    assert!(r.stdout.contains("lookup: failed"), "{}", r.stdout);
+    let net = &r.report()["network"];
+    assert_eq!(net["mode"], "none");
+    assert!(net["events"].as_array().unwrap().is_empty());
+    let attempts = net["attempts"].as_array().unwrap();
+    let find = |f: &dyn Fn(&Value) -> bool| attempts.iter().find(|a| f(a)).cloned();
+    let name = find(&|a| a["name"] == format!("{m}.exfil.test")).expect("the name");
+    assert_eq!(name["protocol"], "dns");
+    assert!(name["count"].as_u64().unwrap() >= 3, "{name}");
+    let web = find(&|a| a["address"] == "198.51.100.10" && a["port"] == 443).expect("web");
+    assert_eq!((&web["protocol"], &web["count"]), (&Value::from("tcp"), &Value::from(2)));
+    let v6 = find(&|a| a["address"] == "[2001:db8:5::10]").expect("v6");
+    assert_eq!((&v6["port"], &v6["protocol"]), (&Value::from(8443), &Value::from("tcp")));
+    let udp = find(&|a| a["address"] == "198.51.100.53").expect("udp");
+    assert_eq!((&udp["port"], &udp["protocol"]), (&Value::from(53), &Value::from("udp")));
+    // Bounded: 256 destinations listed, the rest of the 300 ports only counted.
+    assert_eq!(attempts.iter().filter(|a| a["address"].is_string()).count(), 256);
+    // 303 destinations (the two connects to .10:443 are one): 47 past the 256.
+    assert_eq!(net["attempts_dropped"], 303 - 256);
+}
