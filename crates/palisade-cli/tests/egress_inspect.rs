@@ -183,7 +183,11 @@ say("node transparent", code == 0 and f"/{M}/node" in out or out)
     );
     for way in ["proxy", "transparent"] {
         for client in ["curl", "urllib", "requests", "pip"] {
-            assert_eq!(said(&r, &format!("{client} {way}")), "True", "{client} {way}");
+            assert_eq!(
+                said(&r, &format!("{client} {way}")),
+                "True",
+                "{client} {way}"
+            );
         }
         assert_eq!(said(&r, &format!("git {way}")), "palisade test repository");
     }
@@ -200,7 +204,11 @@ say("node transparent", code == 0 and f"/{M}/node" in out or out)
         assert_eq!(e.len(), 1, "{name}: {e:#?}");
         assert_eq!(
             (&e[0]["via"], &e[0]["decision"], &e[0]["inspected"]),
-            (&Value::from(via), &Value::from("allowed"), &Value::from(true)),
+            (
+                &Value::from(via),
+                &Value::from("allowed"),
+                &Value::from(true)
+            ),
             "{name}"
         );
         assert_eq!(e[0]["request"]["method"], "GET");
@@ -253,7 +261,11 @@ say("pip", code)
 "#,
     );
     // The status the client saw, then palisade's code for a refusal.
-    assert_eq!(said(&r, "simple"), "0 404 -", "allowed; the server has no such page");
+    assert_eq!(
+        said(&r, "simple"),
+        "0 404 -",
+        "allowed; the server has no such page"
+    );
     assert_eq!(said(&r, "simple head"), "0 404 -");
     assert_eq!(said(&r, "packages"), "0 403 http-rule");
     assert_eq!(said(&r, "post simple"), "0 403 http-rule");
@@ -262,7 +274,11 @@ say("pip", code)
     assert_eq!(said(&r, "upload deeper"), "0 403 http-rule");
     assert_eq!(said(&r, "api get"), "0 403 http-rule");
     assert_eq!(said(&r, "transparent packages"), "0 403 http-rule");
-    assert_ne!(said(&r, "pip"), "0", "pip needs /packages/, which no rule allows");
+    assert_ne!(
+        said(&r, "pip"),
+        "0",
+        "pip needs /packages/, which no rule allows"
+    );
     let denied: Vec<Value> = requests(&r, &m)
         .into_iter()
         .filter(|e| e["decision"] == "denied")
@@ -561,7 +577,12 @@ fn bad_rules_and_inspection_of_a_plain_port_are_refused_at_start() {
             "invalid --http-rule `get pypi.org`: expected methods in upper case",
         ),
         (
-            vec!["--allow-net", "pypi.org", "--http-rule", "GET pypi.org/a/**b"],
+            vec![
+                "--allow-net",
+                "pypi.org",
+                "--http-rule",
+                "GET pypi.org/a/**b",
+            ],
             "invalid --http-rule `/a/**b`: expected `**` only as a whole segment",
         ),
         (
@@ -708,7 +729,10 @@ say("bytes", curl(f"https://api.test:4443/bytes/4096?{M}")[0])
     assert_eq!(said(&r, "get"), "0 200 -");
     let e = requests(&r, &format!("/{m}/q"));
     assert_eq!(e[0]["request"]["path"], format!("/{m}/q?[redacted]"));
-    assert!(!r.stdout.contains("hunter2"), "the query is never in the report");
+    assert!(
+        !r.stdout.contains("hunter2"),
+        "the query is never in the report"
+    );
     let e = requests(&r, "/bytes/4096");
     assert!(
         e[0]["bytes_in"].as_u64().unwrap() > 4096,
@@ -769,13 +793,25 @@ for p in range(1, 301):
     assert_eq!(name["protocol"], "dns");
     assert!(name["count"].as_u64().unwrap() >= 3, "{name}");
     let web = find(&|a| a["address"] == "198.51.100.10" && a["port"] == 443).expect("web");
-    assert_eq!((&web["protocol"], &web["count"]), (&Value::from("tcp"), &Value::from(2)));
+    assert_eq!(
+        (&web["protocol"], &web["count"]),
+        (&Value::from("tcp"), &Value::from(2))
+    );
     let v6 = find(&|a| a["address"] == "[2001:db8:5::10]").expect("v6");
-    assert_eq!((&v6["port"], &v6["protocol"]), (&Value::from(8443), &Value::from("tcp")));
+    assert_eq!(
+        (&v6["port"], &v6["protocol"]),
+        (&Value::from(8443), &Value::from("tcp"))
+    );
     let udp = find(&|a| a["address"] == "198.51.100.53").expect("udp");
-    assert_eq!((&udp["port"], &udp["protocol"]), (&Value::from(53), &Value::from("udp")));
+    assert_eq!(
+        (&udp["port"], &udp["protocol"]),
+        (&Value::from(53), &Value::from("udp"))
+    );
     // Bounded: 256 destinations listed, the rest of the 300 ports only counted.
-    assert_eq!(attempts.iter().filter(|a| a["address"].is_string()).count(), 256);
+    assert_eq!(
+        attempts.iter().filter(|a| a["address"].is_string()).count(),
+        256
+    );
     // 303 destinations (the two connects to .10:443 are one): 47 past the 256.
     assert_eq!(net["attempts_dropped"], 303 - 256);
 }

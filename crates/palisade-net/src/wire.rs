@@ -1065,6 +1065,137 @@ mod tests {
         );
     }
 
+    /// Feeds `input` to a reader in pieces of `step` bytes; the bytes passed on and taken.
+    fn feed_in(
+        r: &mut BodyReader,
+        input: &[u8],
+        step: usize,
+    ) -> Result<(Vec<u8>, usize), BodyError> {
+        let (mut out, mut took) = (Vec::new(), 0);
+        for piece in input.chunks(step.max(1)) {
+            let n = r.feed(piece, &mut out)?;
+            took += n;
+            if n < piece.len() {
+                break;
+            }
+        }
+        Ok((out, took))
+    }
+
+    #[test]
+    fn chunked_bodies_are_found_whole_and_passed_on_in_one_form() {
+        let body = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nX-Trailer: t\r\n\r\nGET /next";
+        let end = body.len() - b"GET /next".len();
+        for step in [1, 2, 3, 7, 64] {
+            let mut r = BodyReader::new(Framing::Chunked, None).unwrap();
+            let (out, took) = feed_in(&mut r, body, step).unwrap();
+            assert!(r.done(), "step {step}");
+            assert_eq!(took, end, "step {step}: the next request is left");
+            assert_eq!(r.payload, 23);
+            // What goes on is canonical chunks, without the extension or the trailer.
+            let mut again = BodyReader::new(Framing::Chunked, None).unwrap();
+            let mut twice = Vec::new();
+            assert_eq!(again.feed(&out, &mut twice).unwrap(), out.len());
+            assert!(again.done() && again.payload == 23);
+            assert!(
+                !out.windows(3).any(|w| w == b"ext") && !out.windows(7).any(|w| w == b"Trailer")
+            );
+            assert!(out.ends_with(b"\r\n0\r\n\r\n"));
+        }
+        for bad in [
+            &b"4\nWiki\r\n0\r\n\r\n"[..],
+            b"g\r\n",
+            b"4\r\nWikiX\r\n",
+            b"11111111111111111\r\n",
+            b"0\r\nX: y\n\r\n",
+            b"4;\x01\r\n",
+        ] {
+            let mut r = BodyReader::new(Framing::Chunked, None).unwrap();
+            assert!(
+                matches!(feed_in(&mut r, bad, 1), Err(BodyError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        // The limit, before the chunk's data is passed on.
+        let mut r = BodyReader::new(Framing::Chunked, Some(8)).unwrap();
+        assert_eq!(
+            feed_in(&mut r, b"5\r\nhello\r\n5\r\nworld\r\n", 64),
+            Err(BodyError::TooLarge(8))
+        );
+        assert_eq!(r.payload, 5);
+        assert!(matches!(
+            BodyReader::new(Framing::Length(9), Some(8)),
+            Err(BodyError::TooLarge(8))
+        ));
+        let mut r = BodyReader::new(Framing::Length(3), None).unwrap();
+        assert_eq!(feed_in(&mut r, b"abcdef", 2).unwrap(), (b"abc".to_vec(), 3));
+        assert!(r.done() && r.eof().is_ok());
+        let r = BodyReader::new(Framing::Length(3), None).unwrap();
+        assert_eq!(r.eof(), Err(BodyError::Truncated));
+    }
+
+    #[test]
+    fn framing_that_servers_could_read_another_way_is_refused() {
+        let h = |t: &str| parse_head(t.as_bytes()).unwrap().unwrap();
+        let f = |t: &str| request_framing(&h(t));
+        assert_eq!(
+            f("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            f("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            f("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"),
+            Ok(Framing::Chunked)
+        );
+        assert_eq!(f("GET / HTTP/1.1\r\n\r\n"), Ok(Framing::Empty));
+        for bad in [
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 0x5\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(f(bad).is_err(), "{bad}");
+        }
+        let resp = |t: &str| parse_response(t.as_bytes()).unwrap().unwrap();
+        assert_eq!(
+            response_framing(
+                "HEAD",
+                &resp("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n")
+            ),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            response_framing("GET", &resp("HTTP/1.1 304 Not Modified\r\n\r\n")),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            response_framing("GET", &resp("HTTP/1.1 200 OK\r\n\r\n")),
+            Ok(Framing::UntilClose)
+        );
+        assert_eq!(
+            response_framing(
+                "GET",
+                &resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+            ),
+            Ok(Framing::Chunked)
+        );
+        assert_eq!(
+            target_path("/a/b?q=1#f"),
+            ("/a/b".into(), "/a/b?[redacted]".into())
+        );
+        assert_eq!(
+            target_path("HTTPS://h.example:8443/x?y"),
+            ("/x".into(), "/x?[redacted]".into())
+        );
+        assert_eq!(target_path("http://h.example"), ("/".into(), "/".into()));
+        assert_eq!(target_path("*"), ("*".into(), "*".into()));
+    }
+
     fn client_hello(sni: Option<&str>) -> Vec<u8> {
         let mut ext = Vec::new();
         if let Some(n) = sni {

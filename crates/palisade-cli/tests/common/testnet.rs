@@ -222,7 +222,11 @@ const HOW_EXTRAS: &str = "the test internet's extra servers are not up: run `scr
 pub fn require_extras() {
     require();
     let ready = PathBuf::from(DIR).join("extras/ready");
-    assert!(ready.exists(), "{HOW_EXTRAS} ({} is missing)", ready.display());
+    assert!(
+        ready.exists(),
+        "{HOW_EXTRAS} ({} is missing)",
+        ready.display()
+    );
     for port in [EXTRAS_TLS, EXTRAS_HTTP] {
         let sa = SocketAddr::new(EXTRAS.parse().unwrap(), port);
         if let Err(e) = TcpStream::connect_timeout(&sa, Duration::from_secs(3)) {
