@@ -815,3 +815,112 @@ for p in range(1, 301):
     // 303 destinations (the two connects to .10:443 are one): 47 past the 256.
     assert_eq!(net["attempts_dropped"], 303 - 256);
 }
+
+/// The supervisor's `Threads:` in /proc (`None` once it has exited).
+fn threads_of(pid: u32) -> Option<usize> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// What inspection costs the supervisor stays bounded whatever the sandbox does: 300 TLS
+/// connections that each send 60 KB of a request head and never finish it hold at most the
+/// connection cap's threads, each is cut at the first-bytes deadline, and 3,000 requests on one
+/// keep-alive connection leave a bounded report; the supervisor's peak memory stays small.
+#[test]
+fn slow_tls_clients_huge_heads_and_endless_requests_keep_the_supervisor_bounded() {
+    require_extras();
+    const CAP: usize = 128;
+    let dir = TempDir::new("inspect-bounds");
+    let report = dir.path().join("r.json");
+    let script = format!(
+        r#"{HELPERS}
+import time
+def slow(n):
+    conns = []
+    for i in range(n):
+        try:
+            s = tunnel("api.test", 4443)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: api.test\r\nX: " + b"y" * 60000)
+            conns.append(s)
+        except OSError:
+            pass
+    print("opened", len(conns), flush=True)
+    cut = 0
+    for s in conns:
+        s.settimeout(60)
+        try:
+            if s.recv(100).startswith(b"HTTP/1.1 400"):
+                cut += 1
+        except OSError:
+            pass
+    print("cut", cut, flush=True)
+for p in range(3):
+    if os.fork() == 0:
+        slow(100)
+        os._exit(0)
+for p in range(3):
+    os.wait()
+s = tunnel("api.test", 4443)
+ok = sum(exchange(s, "api.test", f"/{{i}}") == "200 -" for i in range(3000))
+print("requests", ok, flush=True)
+"#
+    );
+    let mut o = opts(&["api.test"], &["--inspect"]);
+    let json = report.display().to_string();
+    o.extend(["--json", &json, "--timeout", "300s"].map(String::from));
+    let o: Vec<&str> = o.iter().map(String::as_str).collect();
+    let mut c = command(&o, &["python3", "-c", &script, "bounds"]);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also gives its rusage"
+    )]
+    let mut child = c.spawn().expect("palisade could not be started");
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = std::io::Read::read_to_string(&mut std::io::BufReader::new(stdout), &mut all);
+        all
+    });
+    let mut most = 0;
+    while let Some(n) = threads_of(pid) {
+        most = most.max(n);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if std::fs::metadata(&report).is_ok() {
+            break;
+        }
+    }
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our own child, not waited for yet; both pointers are to live locals.
+    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid as i32, "{}", std::io::Error::last_os_error());
+    let out = reader.join().unwrap();
+    assert!(most <= CAP + 16, "the supervisor ran {most} threads\n{out}");
+    let opened: usize = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("opened "))
+        .map(|n| n.parse::<usize>().unwrap())
+        .sum();
+    let cut: usize = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("cut "))
+        .map(|n| n.parse::<usize>().unwrap())
+        .sum();
+    assert!(opened >= CAP, "{out}");
+    assert_eq!(cut, opened, "each one answered 400 at the deadline\n{out}");
+    assert!(out.contains("requests 3000"), "{out}");
+    let rss = usage.ru_maxrss as u64 * 1024;
+    assert!(rss < 128 << 20, "the supervisor's peak RSS was {rss} bytes");
+    let size = std::fs::metadata(&report).unwrap().len();
+    assert!(size < 16 << 20, "a {size}-byte report");
+    eprintln!("inspection bounds: {most} threads at most, peak RSS {rss} bytes, report {size} bytes, {opened} connections opened");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert!(r["network"]["refused_connections"].as_u64().unwrap() > 0);
+    assert!(r["network"]["allowed"].as_u64().unwrap() > 3000);
+}
