@@ -432,7 +432,7 @@ fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
         };
     }
     type Target = fn(&[u8]);
-    let targets: [(&str, Target, Vec<&[u8]>); 4] = [
+    let targets: [(&str, Target, Vec<&[u8]>); 7] = [
         (
             "first_bytes",
             fuzzing::first_bytes,
@@ -468,6 +468,28 @@ fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
             files![
                 "seeds/dns_reply/a-via-cname",
                 "seeds/dns_reply/aaaa-via-cname"
+            ],
+        ),
+        (
+            "http_body",
+            fuzzing::http_body,
+            files!["seeds/http_body/chunked", "seeds/http_body/length"],
+        ),
+        (
+            "http_request",
+            fuzzing::http_request,
+            files![
+                "seeds/http_request/secret-chunked",
+                "seeds/http_request/absolute-basic"
+            ],
+        ),
+        (
+            "http_rules",
+            fuzzing::http_rules,
+            files![
+                "seeds/http_rules/rule",
+                "seeds/http_rules/secret",
+                "seeds/http_rules/block"
             ],
         ),
     ];
