@@ -179,7 +179,11 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
     loop {
         meter.tick();
         let s = match l.accept() {
-            Ok((s, _)) => s,
+            // The answers' pieces leave as written (see `relay::connect`).
+            Ok((s, _)) => {
+                let _ = s.set_nodelay(true);
+                s
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if relay::wait_one(sh, l.as_fd(), PollFlags::IN, None) != Wake::Ready {
                     break;
