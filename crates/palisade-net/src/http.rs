@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes moved per read.
-const CHUNK: usize = 16 * 1024;
+const CHUNK: usize = 32 * 1024;
 /// Most characters of a request's method and path that an event shows.
 const SHOWN_METHOD: usize = 32;
 const SHOWN_PATH: usize = 256;

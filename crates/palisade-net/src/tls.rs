@@ -17,6 +17,9 @@ use std::time::Instant;
 
 /// Most plaintext rustls buffers for sending, per connection.
 pub(crate) const BUFFER: usize = 64 * 1024;
+/// What the proxy reads from a TLS socket at once, for rustls to take records from (rustls reads
+/// 4 KiB at a time itself: four system calls a record).
+const READ_BUF: usize = 32 * 1024;
 
 /// One end: the socket, and rustls on it for TLS.
 pub(crate) struct Peer {
@@ -24,6 +27,9 @@ pub(crate) struct Peer {
     tls: Option<Box<rustls::Connection>>,
     /// The socket reached end of file (TLS: the records are all in).
     eof: bool,
+    /// TLS bytes read from the socket that rustls has not taken yet, from `inat`.
+    inbuf: Vec<u8>,
+    inat: usize,
 }
 
 /// Why a TLS handshake failed: the peer's certificate (upstream), or anything else.
@@ -40,6 +46,8 @@ impl Peer {
             sock,
             tls: None,
             eof: false,
+            inbuf: Vec::new(),
+            inat: 0,
         }
     }
 
@@ -59,6 +67,8 @@ impl Peer {
             sock,
             tls: Some(Box::new(rustls::Connection::Server(conn))),
             eof: false,
+            inbuf: Vec::new(),
+            inat: 0,
         };
         let mut rest = first;
         while !rest.is_empty() {
@@ -93,6 +103,8 @@ impl Peer {
             sock,
             tls: Some(Box::new(rustls::Connection::Client(conn))),
             eof: false,
+            inbuf: Vec::new(),
+            inat: 0,
         };
         p.handshake(sh, deadline)?;
         Ok(p)
@@ -185,12 +197,27 @@ impl Peer {
             if self.eof {
                 return Ok(Some(0));
             }
-            match tls.read_tls(&mut self.sock) {
-                Ok(0) => self.eof = true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+            if self.inat == self.inbuf.len() {
+                self.inbuf.resize(READ_BUF, 0);
+                self.inat = 0;
+                match self.sock.read(&mut self.inbuf) {
+                    Ok(n) => {
+                        self.inbuf.truncate(n);
+                        self.eof = n == 0;
+                    }
+                    Err(e) => {
+                        self.inbuf.clear();
+                        match e.kind() {
+                            io::ErrorKind::WouldBlock => return Ok(None),
+                            io::ErrorKind::Interrupted => continue,
+                            _ => return Err(e),
+                        }
+                    }
+                }
+            }
+            if !self.eof {
+                let mut rest = &self.inbuf[self.inat..];
+                self.inat += tls.read_tls(&mut rest)?;
             }
             if let Err(e) = tls.process_new_packets() {
                 // Send the alert rustls queued, without waiting.
