@@ -153,13 +153,13 @@ impl Exchange<'_> {
         ev.inspected = self.tls;
         if let Some(h) = head {
             let (_, shown) = wire::target_path(&h.target);
-            ev.request = Some(Request {
+            ev.request = Some(Box::new(Request {
                 method: Untrusted::new(&h.method).max(SHOWN_METHOD).to_string(),
                 path: Untrusted::new(&shown).max(SHOWN_PATH).to_string(),
                 status: None,
                 rule: None,
                 secrets: Vec::new(),
-            });
+            }));
         }
         ev
     }
@@ -624,12 +624,14 @@ impl Exchange<'_> {
     fn finish(&self, mut r: Req, status: Option<u16>, note: &str) {
         r.ev.decision = Decision::Allowed;
         r.ev.reason = Reason::Allowed;
-        let q = r.ev.request.clone().unwrap_or_else(|| Request {
-            method: String::new(),
-            path: String::new(),
-            status: None,
-            rule: None,
-            secrets: Vec::new(),
+        let q = r.ev.request.clone().unwrap_or_else(|| {
+            Box::new(Request {
+                method: String::new(),
+                path: String::new(),
+                status: None,
+                rule: None,
+                secrets: Vec::new(),
+            })
         });
         let mut d = match status {
             Some(s) => format!("{} {} -> {s}", q.method, q.path),

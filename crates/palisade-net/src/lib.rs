@@ -236,7 +236,7 @@ pub struct Event {
     pub inspected: bool,
     /// For one HTTP request the proxy read (plain HTTP, or inspected TLS): what it was.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub request: Option<Request>,
+    pub request: Option<Box<Request>>,
 }
 
 fn is_false(b: &bool) -> bool {

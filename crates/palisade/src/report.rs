@@ -903,6 +903,8 @@ mod protection_tests {
             cancelled: false,
             supervisor_cpu: std::time::Duration::ZERO,
             refusals_throttled: 0,
+            attempts: Vec::new(),
+            attempts_dropped: 0,
         };
         let ids = Ids {
             uid: 1000,
@@ -1039,6 +1041,8 @@ mod tests {
             cancelled: false,
             supervisor_cpu: ms(0),
             refusals_throttled: 0,
+            attempts: Vec::new(),
+            attempts_dropped: 0,
         }
     }
 
