@@ -1123,7 +1123,10 @@ mod tests {
             "host_uid": 1234,
             "scratch": null,
             "layers": [["cgroup-limits", true], ["cpu-time-limit", true]],
-            "network": {"mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0},
+            "network": {
+                "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
+                "refused_connections": 0, "notify_suppressed": 0, "supervisor_cpu_ms": 0,
+            },
             "protected": {"read_only": [], "pinned": [], "watched": [], "derived": [], "not_followed": [], "blocked": []},
         })
     }
