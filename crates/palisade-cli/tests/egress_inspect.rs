@@ -924,3 +924,23 @@ print("requests", ok, flush=True)
     assert!(r["network"]["refused_connections"].as_u64().unwrap() > 0);
     assert!(r["network"]["allowed"].as_u64().unwrap() > 3000);
 }
+
+/// The registry profiles inspect their hosts (and pypi's reads only), as measured and decided in
+/// docs/profiles.md.
+#[test]
+fn the_registry_profiles_inspect_and_pypi_reads_only() {
+    for (profile, want) in [
+        (
+            "pypi",
+            "inspect = true\nno_inspect = []\nhttp = [\"GET,HEAD,OPTIONS pypi.org\", \"GET,HEAD,OPTIONS files.pythonhosted.org\"]\n",
+        ),
+        ("npm", "inspect = true\nno_inspect = []\nhttp = []\n"),
+    ] {
+        let o = std::process::Command::new(palisade_bin())
+            .args(["policy", "show", "--profile", profile])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains(want), "{profile}:\n{out}");
+    }
+}

@@ -1201,6 +1201,8 @@ allow_ptrace = true
             rule("pypi.org:443"),
             rule("*.example.com"),
         ];
+        // The npm profile inspects.
+        want.network.inspect_all = true;
         want.allow_ptrace = true;
         assert_eq!(b, want);
         // Without [bounds], exactly the file's values.
