@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers the supervisor runs on untrusted input (fuzz/fuzz_targets/: the policy file,
 # and the egress proxy's first-bytes sniffer, proxy request head, DNS stub query and DNS client
-# reply) with cargo-fuzz and libFuzzer, starting from the committed seeds (fuzz/seeds/TARGET) and
-# every input a run ever found (fuzz/regressions/TARGET).
+# reply, and what its reading of each request parses: bodies, heads with secrets, HTTP rules)
+# with cargo-fuzz and libFuzzer, starting from the committed seeds (fuzz/seeds/TARGET) and every
+# input a run ever found (fuzz/regressions/TARGET).
 #
 # Only a stable toolchain is needed: cargo-fuzz's unstable rustc flags are allowed with
 # RUSTC_BOOTSTRAP=1, and cargo-fuzz itself is installed from crates.io when it is missing. No

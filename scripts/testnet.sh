@@ -4,7 +4,7 @@
 # 198.18.0.0/24, 2001:db8:5::/64; not 203.0.113.0/24, where the package registries of the
 # machines this project is built on live, nor 192.0.2.0/24, their own LAN), HTTP and TLS servers (one test CA, names like allowed.test and example.org) and
 # a DNS server. It stays up so that the unprivileged test run, which cannot create namespaces,
-# uses it too. Usage, as root: scripts/testnet.sh up | down | status
+# uses it too. As root.
 #
 #   host  ptn-host  198.51.100.1/24  2001:db8:5::1/64   route 198.18.0.0/24 via 198.51.100.2
 #   netns ptn-ns    198.51.100.2  .10 (web)  .20 (second web host)  .53 (dns)  198.18.0.10 (far)
@@ -13,7 +13,15 @@
 #
 # Every request, TLS handshake and DNS query is a JSON line in $DIR/events.log, which the tests
 # read to check that a refused connection never reached a server. $DIR/ca.pem is the test CA.
+#
+# The extras (scripts/testnet-extras.py: TLS inspection, HTTP rules, secrets): pypi.test (a package
+# index), git.test (a repository over smart HTTP), api.test, and badcert.test (a name its
+# certificate does not carry), all at 198.51.100.30, HTTP on 8088 and TLS on 4443, with a CA of
+# their own ($DIR/extras/ca.pem; $DIR/extras/upstream-ca.pem holds both CAs) and a log of their
+# own ($DIR/extras/events.log). `up` starts them; `extras` adds them to a test internet that is up
+# without them, and does nothing if they run. Usage: scripts/testnet.sh up | extras | down | status
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 
 NS=palisade-tn
 DIR=${PALISADE_TESTNET_DIR:-/run/palisade-testnet}
@@ -30,6 +38,11 @@ die() {
 status() {
     if [ -f "$DIR/ready" ] && ip netns list | grep -qw "$NS" && pid_alive; then
         echo "test internet up: netns $NS, state in $DIR, servers pid $(cat "$DIR/servers.pid")"
+        if extras_alive; then
+            echo "extras up: pid $(cat "$DIR/extras/servers.pid")"
+        else
+            echo "extras down (scripts/testnet.sh extras)"
+        fi
         return 0
     fi
     echo "test internet down (scripts/testnet.sh up, as root)"
@@ -44,7 +57,18 @@ pid_alive() {
     { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q "$DIR/servers.py"
 }
 
+# The extras' pid, if it is still our python3 serving $DIR/extras.
+extras_alive() {
+    [ -f "$DIR/extras/servers.pid" ] || return 1
+    local pid
+    pid=$(cat "$DIR/extras/servers.pid")
+    { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q "$DIR/extras/extras.py"
+}
+
 down() {
+    if extras_alive; then
+        kill "$(cat "$DIR/extras/servers.pid")" 2>/dev/null || true
+    fi
     if pid_alive; then
         local pid
         pid=$(cat "$DIR/servers.pid")
@@ -301,10 +325,63 @@ up() {
     die "the servers did not come up"
 }
 
+extras_certs() {
+    local d=$DIR/extras
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
+        -subj "/CN=palisade test extras CA" -keyout "$d/ca.key" -out "$d/ca.pem" \
+        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+        2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -subj "/CN=pypi.test" -keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null
+    cat >"$d/server.ext" <<'EOF'
+basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature
+extendedKeyUsage=serverAuth
+subjectAltName=DNS:pypi.test,DNS:git.test,DNS:api.test
+authorityKeyIdentifier=keyid
+EOF
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+        -days 7 -extfile "$d/server.ext" -out "$d/server.pem" 2>/dev/null
+    rm -f "$d/ca.key" "$d/server.csr" "$d/ca.srl"
+    chmod 600 "$d/server.key"
+    cat "$DIR/ca.pem" "$d/ca.pem" >"$d/upstream-ca.pem"
+    chmod 644 "$d/ca.pem" "$d/server.pem" "$d/upstream-ca.pem"
+}
+
+# The extras, added to a test internet that is up; nothing is done if they run already.
+extras() {
+    ip netns list | grep -qw "$NS" && pid_alive || die "the test internet is not up (scripts/testnet.sh up)"
+    if extras_alive; then
+        status
+        return 0
+    fi
+    command -v git >/dev/null || die "git is missing; run .ci/setup"
+    rm -rf "$DIR/extras"
+    mkdir -m 755 "$DIR/extras"
+    extras_certs
+    cp "$HERE/testnet-extras.py" "$DIR/extras/extras.py"
+    in_ns ip addr add 198.51.100.30/24 dev "$NS_IF" 2>/dev/null || true
+    in_ns setsid "$PY" "$DIR/extras/extras.py" "$DIR/extras" </dev/null >"$DIR/extras/servers.out" 2>&1 &
+    for _ in $(seq 100); do
+        if extras_alive && curl -sf --max-time 2 -o /dev/null --cacert "$DIR/extras/ca.pem" \
+            --resolve "pypi.test:4443:198.51.100.30" https://pypi.test:4443/simple/; then
+            date -u +%FT%TZ >"$DIR/extras/ready"
+            chmod 644 "$DIR/extras/ready" "$DIR/extras/servers.pid"
+            chmod -R a+rX "$DIR/extras/git"
+            status
+            return 0
+        fi
+        sleep 0.1
+    done
+    cat "$DIR/extras/servers.out" >&2 || true
+    die "the extra servers did not come up"
+}
+
 [ "$(id -u)" = 0 ] || die "run as root (it creates a network namespace)"
 case "${1:-}" in
-up) up ;;
+up) up && extras ;;
+extras) extras ;;
 down) down ;;
 status) status ;;
-*) die "usage: scripts/testnet.sh up | down | status" ;;
+*) die "usage: scripts/testnet.sh up | extras | down | status" ;;
 esac

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use palisade::policy::file::PolicyFile;
+use palisade::policy::http::{parse_inspect, HttpRule, Secret, SecretSource};
 use palisade::policy::net::{parse_dns_server, NetRule, Pin};
 use palisade::policy::protect::ProtectedPath;
 use palisade::policy::untrusted::Untrusted;
@@ -229,6 +230,41 @@ struct RunArgs {
     /// the egress proxy's.
     #[arg(long = "allow-local-port", value_name = "PORT")]
     allow_local_port: Vec<u16>,
+    /// Inspect TLS (repeatable): alone, every allowed host's; with HOST (a name or *.DOMAIN,
+    /// optionally :PORT), that host's. The proxy terminates the code's TLS with a certificate
+    /// from a CA made for this run (its key never leaves palisade's memory; the sandbox trusts
+    /// its certificate) and checks each request. Hosts named by --http-rule or --secret are
+    /// inspected anyway.
+    #[arg(long, value_name = "HOST", num_args = 0..=1, default_missing_value = "*")]
+    inspect: Vec<String>,
+    /// Never inspect HOST (repeatable): for clients that pin certificates or use mutual TLS.
+    #[arg(long = "no-inspect", value_name = "HOST")]
+    no_inspect: Vec<String>,
+    /// Allow only these requests to the hosts a rule names (repeatable): METHODS HOST[:PORT][/PATH],
+    /// e.g. 'GET,HEAD pypi.org/simple/**'; METHODS may be * or read-only (GET, HEAD, OPTIONS),
+    /// HOST may be * (every host). Other requests get 403 and the connection closes.
+    #[arg(long = "http-rule", value_name = "RULE")]
+    http_rule: Vec<String>,
+    /// Only read-only requests (GET, HEAD, OPTIONS) to every host: --http-rule 'read-only *'.
+    #[arg(long = "net-read-only")]
+    net_read_only: bool,
+    /// Refuse request bodies larger than SIZE (e.g. 1MiB) on the requests the proxy reads.
+    #[arg(
+        long = "max-request-body",
+        value_name = "SIZE",
+        allow_hyphen_values = true
+    )]
+    max_request_body: Option<String>,
+    /// NAME@HOST[:PORT][=env:VAR|=file:PATH] (repeatable): $NAME inside holds a random
+    /// placeholder; the proxy puts the real value (palisade's $NAME, or VAR, or the file's
+    /// content) in its place in the headers of requests to HOST over TLS, and refuses a request
+    /// that carries it anywhere else. The value never enters the sandbox.
+    #[arg(long = "secret", value_name = "NAME@HOST")]
+    secret: Vec<String>,
+    /// Verify inspected hosts against the CA certificates in FILE (PEM) instead of the host's
+    /// trust store.
+    #[arg(long = "upstream-ca", value_name = "FILE")]
+    upstream_ca: Option<PathBuf>,
     /// Print every network decision on stderr as it happens, allowed ones too (denied ones are
     /// printed anyway unless --quiet).
     #[arg(long = "net-log")]
@@ -313,6 +349,12 @@ const OPTIONS: &[(&str, &str)] = &[
     ("network.resolve", "--resolve"),
     ("network.dns_server", "--dns-server"),
     ("network.local_ports", "--allow-local-port"),
+    ("network.inspect", "--inspect"),
+    ("network.no_inspect", "--no-inspect"),
+    ("network.http", "--http-rule"),
+    ("network.max_body", "--max-request-body"),
+    ("network.secrets", "--secret"),
+    ("network.upstream_ca", "--upstream-ca"),
     ("limits.timeout", "--timeout"),
     ("limits.cpu_time", "--cpu-time"),
     ("limits.memory", "--memory"),
@@ -494,7 +536,73 @@ fn options(a: &RunArgs, tty: bool) -> anyhow::Result<PolicyOverlay> {
     if let Some(d) = &a.dns_server {
         o.dns_server = Some(parse_dns_server(d).map_err(option_error)?);
     }
+    for h in &a.inspect {
+        if h == "*" {
+            o.inspect_all = Some(true);
+        } else {
+            o.inspect
+                .push(parse_inspect("--inspect", h).map_err(option_error)?);
+        }
+    }
+    for h in &a.no_inspect {
+        o.no_inspect
+            .push(parse_inspect("--no-inspect", h).map_err(option_error)?);
+    }
+    if a.net_read_only {
+        o.http
+            .push(HttpRule::parse("--net-read-only", "read-only *").map_err(option_error)?);
+    }
+    for r in &a.http_rule {
+        o.http
+            .push(HttpRule::parse("--http-rule", r).map_err(option_error)?);
+    }
+    if let Some(b) = &a.max_request_body {
+        o.max_body = Some(parse_size("--max-request-body", b).map_err(option_error)?);
+    }
+    for x in &a.secret {
+        let s = Secret::parse("--secret", x).map_err(option_error)?;
+        o.secrets.retain(|o| o.name != s.name);
+        o.secrets.push(s);
+    }
+    if let Some(c) = &a.upstream_ca {
+        let abs = if c.is_absolute() {
+            c.clone()
+        } else {
+            std::env::current_dir()
+                .context("--upstream-ca: the working directory")?
+                .join(c)
+        };
+        o.upstream_ca = Some(abs);
+    }
     Ok(o)
+}
+
+/// Most bytes of a secret's file.
+const MAX_SECRET_FILE: u64 = 64 * 1024;
+
+/// A secret's value from palisade's own environment or the secret's file, as the policy says;
+/// never from anywhere else. A file's trailing line break is not part of the value.
+fn secret_value(s: &Secret) -> Result<String, String> {
+    use std::io::Read;
+    match &s.from {
+        SecretSource::Env(v) => std::env::var(v.as_str()).map_err(|_| {
+            format!("`{v}` is not set in palisade's environment; set it, or give the value's source as NAME@HOST=file:PATH")
+        }),
+        SecretSource::File(p) => {
+            let f = std::fs::File::open(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let mut buf = Vec::new();
+            f.take(MAX_SECRET_FILE + 1)
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            if buf.len() as u64 > MAX_SECRET_FILE {
+                return Err(format!("{} is larger than 64 KiB", p.display()));
+            }
+            let text = String::from_utf8(buf)
+                .map_err(|_| format!("{} is not text", p.display()))?;
+            Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+        }
+    }
 }
 
 /// What to do with the variables passed by name.
@@ -564,6 +672,10 @@ fn policy_for(
                 ),
             }
         })?;
+    // Secrets' values likewise: from palisade's environment or their files, here only.
+    check
+        .resolve_secrets(secret_value)
+        .map_err(|e| anyhow::anyhow!(in_option_words(&e.to_string())))?;
     if vars == PassedVars::Resolve {
         p = check;
     }

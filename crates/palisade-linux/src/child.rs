@@ -552,6 +552,15 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
         Op::SendDir { .. } => Err(libc::EINVAL),
         Op::Detach { path } => umount2(path, libc::MNT_DETACH),
         Op::Rmdir { path } => rmdir(path),
+        Op::BindFile { from, path } => {
+            let tree = open_tree(libc::AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+            let attrs =
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+            let r = mount_setattr(tree, c"", libc::AT_EMPTY_PATH as u32, attrs, 0, -1)
+                .and_then(|()| move_mount_fd(tree, libc::AT_FDCWD, path));
+            close(tree);
+            r
+        }
         Op::UserNsLimits => {
             // Each file opened from the directory: one path walk through /proc, not ten.
             let dir = openat(

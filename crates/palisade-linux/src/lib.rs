@@ -34,10 +34,10 @@ pub use engine::{run_if_init, Engine, InitProgram};
 pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use output::{OutputQueue, Received, Stream};
-pub use plan::{Ids, SockRole, SockSpec};
+pub use plan::{Extras, Ids, SockRole, SockSpec};
 pub use spawn::{
-    namespaces_error, spawn, spawn_with, BeforeStart, CpuWatch, DeniedCall, IdLease, Killer,
-    LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
+    namespaces_error, spawn, spawn_with, Attempt, BeforeStart, CpuWatch, DeniedCall, IdLease,
+    Killer, LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
     ROOT_MAPPED_IDS,
 };
 pub use zygote::Template;

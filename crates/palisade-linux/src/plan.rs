@@ -141,6 +141,13 @@ pub enum Op {
     Rmdir {
         path: CString,
     },
+    /// Bind a file palisade wrote into the new root (`from`, on its tmpfs) over another inside
+    /// path, read-only: a host file shown changed inside without touching the host (the system
+    /// CA bundles with the run's CA appended).
+    BindFile {
+        from: CString,
+        path: CString,
+    },
     /// This user namespace's own ceilings (`/proc/sys/user/*`): no nested namespaces, few
     /// inotify instances and watches, no fanotify. The kernel charges these counts to the
     /// namespace's owner too (the invoking user, or the run's host id for root launches): the
@@ -177,7 +184,8 @@ pub fn is_per_run(op: &Op) -> bool {
         | Op::Proc { path }
         | Op::Devpts { path }
         | Op::Bind { path, .. }
-        | Op::ReadOnly { path, .. } => in_per_run(path.as_bytes(), true),
+        | Op::ReadOnly { path, .. }
+        | Op::BindFile { path, .. } => in_per_run(path.as_bytes(), true),
         // A workspace is per run whole (templates refuse one: see zygote.rs).
         Op::Overlay { .. }
         | Op::UserXattr { .. }
@@ -215,6 +223,39 @@ pub fn run_part(plan: &Plan) -> RunPart {
     }
     part
 }
+
+/// What a run adds to its view beyond its policy, made by the supervisor for this run alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// A CA certificate (PEM) the sandbox's clients trust besides the host's (TLS inspection):
+    /// each system CA bundle the host has is shown inside with it appended (the host's file is
+    /// not touched), [`CA_FILE`] holds it alone and [`BUNDLE_FILE`] with the host's first bundle,
+    /// and the usual variables point at them ([`TRUST_VARIABLES`]).
+    pub trust: Option<String>,
+    /// Variables set last, over the policy's (the placeholders of secrets).
+    pub env: Vec<(String, String)>,
+}
+
+/// Where palisade's generated trust files are inside.
+pub const CA_FILE: &str = "/etc/palisade/ca.pem";
+pub const BUNDLE_FILE: &str = "/etc/palisade/ca-bundle.pem";
+
+/// Variables that point clients at the bundle with the run's CA (the whole trust set: curl,
+/// OpenSSL and Python's `ssl`, requests and pip, git, Go, Cargo, the AWS SDKs), and Node's,
+/// which adds to its own roots.
+pub const TRUST_VARIABLES: &[(&str, &str)] = &[
+    ("SSL_CERT_FILE", BUNDLE_FILE),
+    ("CURL_CA_BUNDLE", BUNDLE_FILE),
+    ("REQUESTS_CA_BUNDLE", BUNDLE_FILE),
+    ("PIP_CERT", BUNDLE_FILE),
+    ("GIT_SSL_CAINFO", BUNDLE_FILE),
+    ("CARGO_HTTP_CAINFO", BUNDLE_FILE),
+    ("AWS_CA_BUNDLE", BUNDLE_FILE),
+    ("NODE_EXTRA_CA_CERTS", CA_FILE),
+];
+
+/// Longest host CA bundle copied into a view.
+const MAX_BUNDLE: usize = 8 << 20;
 
 /// Signals the whole sandbox may have queued at once (`RLIMIT_SIGPENDING`).
 pub const SIGPENDING: u64 = 1024;
@@ -386,13 +427,19 @@ impl SockSpec {
     }
 }
 
-/// The egress listeners for a policy: none without allow rules.
+/// The egress listeners for a policy: without allow rules, only the DNS stub (which refuses).
 pub fn sockets(policy: &Policy) -> Vec<SockSpec> {
     use palisade_policy::net::{DNS_PORT, HTTP_PROXY_PORT, SOCKS_PORT};
-    if !policy.network.enabled() {
-        return Vec::new();
-    }
     const LO: u32 = 0x7f00_0001;
+    if !policy.network.enabled() {
+        // No egress: the DNS stub alone, which refuses every name and counts it for the
+        // report's attempts.
+        return vec![SockSpec {
+            role: SockRole::Dns,
+            addr: LO,
+            port: DNS_PORT,
+        }];
+    }
     let mut v = vec![
         SockSpec {
             role: SockRole::HttpProxy,
@@ -437,6 +484,23 @@ pub trait HostFs {
     /// special file is refused without being opened for reading.
     fn read_beneath(&self, root: &Path, rel: &str, max: usize) -> std::io::Result<Option<Vec<u8>>> {
         read_beneath(root, rel, max)
+    }
+    /// The host's own canonical path of `p` (its links followed): for system files, never for a
+    /// path a sandbox could change.
+    fn canonical(&self, p: &Path) -> Option<PathBuf> {
+        std::fs::canonicalize(p).ok()
+    }
+    /// A host system file, at most `max` bytes.
+    fn read_system(&self, p: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut buf = Vec::new();
+        std::fs::File::open(p)?
+            .take(max as u64 + 1)
+            .read_to_end(&mut buf)?;
+        if buf.len() > max {
+            return Err(std::io::Error::other(format!("larger than {max} bytes")));
+        }
+        Ok(buf)
     }
 }
 
@@ -629,6 +693,60 @@ pub fn resolve_host(
 
 /// Builds the plan for `policy` on `host`, for a payload with identity `ids`.
 pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, SetupError> {
+    build_with(policy, ids, host, &Extras::default())
+}
+
+/// The host's system CA bundles as the view shows them (their canonical paths, each once, in a
+/// directory the view mirrors), with their content.
+fn host_bundles(host: &dyn HostFs) -> Vec<(String, Vec<u8>)> {
+    let mut found: Vec<(String, Vec<u8>)> = Vec::new();
+    for p in palisade_policy::net::TRUST_BUNDLES {
+        let Some(canon) = host.canonical(Path::new(p)) else {
+            continue;
+        };
+        let Some(text) = canon.to_str().map(str::to_owned) else {
+            continue;
+        };
+        let mut comps = text.trim_start_matches('/').split('/');
+        let shown = match (comps.next(), comps.next()) {
+            (Some("etc"), Some(e)) => ETC_ENTRIES.contains(&e),
+            (Some(d), Some(_)) => SYSTEM_DIRS.contains(&d),
+            _ => false,
+        };
+        if !shown || found.iter().any(|(f, _)| *f == text) {
+            continue;
+        }
+        match host.lstat(&canon) {
+            Some(m) if m.is_file() => {}
+            _ => continue,
+        }
+        if let Ok(content) = host.read_system(&canon, MAX_BUNDLE) {
+            found.push((text, content));
+        }
+    }
+    found
+}
+
+/// `a` then `b` on a line of its own.
+fn joined(a: &[u8], b: &str) -> Vec<u8> {
+    let mut v = a.to_vec();
+    if !v.is_empty() && !v.ends_with(b"\n") {
+        v.push(b'\n');
+    }
+    v.extend_from_slice(b.as_bytes());
+    if !v.ends_with(b"\n") {
+        v.push(b'\n');
+    }
+    v
+}
+
+/// [`build`] with what the supervisor made for this run ([`Extras`]).
+pub fn build_with(
+    policy: &Policy,
+    ids: Ids,
+    host: &dyn HostFs,
+    extras: &Extras,
+) -> Result<Plan, SetupError> {
     policy.validate()?;
     let ro = crate::sys::MOUNT_ATTR_RDONLY
         | crate::sys::MOUNT_ATTR_NOSUID
@@ -711,6 +829,36 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
             path: c(p),
             data: d.into_bytes(),
         });
+    }
+    // The run's CA, trusted inside without touching the host: palisade's own files on the new
+    // root, and a copy of each host bundle with the CA appended bound over it (the /etc and
+    // system-directory mirrors above are in place by now).
+    if let Some(ca) = &extras.trust {
+        b.ops.push(Op::Mkdir {
+            path: rel("/etc/palisade"),
+            mode: 0o755,
+        });
+        let bundles = host_bundles(host);
+        let primary = bundles.first().map_or(&[][..], |(_, d)| d.as_slice());
+        b.ops.push(Op::Write {
+            path: rel(CA_FILE),
+            data: joined(&[], ca),
+        });
+        b.ops.push(Op::Write {
+            path: rel(BUNDLE_FILE),
+            data: joined(primary, ca),
+        });
+        for (i, (inside, content)) in bundles.iter().enumerate() {
+            let copy = format!("/etc/palisade/system-{i}.pem");
+            b.ops.push(Op::Write {
+                path: rel(&copy),
+                data: joined(content, ca),
+            });
+            b.ops.push(Op::BindFile {
+                from: rel(&copy),
+                path: rel(inside),
+            });
+        }
     }
 
     // /proc: a new instance for the new pid namespace; its sysctl tree and sysrq read-only.
@@ -896,7 +1044,7 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         (None, why) => LandlockPlan::Waived(why.unwrap_or_default()),
     };
 
-    let exec = exec_plan(policy)?;
+    let exec = exec_plan(policy, extras)?;
     Ok(Plan {
         sources: b.sources,
         ops: b.ops,
@@ -907,7 +1055,9 @@ pub fn build(policy: &Policy, ids: Ids, host: &dyn HostFs) -> Result<Plan, Setup
         workdir: c(SCRATCH_DIR),
         payload_stack: vec![0; PAYLOAD_STACK],
         scratch_source,
-        seccomp: seccomp_program(policy.allow_ptrace),
+        // Without egress, every connect also goes past the supervisor, which records where it
+        // was going (the report's attempts) and lets the kernel refuse it.
+        seccomp: seccomp_program(policy.allow_ptrace, !policy.network.enabled()),
         rlimits: vec![
             // 1, not 0: no core file, and no host core_pattern helper either (see the constant).
             (
@@ -1005,13 +1155,17 @@ fn workspace(
     b.ops.push(Op::Rmdir { path: c(WS_DIR) });
 }
 
-/// The seccomp program, assembled once per process for each value of `allow_ptrace` (it depends
-/// on nothing else).
-fn seccomp_program(allow_ptrace: bool) -> Vec<crate::seccomp::SockFilter> {
-    static PROGRAMS: [std::sync::OnceLock<Vec<crate::seccomp::SockFilter>>; 2] =
-        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
-    PROGRAMS[allow_ptrace as usize]
-        .get_or_init(|| crate::seccomp::program(allow_ptrace))
+/// The seccomp program, assembled once per process for each value of `allow_ptrace` and
+/// `notify_connect` (it depends on nothing else).
+fn seccomp_program(allow_ptrace: bool, notify_connect: bool) -> Vec<crate::seccomp::SockFilter> {
+    static PROGRAMS: [std::sync::OnceLock<Vec<crate::seccomp::SockFilter>>; 4] = [
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+    ];
+    PROGRAMS[allow_ptrace as usize * 2 + notify_connect as usize]
+        .get_or_init(|| crate::seccomp::program_with(allow_ptrace, notify_connect))
         .clone()
 }
 
@@ -1348,6 +1502,12 @@ pub fn rlimit_cpu_secs(limit: Duration) -> u64 {
 /// The environment the payload starts with: `PATH`, `HOME`, `LANG` (and `TERM` with a terminal),
 /// then the policy's variables, which may override these.
 pub fn environment(policy: &Policy) -> Vec<(String, String)> {
+    environment_with(policy, &Extras::default())
+}
+
+/// [`environment`] for a run with [`Extras`]: the trust variables before the policy's (which may
+/// point them elsewhere), the extra variables last.
+pub fn environment_with(policy: &Policy, extras: &Extras) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), DEFAULT_PATH.into()),
         ("HOME".into(), SCRATCH_DIR.into()),
@@ -1371,19 +1531,29 @@ pub fn environment(policy: &Policy) -> Vec<(String, String)> {
             env.push((n.to_ascii_lowercase(), v.clone()));
         }
     }
-    for v in &policy.env {
-        match env.iter_mut().find(|(n, _)| n == v.name.as_str()) {
-            Some(slot) => slot.1 = v.value.clone(),
-            None => env.push((v.name.to_string(), v.value.clone())),
+    if extras.trust.is_some() {
+        for (n, v) in TRUST_VARIABLES {
+            env.push((n.to_string(), v.to_string()));
+        }
+    }
+    let set = policy
+        .env
+        .iter()
+        .map(|v| (v.name.as_str(), v.value.as_str()))
+        .chain(extras.env.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    for (n, v) in set {
+        match env.iter_mut().find(|(x, _)| x == n) {
+            Some(slot) => slot.1 = v.to_owned(),
+            None => env.push((n.to_owned(), v.to_owned())),
         }
     }
     env
 }
 
 /// The program of `policy`: its candidate paths in the sandbox's `PATH`, its arguments and its
-/// environment.
-pub fn exec_plan(policy: &Policy) -> Result<Exec, SetupError> {
-    let env = environment(policy);
+/// environment, with what the supervisor adds for this run.
+pub fn exec_plan(policy: &Policy, extras: &Extras) -> Result<Exec, SetupError> {
+    let env = environment_with(policy, extras);
     let prog = &policy.command[0];
     let candidates: Vec<CString> = if prog.contains('/') {
         vec![c(prog)]
@@ -1430,6 +1600,9 @@ pub fn describe_op(ops: &[Op], sources: &[Source], i: usize) -> String {
             show(path)
         ),
         Some(Op::ReadOnly { path, .. }) => format!("make {} read-only", show(path)),
+        Some(Op::BindFile { from, path }) => {
+            format!("bind the generated {} over {}", show(from), show(path))
+        }
         Some(Op::UserNsLimits) => "set the sandbox user namespace's ceilings (/proc/sys/user/*)".into(),
         Some(Op::Overlay { .. }) => "mount the workspace's overlay on /workspace (overlayfs in a user namespace needs Linux 5.11 or later, and a host directory on a file system overlayfs takes as a lower layer: not another overlay's upper layer, not NFS without its options, not FUSE before 5.11)".into(),
         Some(Op::UserXattr { .. }) => "check that the workspace's tmpfs keeps user.* extended attributes, which overlayfs needs in a user namespace (tmpfs has them from Linux 6.6 on)".into(),
@@ -1945,13 +2118,16 @@ mod tests {
         let mut p = Policy::new(["python3", "-c", "pass"]).unwrap();
         p.env
             .push(palisade_policy::EnvVar::parse("PATH=/opt/bin:relative:/usr/bin/").unwrap());
-        let e = exec_plan(&p).unwrap();
+        let e = exec_plan(&p, &Extras::default()).unwrap();
         let cands: Vec<_> = e.candidates.iter().map(|c| c.to_str().unwrap()).collect();
         assert_eq!(cands, ["/opt/bin/python3", "/usr/bin/python3"]);
         assert_eq!(e.argv_ptrs.len(), 4);
         assert!(e.argv_ptrs[3].is_null());
         let p = Policy::new(["./run.sh"]).unwrap();
-        assert_eq!(exec_plan(&p).unwrap().candidates, vec![c("./run.sh")]);
+        assert_eq!(
+            exec_plan(&p, &Extras::default()).unwrap().candidates,
+            vec![c("./run.sh")]
+        );
     }
 
     /// A template builds the system part of the view once; every run mounts what it may write

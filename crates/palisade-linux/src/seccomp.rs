@@ -306,6 +306,18 @@ pub fn denied() -> Vec<(&'static str, i64)> {
 /// need it in a block of their own; every block ends in one of the shared answers at the end
 /// (so no block falls into the next, and the number never has to be loaded twice).
 pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
+    program_with(allow_ptrace, false)
+}
+
+/// Whether the supervisor watches this call without deciding it (it records the destination of
+/// a `connect` when the sandbox has no egress, then lets the kernel run the call).
+pub fn watched(nr: i32, arch: u32) -> bool {
+    arch == AUDIT_ARCH && nr as i64 == libc::SYS_connect
+}
+
+/// [`program`], with `watch_connect`: every `connect` goes to the supervisor too, which records
+/// where it goes (`watched`) and lets it run (the attempts of a run without egress).
+pub fn program_with(allow_ptrace: bool, watch_connect: bool) -> Vec<SockFilter> {
     let mut a = Asm::default();
     // The shared answers, placed at the end. A refusal the report lists goes to the supervisor,
     // which records the call and answers with the errno `answer` gives (the call never runs).
@@ -338,6 +350,9 @@ pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
     }
     // clone3: ENOSYS, so that libc falls back to clone. openat2 takes its mode in a struct a
     // filter cannot read: ENOSYS, callers fall back to openat.
+    if watch_connect {
+        a.jeq(libc::SYS_connect as u32, To::At(refuse), To::Next);
+    }
     a.jeq(libc::SYS_clone3 as u32, To::At(enosys), To::Next);
     a.jeq(libc::SYS_openat2 as u32, To::At(enosys), To::Next);
     a.jeq(libc::SYS_clone as u32, To::At(clone), To::Next);

@@ -146,6 +146,63 @@ pub struct Outcome {
     pub supervisor_cpu: Duration,
     /// Times answering refused calls was paused because it had used the sandbox's CPU share.
     pub refusals_throttled: u64,
+    /// Without egress: where `connect` calls were going (TCP and UDP, IPv4 and IPv6; at most
+    /// [`MAX_ATTEMPTS`] destinations), in the order first seen.
+    pub attempts: Vec<Attempt>,
+    /// Attempts to destinations past [`MAX_ATTEMPTS`], counted only.
+    pub attempts_dropped: u64,
+}
+
+/// Most destinations of `connect` attempts listed for a run without egress.
+pub const MAX_ATTEMPTS: usize = 256;
+
+/// Where a `connect` was going, in a run without egress, and how often.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub address: std::net::IpAddr,
+    pub port: u16,
+    /// `tcp`, `udp`, or `unknown` when the socket could not be looked at.
+    pub protocol: &'static str,
+    pub count: u64,
+}
+
+/// The destination of a `connect(fd, addr, len)` the filter handed over: read from the caller's
+/// memory (an IPv4 or IPv6 address; other families are not egress), the socket's type from a
+/// copy of its descriptor. `None` when it is not an internet address or cannot be read.
+fn read_attempt(n: &sys::SeccompNotice) -> Option<Attempt> {
+    let len = (n.args[2] as usize).min(128);
+    if len < 8 {
+        return None;
+    }
+    let mut buf = [0u8; 128];
+    let got = sys::read_process_memory(n.pid, n.args[1], &mut buf[..len]).ok()?;
+    let b = &buf[..got];
+    let port = u16::from_be_bytes([*b.get(2)?, *b.get(3)?]);
+    let address = match u16::from_ne_bytes([b[0], b[1]]) as i32 {
+        libc::AF_INET => std::net::IpAddr::from(<[u8; 4]>::try_from(b.get(4..8)?).ok()?),
+        libc::AF_INET6 => std::net::IpAddr::from(<[u8; 16]>::try_from(b.get(8..24)?).ok()?),
+        _ => return None,
+    };
+    // Descriptors belong to the process: its leader's pidfd reaches them from any thread.
+    let leader = std::fs::read_to_string(format!("/proc/{}/status", n.pid))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(n.pid);
+    let protocol = match sys::socket_type_of(leader, n.args[0] as i32) {
+        Some(libc::SOCK_STREAM) => "tcp",
+        Some(libc::SOCK_DGRAM) => "udp",
+        _ => "unknown",
+    };
+    Some(Attempt {
+        address,
+        port,
+        protocol,
+        count: 1,
+    })
 }
 
 /// A host pid as the sandbox knows it: the last `NSpid` entry of `/proc/PID/status` (the pid in
@@ -193,6 +250,8 @@ pub struct Running {
     /// The payload's seccomp listener: refused calls arrive here to be answered and recorded.
     notify: Option<OwnedFd>,
     denied: Vec<DeniedCall>,
+    attempts: Vec<Attempt>,
+    attempts_dropped: u64,
     cancelled: Arc<AtomicBool>,
     done: bool,
     /// The egress proxy's listeners, made inside the sandbox's network namespace.
@@ -469,21 +528,29 @@ pub fn spawn(
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
 ) -> Result<Running, SetupError> {
-    spawn_with(policy, stdin, before_start, &Engine::InProcess)
+    spawn_with(
+        policy,
+        stdin,
+        before_start,
+        &Engine::InProcess,
+        &plan::Extras::default(),
+    )
 }
 
-/// [`spawn`] with the sandbox's init started by `engine`.
+/// [`spawn`] with the sandbox's init started by `engine`, and what the supervisor made for this
+/// run ([`plan::Extras`]: the CA of TLS inspection to trust, the placeholders of secrets).
 pub fn spawn_with(
     policy: &Policy,
     stdin: Stdin,
     before_start: Option<BeforeStart<'_>>,
     engine: &Engine,
+    extras: &plan::Extras,
 ) -> Result<Running, SetupError> {
     let setup_cpu0 = sys::thread_cpu_time();
     let (ids, scratch_seen, lease) = choose_ids(policy)?;
     // a. The plan: every path resolved and checked, every string converted; nothing on the host
     //    touched before it passes, and the child never allocates after it.
-    let mut plan = plan::build(policy, ids, &plan::RealHost)?;
+    let mut plan = plan::build_with(policy, ids, &plan::RealHost, extras)?;
     check_scratch(&plan, scratch_seen)?;
 
     // b. Pipes and sockets for messages, output and input, close-on-exec and numbered >= 3.
@@ -901,6 +968,8 @@ impl Running {
             protection: plan.protection.clone(),
             notify: None,
             denied: Vec::new(),
+            attempts: Vec::new(),
+            attempts_dropped: 0,
             cancelled: Arc::new(AtomicBool::new(false)),
             done: false,
             egress: Vec::new(),
@@ -1592,6 +1661,8 @@ impl Running {
             cancelled,
             supervisor_cpu: sys::thread_cpu_time().saturating_sub(cpu0) + self.setup_cpu,
             refusals_throttled,
+            attempts: std::mem::take(&mut self.attempts),
+            attempts_dropped: self.attempts_dropped,
         })
     }
 
@@ -1604,11 +1675,44 @@ impl Running {
         let Ok(n) = sys::seccomp_notif_recv(listener) else {
             return;
         };
+        if crate::seccomp::watched(n.nr, n.arch) {
+            // Recorded only if the caller is still the one that called (its pid not reused),
+            // then the kernel runs the call and decides it.
+            if let Some(a) = read_attempt(&n).filter(|_| sys::seccomp_notif_valid(listener, n.id)) {
+                self.record_attempt(a);
+            }
+            let _ = sys::seccomp_notif_continue(listener, n.id);
+            return;
+        }
         let (name, errno) = crate::seccomp::answer(n.nr, n.arch, &n.args);
         // Recorded before the answer: until then the caller waits in the call, so its pid can
         // still be looked up (a short-lived child would be gone right after).
         record_refusal(&mut self.denied, name, errno, || inner_pid(n.pid));
         let _ = sys::seccomp_notif_fail(listener, n.id, errno);
+    }
+}
+
+impl Running {
+    /// Counts an attempt: its destination's entry, or a new one while there is room. The DNS
+    /// stub's own address is left out (its lookups are listed by name).
+    fn record_attempt(&mut self, a: Attempt) {
+        let stub = a.protocol == "udp"
+            && a.port == palisade_policy::net::DNS_PORT
+            && a.address == std::net::IpAddr::from([127, 0, 0, 1]);
+        if stub {
+            return;
+        }
+        if let Some(x) = self
+            .attempts
+            .iter_mut()
+            .find(|x| (x.address, x.port, x.protocol) == (a.address, a.port, a.protocol))
+        {
+            x.count += 1;
+        } else if self.attempts.len() < MAX_ATTEMPTS {
+            self.attempts.push(a);
+        } else {
+            self.attempts_dropped += 1;
+        }
     }
 }
 

@@ -324,6 +324,11 @@ fn write_op(w: &mut Writer, op: &Op) {
             w.u8(15);
             w.cstr(path);
         }
+        Op::BindFile { from, path } => {
+            w.u8(16);
+            w.cstr(from);
+            w.cstr(path);
+        }
     }
 }
 
@@ -381,6 +386,10 @@ fn read_op(r: &mut Reader<'_>, sources: usize) -> R<Op> {
         },
         15 => Op::Rmdir {
             path: r.cstr("rmdir path")?,
+        },
+        16 => Op::BindFile {
+            from: r.cstr("bound file source")?,
+            path: r.cstr("bound file path")?,
         },
         _ => return Err(WireError("operation")),
     })

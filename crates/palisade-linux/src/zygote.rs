@@ -95,20 +95,29 @@ fn supervisor(op: &'static str, e: i32) -> SetupError {
     }
 }
 
-/// Templates do not take a workspace: its overlay, and the upper layer the supervisor reads
-/// after the run, are one run's own from the first step, which a prepared view cannot share.
-fn no_workspace(policy: &Policy) -> Result<(), SetupError> {
-    match &policy.scratch {
-        Scratch::Workspace { .. } => Err(SetupError::Supervisor {
-            op: "use a template",
-            source: io::Error::new(
-                io::ErrorKind::Unsupported,
-                "filesystem.workspace: a workspace is one run's own; templates take an \
-                 ephemeral or host scratch directory (start a workspace run with Sandbox::start)",
-            ),
-        }),
-        _ => Ok(()),
+/// What templates do not take: a workspace (its overlay, and the upper layer the supervisor
+/// reads after the run, are one run's own from the first step, which a prepared view cannot
+/// share), and TLS inspection (each run's CA is trusted through files of the view's `/etc`, which
+/// the template builds once).
+fn template_takes(policy: &Policy) -> Result<(), SetupError> {
+    let refuse = |why: &str| SetupError::Supervisor {
+        op: "use a template",
+        source: io::Error::new(io::ErrorKind::Unsupported, why.to_owned()),
+    };
+    if let Scratch::Workspace { .. } = &policy.scratch {
+        return Err(refuse(
+            "filesystem.workspace: a workspace is one run's own; templates take an ephemeral or \
+             host scratch directory (start a workspace run with Sandbox::start)",
+        ));
     }
+    if policy.network.inspects_any() {
+        return Err(refuse(
+            "network.inspect (or network.http, network.secrets): TLS inspection trusts a CA of \
+             the run's own in the view's /etc, which a template builds once; start such runs \
+             with Sandbox::start",
+        ));
+    }
+    Ok(())
 }
 
 fn owned(fd: c_int) -> OwnedFd {
@@ -121,7 +130,7 @@ impl Template {
     /// which builds the prepared view, and returns once it is ready. Root launches claim one
     /// host id for the template's lifetime, which all its runs use.
     pub fn new(policy: &Policy, prog: &InitProgram) -> Result<Template, SetupError> {
-        no_workspace(policy)?;
+        template_takes(policy)?;
         let (ids, scratch_seen, lease) = spawn::choose_ids(policy)?;
         let mut plan = plan::build(policy, ids, &plan::RealHost)?;
         spawn::check_scratch(&plan, scratch_seen)?;
@@ -261,10 +270,21 @@ impl Template {
         policy: &Policy,
         stdin: Stdin,
         before_start: Option<BeforeStart<'_>>,
+        extras: &plan::Extras,
     ) -> Result<Running, SetupError> {
         let setup_cpu0 = sys::thread_cpu_time();
-        no_workspace(policy)?;
-        let exec = plan::exec_plan(policy)?;
+        template_takes(policy)?;
+        // The secrets' placeholders are variables of the run; a CA to trust cannot be added here.
+        if extras.trust.is_some() {
+            return Err(SetupError::Supervisor {
+                op: "use a template",
+                source: io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a CA to trust for TLS inspection (see network.inspect)",
+                ),
+            });
+        }
+        let exec = plan::exec_plan(policy, extras)?;
         // The run's part of the view: the template's, or, with a host scratch directory, from a
         // plan made now (the directory's protected paths are as they are now).
         let fresh = match &policy.scratch {

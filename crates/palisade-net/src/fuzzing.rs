@@ -113,3 +113,135 @@ pub fn dns_reply(data: &[u8]) {
         );
     }
 }
+
+/// A request body read off a stream: the first byte picks the framing (a length, or chunked)
+/// and how the stream is cut into reads. Properties: the same bytes taken and passed on however
+/// the stream is cut; never more taken than given; and what is passed on for a chunked body
+/// reads back, whole, as the same payload (so the next hop finds its end where the proxy did).
+pub fn http_body(data: &[u8]) {
+    use crate::wire::{BodyReader, Framing};
+    let Some((&ctl, input)) = data.split_first() else {
+        return;
+    };
+    let framing = if ctl & 1 == 0 {
+        Framing::Chunked
+    } else {
+        Framing::Length(u64::from(ctl >> 1) * 37)
+    };
+    let limit = (ctl & 0x80 != 0).then_some(u64::from(ctl & 0x7f) * 13);
+    let step = usize::from(ctl >> 4) + 1;
+    let run = |step: usize| {
+        let Ok(mut r) = BodyReader::new(framing, limit) else {
+            return (None, Vec::new(), 0, 0);
+        };
+        let (mut out, mut took) = (Vec::new(), 0usize);
+        for piece in input.chunks(step) {
+            match r.feed(piece, &mut out) {
+                Ok(n) => {
+                    assert!(n <= piece.len());
+                    took += n;
+                    if n < piece.len() {
+                        break;
+                    }
+                }
+                Err(e) => return (Some(e), out, took, r.payload),
+            }
+        }
+        (None, out, took, r.payload)
+    };
+    let (e1, out1, took1, pay1) = run(input.len().max(1));
+    let (e2, out2, took2, pay2) = run(step);
+    assert_eq!(e1, e2, "an error depends on how the stream was cut");
+    if e1.is_none() {
+        assert_eq!((took1, pay1), (took2, pay2), "cut at {step}");
+        assert!(took1 <= input.len());
+        if framing == Framing::Chunked {
+            let mut again = BodyReader::new(Framing::Chunked, None).expect("no limit");
+            let mut twice = Vec::new();
+            let n = again
+                .feed(&out1, &mut twice)
+                .unwrap_or_else(|e| panic!("what the proxy passed on does not read back: {e}"));
+            assert_eq!(n, out1.len());
+            assert_eq!(again.payload, pay1);
+        } else {
+            assert_eq!(out1, out2);
+            assert_eq!(out1.len() as u64, pay1);
+        }
+    }
+}
+
+/// A request head on a connection the proxy reads: never a panic; what goes on reads back as
+/// the same request; a secret's placeholder goes nowhere but its host, and its value nowhere
+/// else; HTTP rules decide without panicking.
+pub fn http_request(data: &[u8]) {
+    use palisade_policy::http::{HttpRule, Secret, SecretValue};
+    use palisade_policy::net::{Host, NetRule, Network};
+    let Ok(Some(mut head)) = wire::parse_head(data) else {
+        return;
+    };
+    let _ = wire::request_framing(&head);
+    let (path, shown) = wire::target_path(&head.target);
+    assert!(
+        !shown.contains('?') || shown.ends_with("?[redacted]"),
+        "{shown}"
+    );
+    assert_printable("a shown path", &crate::bounded(&shown, 256));
+    let host = Host::parse("api.example.org").expect("a name");
+    let mut net = Network::default();
+    net.allow
+        .push(NetRule::parse("t", "*.example.org").expect("a rule"));
+    net.http
+        .push(HttpRule::parse("t", "GET,HEAD api.example.org/v1/**").expect("a rule"));
+    let _ = net.http_decide(&host, 443, &head.method, &path);
+    let _ = crate::http::check_host(&host, &wire::http_host(&head), false, true);
+    let mut s = Secret::parse("t", "TOKEN@api.example.org").expect("a secret");
+    s.value = Some(SecretValue::new("the-real-value").expect("a value"));
+    let secrets = crate::secrets::Secrets::new(&[s]).expect("randomness");
+    // The fuzzer cannot guess the placeholder: put it where the input has `PH`.
+    let ph = secrets.placeholders()[0].1.clone();
+    for (_, v) in head.headers.iter_mut() {
+        if let Some(i) = v.windows(2).position(|w| w == b"PH") {
+            v.splice(i..i + 2, ph.bytes());
+        }
+    }
+    let other = Host::parse("other.example.org").expect("a name");
+    let before = head.clone();
+    let mut elsewhere = head.clone();
+    if secrets.apply(&mut elsewhere, &other, 443, true).is_ok() {
+        let sent = wire::serialize_head(&elsewhere);
+        assert!(
+            !sent.windows(14).any(|w| w == b"the-real-value")
+                || data.windows(14).any(|w| w == b"the-real-value")
+        );
+    } else {
+        assert_eq!(elsewhere, before, "a refused head is left as it was");
+    }
+    let _ = secrets.apply(&mut head, &host, 443, true);
+    let sent = wire::serialize_head(&head);
+    let mut room = vec![httparse::EMPTY_HEADER; wire::MAX_HEADERS];
+    if let Ok(Some(again)) = wire::parse_head_in(&sent, &mut room) {
+        assert_eq!(again.len, sent.len());
+        assert_eq!((&again.method, &again.target), (&head.method, &head.target));
+        assert_eq!(again.headers.len(), head.headers.len());
+    }
+}
+
+/// HTTP rules and secrets as written: never a panic; what parses prints as text that parses
+/// back to the same value; matching any path never panics and takes time in proportion.
+pub fn http_rules(data: &[u8]) {
+    use palisade_policy::http::{HttpRule, Secret};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (rule, path) = text.split_once('\n').unwrap_or((text, "/"));
+    if let Ok(r) = HttpRule::parse("fuzz", rule) {
+        let shown = r.to_string();
+        assert_eq!(HttpRule::parse("fuzz", &shown).as_ref(), Ok(&r), "{shown}");
+        let _ = r.allows("GET", path);
+        let _ = palisade_policy::http::ambiguous_path(path);
+    }
+    if let Ok(s) = Secret::parse("fuzz", rule) {
+        let shown = s.to_string();
+        assert_eq!(Secret::parse("fuzz", &shown).as_ref(), Ok(&s), "{shown}");
+    }
+}

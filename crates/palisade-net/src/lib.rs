@@ -30,10 +30,16 @@
 //! timeouts otherwise).
 #![forbid(unsafe_code)]
 
+mod ca;
 mod dns;
+mod http;
 mod relay;
+mod secrets;
 mod serve;
+mod tls;
 mod wire;
+
+pub use ca::{CaError, MAX_LEAVES};
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
@@ -41,7 +47,7 @@ pub mod fuzzing;
 use palisade_policy::net::{Network, Refusal};
 use palisade_policy::untrusted::Untrusted;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
@@ -112,6 +118,21 @@ pub enum Reason {
     Unsupported,
     /// A connection to a 127.77.x.y address the DNS stub never handed out.
     UnknownAddress,
+    /// No HTTP rule for the host allows the request's method and path.
+    HttpRule,
+    /// The request's body is larger than `network.max_body`.
+    BodyTooLarge,
+    /// The request carries the placeholder of a secret that goes to another destination.
+    SecretElsewhere,
+    /// The inspected host's certificate does not verify.
+    UpstreamCertificate,
+    /// TLS to the inspected host failed otherwise.
+    UpstreamTls,
+    /// The sandbox's client did not complete TLS with the proxy's certificate (it does not trust
+    /// the run's CA, pins another certificate, or wants a protocol the proxy does not speak).
+    TlsHandshake,
+    /// Inside inspected TLS, something that is not an HTTP/1.x request.
+    NotHttp,
 }
 
 /// What the client sent first, once seen.
@@ -164,6 +185,13 @@ codes! {
         IncompleteRequest => "incomplete-request",
         Unsupported => "unsupported",
         UnknownAddress => "unknown-address",
+        HttpRule => "http-rule",
+        BodyTooLarge => "body-too-large",
+        SecretElsewhere => "secret-elsewhere",
+        UpstreamCertificate => "upstream-certificate",
+        UpstreamTls => "upstream-tls",
+        TlsHandshake => "tls-handshake",
+        NotHttp => "not-http",
     }
     Protocol { Tls => "tls", Http => "http", Other => "other" }
 }
@@ -203,6 +231,31 @@ pub struct Event {
     /// Bytes from the sandbox to the host, and back.
     pub bytes_out: u64,
     pub bytes_in: u64,
+    /// The proxy terminated the sandbox's TLS and read what went through it.
+    #[serde(skip_serializing_if = "is_false")]
+    pub inspected: bool,
+    /// For one HTTP request the proxy read (plain HTTP, or inspected TLS): what it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<Box<Request>>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// One HTTP request, as the report lists it. `method` and `path` are what the sandbox sent,
+/// escaped and cut; the query is never shown (`?[redacted]`), nor any header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    /// The response's status (or the proxy's own, for a refusal); none if there was none.
+    pub status: Option<u16>,
+    /// The HTTP rule that allowed it, if rules name the host.
+    pub rule: Option<String>,
+    /// The secrets the proxy put in, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 impl fmt::Display for Event {
@@ -229,6 +282,19 @@ pub struct NetLog {
     pub notify_suppressed: u64,
     /// CPU time the proxy's threads spent (user and system), in milliseconds.
     pub supervisor_cpu_ms: u64,
+    /// Names the DNS stub refused, each with how many queries asked for it, in the order first
+    /// asked (at most [`MAX_LOOKUPS`]).
+    pub lookups: Vec<Lookup>,
+    /// Queries for refused names past [`MAX_LOOKUPS`].
+    pub lookups_dropped: u64,
+}
+
+/// A name the DNS stub refused, and how often it was asked for. `name` is what the sandbox sent,
+/// escaped and cut like an event's `host`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lookup {
+    pub name: String,
+    pub count: u64,
 }
 
 /// Most connections open at once per [`Egress`] (each holds one supervisor thread).
@@ -254,6 +320,8 @@ pub const FIRST_BYTES: Duration = Duration::from_secs(10);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a request head or ClientHello the proxy reads before deciding.
 pub const MAX_HEAD: usize = 64 * 1024;
+/// Most refused names the DNS stub counts queries for ([`NetLog::lookups`]).
+pub const MAX_LOOKUPS: usize = 1024;
 /// Most names the DNS stub hands addresses out for (and refused names it logs once).
 pub const MAX_NAMES: usize = 16_384;
 /// How long a `--dns-server` lookup may take, both record types and one retry included.
@@ -313,11 +381,78 @@ impl Log {
             + e.host.len()
             + e.detail.len()
             + e.address.as_ref().map_or(0, String::len)
+            + e.request.as_ref().map_or(0, |r| {
+                std::mem::size_of::<Request>()
+                    + r.method.len()
+                    + r.path.len()
+                    + r.rule.as_ref().map_or(0, String::len)
+                    + r.secrets.iter().map(|s| s.len() + 24).sum::<usize>()
+            })
+    }
+}
+
+/// What TLS inspection needs for one run: the CA, and how upstream servers are verified.
+struct Inspection {
+    ca: ca::Ca,
+    upstream: Arc<rustls::ClientConfig>,
+}
+
+/// What a run's proxy is made with before the sandbox exists: the CA whose certificate the
+/// sandbox trusts, and the placeholders its environment holds ([`Prepared::new`]).
+pub struct Prepared {
+    inspection: Option<Inspection>,
+    secrets: secrets::Secrets,
+}
+
+impl fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("inspection", &self.inspection.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// Makes what `net` needs: a new CA in this process's memory when any host may be
+    /// inspected, the upstream trust (`net.upstream_ca`, or the host's bundle), and a random
+    /// placeholder for each secret whose value `net` holds. Nothing is written anywhere.
+    pub fn new(net: &Network) -> Result<Prepared, CaError> {
+        let inspection = if net.inspects_any() {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let roots = match &net.upstream_ca {
+                Some(p) => ca::roots_from(p)?,
+                None => ca::host_roots()?,
+            };
+            let upstream = tls::client_config(provider.clone(), roots)
+                .map_err(|e| CaError::Generate(e.to_string()))?;
+            Some(Inspection {
+                ca: ca::Ca::new(provider)?,
+                upstream,
+            })
+        } else {
+            None
+        };
+        Ok(Prepared {
+            inspection,
+            secrets: secrets::Secrets::new(&net.secrets)?,
+        })
+    }
+
+    /// The run's CA certificate (PEM), for the sandbox to trust; `None` without inspection.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.inspection.as_ref().map(|i| i.ca.cert_pem())
+    }
+
+    /// `(variable, placeholder)` for each secret: what the sandbox's environment holds.
+    pub fn placeholders(&self) -> Vec<(String, String)> {
+        self.secrets.placeholders()
     }
 }
 
 struct Shared {
     net: Network,
+    inspection: Option<Inspection>,
+    secrets: secrets::Secrets,
     limits: Limits,
     names: Mutex<Names>,
     log: Mutex<Log>,
@@ -336,8 +471,13 @@ struct Names {
     by_name: HashMap<Arc<str>, Ipv4Addr>,
     by_addr: HashMap<Ipv4Addr, Arc<str>>,
     /// Names refused once, by a keyed hash: logged the first time only (resolvers ask for A and
-    /// AAAA, and retry). A hash, not the name, so that the set costs 8 bytes a name.
-    refused: HashSet<u64>,
+    /// AAAA, and retry). A hash, not the name, so that the set costs 8 bytes a name; the value
+    /// is the name's place in `lookups`, if it has one.
+    refused: HashMap<u64, Option<usize>>,
+    /// Refused names with how often each was asked for, the first [`MAX_LOOKUPS`].
+    lookups: Vec<Lookup>,
+    /// Queries for refused names past [`MAX_LOOKUPS`].
+    lookups_dropped: u64,
     keys: std::collections::hash_map::RandomState,
 }
 
@@ -377,13 +517,27 @@ pub struct Egress {
 }
 
 impl Egress {
-    /// Starts serving `sockets` (bound inside the sandbox's network namespace) for `net`.
+    /// Starts serving `sockets` (bound inside the sandbox's network namespace) for `net`,
+    /// preparing what inspection and secrets need ([`Prepared::new`]) itself: for a caller that
+    /// gives the sandbox no CA and no placeholders, which then cannot use either.
     pub fn start(
         net: Network,
         sockets: Vec<(Role, OwnedFd)>,
         notify: Option<Notify>,
     ) -> io::Result<Egress> {
-        Egress::start_with(net, sockets, notify, Limits::default())
+        let prepared = Prepared::new(&net).map_err(io::Error::other)?;
+        Egress::start_with(net, sockets, notify, Limits::default(), prepared)
+    }
+
+    /// Starts serving `sockets` for `net` with what [`Prepared::new`] made for it, whose CA
+    /// certificate and placeholders the sandbox was given.
+    pub fn start_prepared(
+        net: Network,
+        sockets: Vec<(Role, OwnedFd)>,
+        notify: Option<Notify>,
+        prepared: Prepared,
+    ) -> io::Result<Egress> {
+        Egress::start_with(net, sockets, notify, Limits::default(), prepared)
     }
 
     fn start_with(
@@ -391,10 +545,13 @@ impl Egress {
         sockets: Vec<(Role, OwnedFd)>,
         notify: Option<Notify>,
         limits: Limits,
+        prepared: Prepared,
     ) -> io::Result<Egress> {
         use rustix::event::{eventfd, EventfdFlags};
         let shared = Arc::new(Shared {
             net,
+            inspection: prepared.inspection,
+            secrets: prepared.secrets,
             limits,
             names: Mutex::new(Names::default()),
             log: Mutex::new(Log::default()),
@@ -442,6 +599,10 @@ impl Egress {
         self.stop();
         let sh = &self.shared;
         let mut log = std::mem::take(&mut *sh.log.lock().unwrap_or_else(|e| e.into_inner()));
+        let (lookups, lookups_dropped) = {
+            let mut names = sh.names.lock().unwrap_or_else(|e| e.into_inner());
+            (std::mem::take(&mut names.lookups), names.lookups_dropped)
+        };
         NetLog {
             events: std::mem::take(&mut log.entries)
                 .into_iter()
@@ -457,6 +618,8 @@ impl Egress {
             refused_connections: sh.refused.load(Ordering::Relaxed),
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: sh.cpu_ns.load(Ordering::Relaxed) / 1_000_000,
+            lookups,
+            lookups_dropped,
         }
     }
 
@@ -482,7 +645,11 @@ impl Shared {
         // Hosts were escaped and cut when the event was made (`event`): this only guards.
         event.host = bounded(&event.host, HOST_SHOWN);
         event.detail = bounded(&event.detail, MAX_DETAIL_CHARS);
-        let (out, inn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        // Counted from what the event holds already (a request's event comes in whole).
+        let (out, inn) = (
+            Arc::new(AtomicU64::new(event.bytes_out)),
+            Arc::new(AtomicU64::new(event.bytes_in)),
+        );
         let lim = &self.limits;
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         let allowed = event.decision == Decision::Allowed;
@@ -554,6 +721,8 @@ fn event(via: Via, host: &str, port: u16) -> Event {
         protocol: None,
         bytes_out: 0,
         bytes_in: 0,
+        inspected: false,
+        request: None,
     }
 }
 

@@ -190,7 +190,12 @@ pub(crate) fn connect(sh: &Shared, to: SocketAddr, timeout: Duration) -> io::Res
         }
         Err(e) => return Err(e.into()),
     }
-    Ok(TcpStream::from(fd))
+    let s = TcpStream::from(fd);
+    // What the client wrote as one piece leaves as one: without it a small write behind another
+    // (a TLS client's request after its Finished, a request's body after its head) waits for
+    // the server's delayed acknowledgment, 40 ms on Linux.
+    let _ = s.set_nodelay(true);
+    Ok(s)
 }
 
 /// Adds the calling thread's CPU time to the proxy's total as it goes, and at the end.

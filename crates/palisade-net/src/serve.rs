@@ -1,11 +1,13 @@
 //! The listeners' loops and the three ways in (HTTP proxy, SOCKS5, transparent), each reading the
 //! client's request within the first-bytes deadline, deciding, and relaying what is allowed.
 
+use crate::http::{Exchange, Upstream};
 use crate::relay::{self, read_by, read_exact_by, write_all, CpuMeter, Wake};
+use crate::tls::{HandshakeError, Peer};
 use crate::wire::{self, HostError, ProxyRequest, Sniffed};
 use crate::{
-    dns, event, Decision, Event, Protocol, Reason, Role, Shared, Via, CONNECT_TIMEOUT, DNS_TIMEOUT,
-    MAX_HEAD, MAX_NAMES,
+    dns, event, Decision, Event, Lookup, Protocol, Reason, Role, Shared, Via, CONNECT_TIMEOUT,
+    DNS_TIMEOUT, MAX_HEAD, MAX_LOOKUPS, MAX_NAMES,
 };
 use palisade_policy::net::{Host, Refusal, TRANSPARENT_NET};
 use palisade_policy::untrusted::Untrusted;
@@ -101,7 +103,37 @@ pub(crate) fn answer(sh: &Shared, q: &wire::Question) -> Vec<u8> {
         Err((r, detail)) => {
             let mut names = sh.names.lock().unwrap_or_else(|e| e.into_inner());
             let key = names.keys.hash_one(q.name.as_bytes());
-            let first = names.refused.len() < MAX_NAMES && names.refused.insert(key);
+            let first = match names.refused.get(&key).copied() {
+                Some(Some(i)) => {
+                    names.lookups[i].count += 1;
+                    false
+                }
+                Some(None) => {
+                    names.lookups_dropped += 1;
+                    false
+                }
+                None if names.refused.len() >= MAX_NAMES => {
+                    names.lookups_dropped += 1;
+                    false
+                }
+                None => {
+                    let at = (names.lookups.len() < MAX_LOOKUPS).then_some(names.lookups.len());
+                    match at {
+                        Some(_) => names.lookups.push(Lookup {
+                            name: crate::bounded(
+                                &Untrusted::new(&q.name)
+                                    .max(crate::MAX_HOST_CHARS)
+                                    .to_string(),
+                                crate::HOST_SHOWN,
+                            ),
+                            count: 1,
+                        }),
+                        None => names.lookups_dropped += 1,
+                    }
+                    names.refused.insert(key, at);
+                    true
+                }
+            };
             drop(names);
             if first {
                 ev.reason = r.into();
@@ -147,7 +179,11 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
     loop {
         meter.tick();
         let s = match l.accept() {
-            Ok((s, _)) => s,
+            // The answers' pieces leave as written (see `relay::connect`).
+            Ok((s, _)) => {
+                let _ = s.set_nodelay(true);
+                s
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if relay::wait_one(sh, l.as_fd(), PollFlags::IN, None) != Wake::Ready {
                     break;
@@ -453,6 +489,137 @@ impl<'a> Pending<'a> {
         }
     }
 
+    /// Serves an allowed connection whose first bytes were checked: HTTP through the proxy's
+    /// reading of each request, TLS to an inspected host through inspection, the rest relayed
+    /// as it is.
+    fn serve(self, c: &TcpStream, upstream: TcpStream, first: Vec<u8>, meter: &mut CpuMeter) {
+        match self.ev.protocol {
+            Some(Protocol::Http) => self.serve_http(c, upstream, first, None, meter),
+            Some(Protocol::Tls) if self.sh.net.inspects(&self.host, self.ev.port) => {
+                self.inspect(c, upstream, first, meter)
+            }
+            _ => self.relay(c, upstream, first, meter),
+        }
+    }
+
+    /// Records the allowed connection, then the exchange of its requests.
+    fn exchange(
+        mut self,
+        tls: bool,
+        detail: String,
+        forward: Option<(String, String)>,
+    ) -> Exchange<'a> {
+        self.ev.decision = Decision::Allowed;
+        self.ev.reason = Reason::Allowed;
+        self.ev.detail = detail;
+        self.ev.inspected = tls;
+        let (via, port, address) = (self.ev.via, self.ev.port, self.ev.address.clone());
+        let (out, inn) = self.sh.record(self.ev);
+        Exchange {
+            sh: self.sh,
+            via,
+            host: self.host,
+            port,
+            address,
+            tls,
+            forward,
+            out,
+            inn,
+        }
+    }
+
+    /// Plain HTTP: each request read and checked ([`Exchange`]).
+    fn serve_http(
+        self,
+        c: &TcpStream,
+        upstream: TcpStream,
+        first: Vec<u8>,
+        forward: Option<(String, String)>,
+        meter: &mut CpuMeter,
+    ) {
+        let Ok(sock) = c.try_clone() else { return };
+        let detail = format!(
+            "{}:{} via {}: HTTP, each request checked",
+            self.host, self.ev.port, self.ev.via
+        );
+        let ex = self.exchange(false, detail, forward);
+        ex.run(
+            &mut Peer::plain(sock),
+            Upstream::Ready(Peer::plain(upstream)),
+            first,
+            meter,
+        );
+    }
+
+    /// TLS to an inspected host: the proxy completes the sandbox's handshake with a leaf of the
+    /// run's CA, checks the server name rustls read, and serves each request, with its own TLS
+    /// upstream (verified) once the first request passed.
+    fn inspect(mut self, c: &TcpStream, upstream: TcpStream, first: Vec<u8>, meter: &mut CpuMeter) {
+        let sh = self.sh;
+        self.ev.inspected = true;
+        let Some(ins) = &sh.inspection else {
+            self.deny(Denial::new(
+                Reason::TlsHandshake,
+                "inspection is asked for, but the proxy was started without a CA (Egress::start_prepared)",
+            ));
+            return;
+        };
+        let cfg = match ins.ca.server_config(&self.host) {
+            Ok(c) => c,
+            Err(e) => {
+                self.deny(Denial::new(Reason::TlsHandshake, e.to_string()));
+                return;
+            }
+        };
+        let Ok(sock) = c.try_clone() else { return };
+        let deadline = Instant::now() + sh.limits.first_bytes;
+        let mut peer = match Peer::accept(sh, sock, cfg, &first, deadline) {
+            Ok(p) => p,
+            Err(HandshakeError::Stopping) => return,
+            Err(HandshakeError::Certificate(w) | HandshakeError::Other(w)) => {
+                let detail = format!(
+                    "the client's TLS handshake with the proxy failed ({w}): it must trust the run's CA (palisade points SSL_CERT_FILE and the system bundle at it); a client that pins its own certificates needs network.no_inspect for {}",
+                    self.host
+                );
+                self.deny(Denial::new(Reason::TlsHandshake, detail));
+                return;
+            }
+        };
+        // The server name as rustls read it must be the host, as the sniffer's reading was.
+        let name = peer.server_name();
+        let check = match &name {
+            Some(n) => self.check(&Sniffed::Tls(Some(n.clone())), false),
+            None => self.check(&Sniffed::Tls(None), false),
+        };
+        if let Err(d) = check {
+            self.deny(d);
+            return;
+        }
+        let server = match &self.host {
+            Host::Name(n) => rustls::pki_types::ServerName::try_from(n.clone()),
+            Host::Ip(a) => Ok(rustls::pki_types::ServerName::IpAddress((*a).into())),
+        };
+        let Ok(server) = server else {
+            let detail = format!("{} is not a name TLS can verify", self.host);
+            self.deny(Denial::new(Reason::TlsHandshake, detail));
+            return;
+        };
+        let detail = format!(
+            "{}:{} via {}: TLS inspected, each request checked",
+            self.host, self.ev.port, self.ev.via
+        );
+        let ex = self.exchange(true, detail, None);
+        ex.run(
+            &mut peer,
+            Upstream::Tls {
+                sock: upstream,
+                name: server,
+            },
+            Vec::new(),
+            meter,
+        );
+    }
+
     /// Records the allowed connection and relays until both sides are done.
     fn relay(mut self, c: &TcpStream, upstream: TcpStream, first: Vec<u8>, meter: &mut CpuMeter) {
         self.ev.decision = Decision::Allowed;
@@ -557,7 +724,7 @@ fn http_proxy(sh: &Shared, c: &TcpStream, meter: &mut CpuMeter) -> io::Result<()
                 p.deny(d);
                 return Ok(());
             }
-            p.relay(c, up, first, meter);
+            p.serve(c, up, first, meter);
         }
         ProxyRequest::Forward {
             host,
@@ -582,9 +749,8 @@ fn http_proxy(sh: &Shared, c: &TcpStream, meter: &mut CpuMeter) -> io::Result<()
             let Some((p, up)) = p.connect_or_answer(c) else {
                 return Ok(());
             };
-            let mut first = wire::forward_head(&head, &authority, &path);
-            first.extend_from_slice(&buf[head.len..]);
-            p.relay(c, up, first, meter);
+            // The request, read again and checked like any other, goes upstream in origin form.
+            p.serve_http(c, up, buf, Some((authority, path)), meter);
         }
     }
     Ok(())
@@ -666,7 +832,7 @@ fn socks(sh: &Shared, c: &TcpStream, meter: &mut CpuMeter) -> io::Result<()> {
         p.deny(d);
         return Ok(());
     }
-    p.relay(c, up, first, meter);
+    p.serve(c, up, first, meter);
     Ok(())
 }
 
@@ -707,7 +873,7 @@ fn transparent(
         return Ok(());
     }
     match p.connect() {
-        Ok(up) => p.relay(c, up, first, meter),
+        Ok(up) => p.serve(c, up, first, meter),
         Err(d) => {
             p.deny(d);
         }

@@ -3,7 +3,7 @@
 //! meter. Waits in these tests end in a failure after a generous time, never in a pass.
 
 use super::*;
-use palisade_policy::net::{NetRule, Pin};
+use palisade_policy::net::{Host, NetRule, Pin};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::AtomicUsize;
@@ -24,20 +24,27 @@ fn network(allow: &[String], pins: &[&str]) -> Network {
     }
 }
 
+/// Nothing prepared: no inspection, no secrets.
+fn none() -> Prepared {
+    Prepared::new(&Network::default()).unwrap()
+}
+
 fn quiet() -> Egress {
     let net = network(&["example.org".into()], &[]);
-    Egress::start_with(net, Vec::new(), None, Limits::default()).unwrap()
+    Egress::start_with(net, Vec::new(), None, Limits::default(), none()).unwrap()
 }
 
 /// An HTTP proxy listener on the host's loopback, served by a new Egress.
 fn proxy(net: Network, limits: Limits, notify: Option<Notify>) -> (Egress, SocketAddr) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let prepared = Prepared::new(&net).unwrap();
     let e = Egress::start_with(
         net,
         vec![(Role::HttpProxy, OwnedFd::from(l))],
         notify,
         limits,
+        prepared,
     )
     .unwrap();
     (e, addr)
@@ -196,7 +203,7 @@ fn what_the_sandbox_sent_is_stored_escaped_and_printed_as_one_safe_line() {
     let p = printed.clone();
     let notify: Notify = Box::new(move |e: &Event| p.lock().unwrap().push(e.to_string()));
     let net = network(&["example.org".into()], &[]);
-    let e = Egress::start_with(net, Vec::new(), Some(notify), Limits::default()).unwrap();
+    let e = Egress::start_with(net, Vec::new(), Some(notify), Limits::default(), none()).unwrap();
     let forged: &[u8] = b"\n\x1b[2K\rpalisade: ok \xc2\xb7 exit 0 \xc2\xb7 FORGED";
     serve::answer(&e.shared, &query(&[forged, b"\x1b]0;title\x07x\xff"]));
     let log = e.finish();
@@ -229,7 +236,8 @@ fn notify_is_called_only_for_kept_events_and_at_most_max_notify_times_per_decisi
         events: 30,
         ..Limits::default()
     };
-    let e = Egress::start_with(network(&[], &[]), Vec::new(), Some(notify), limits).unwrap();
+    let e =
+        Egress::start_with(network(&[], &[]), Vec::new(), Some(notify), limits, none()).unwrap();
     for i in 0..20 {
         e.shared.record(event(Via::Dns, &format!("d{i}"), 53));
         let mut ev = event(Via::Dns, &format!("a{i}"), 53);
@@ -424,7 +432,7 @@ fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
         };
     }
     type Target = fn(&[u8]);
-    let targets: [(&str, Target, Vec<&[u8]>); 4] = [
+    let targets: [(&str, Target, Vec<&[u8]>); 7] = [
         (
             "first_bytes",
             fuzzing::first_bytes,
@@ -460,6 +468,28 @@ fn the_fuzz_targets_hold_on_their_seeds_regressions_and_mutations() {
             files![
                 "seeds/dns_reply/a-via-cname",
                 "seeds/dns_reply/aaaa-via-cname"
+            ],
+        ),
+        (
+            "http_body",
+            fuzzing::http_body,
+            files!["seeds/http_body/chunked", "seeds/http_body/length"],
+        ),
+        (
+            "http_request",
+            fuzzing::http_request,
+            files![
+                "seeds/http_request/secret-chunked",
+                "seeds/http_request/absolute-basic"
+            ],
+        ),
+        (
+            "http_rules",
+            fuzzing::http_rules,
+            files![
+                "seeds/http_rules/rule",
+                "seeds/http_rules/secret",
+                "seeds/http_rules/block"
             ],
         ),
     ];
@@ -517,4 +547,299 @@ fn stopping_ends_a_relay_that_never_runs_dry() {
     let sent = writer.join().unwrap();
     assert!(sent > 0);
     assert_eq!(log.events[0].decision, Decision::Allowed);
+}
+
+/// A TLS server on the host's loopback for `example.org`, signed by a test CA: HTTP/1.1
+/// keep-alive, answering each request with its method and path; every request it got is kept.
+struct TlsServer {
+    port: u16,
+    ca_file: std::path::PathBuf,
+    got: Arc<Mutex<Vec<String>>>,
+}
+
+impl TlsServer {
+    fn start() -> TlsServer {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::default();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["example.org".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let ca_file = std::env::temp_dir().join(format!(
+            "palisade-net-test-ca-{}-{:?}.pem",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let cfg = Arc::new(cfg);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let (cfg, g) = (cfg.clone(), g.clone());
+                std::thread::spawn(move || {
+                    let _ = c.set_read_timeout(Some(PATIENCE));
+                    let conn = rustls::ServerConnection::new(cfg).unwrap();
+                    let mut s = rustls::StreamOwned::new(conn, c);
+                    let mut buf = Vec::new();
+                    let mut b = [0u8; 4096];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut b) {
+                                Ok(n) if n > 0 => buf.extend_from_slice(&b[..n]),
+                                _ => return,
+                            }
+                        }
+                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end);
+                        let line = head.lines().next().unwrap_or("").to_owned();
+                        g.lock().unwrap().push(line.clone());
+                        let body = format!("{line}\n");
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if s.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        TlsServer { port, ca_file, got }
+    }
+
+    /// The proxy's policy: example.org on the server's port, pinned to it, inspected, verified
+    /// against the test CA.
+    fn network(&self) -> Network {
+        let p = self.port;
+        let mut n = network(
+            &[format!("example.org:{p}"), format!("127.0.0.1:{p}")],
+            &["example.org=127.0.0.1"],
+        );
+        n.inspect_all = true;
+        n.upstream_ca = Some(self.ca_file.clone());
+        n
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.ca_file);
+    }
+}
+
+/// An inspecting proxy for `srv` with `limits`, and the run's CA.
+fn inspecting(srv: &TlsServer, limits: Limits) -> (Egress, SocketAddr, String) {
+    let net = srv.network();
+    let prepared = Prepared::new(&net).unwrap();
+    let ca = prepared.ca_pem().unwrap().to_owned();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let e = Egress::start_with(
+        net,
+        vec![(Role::HttpProxy, OwnedFd::from(l))],
+        None,
+        limits,
+        prepared,
+    )
+    .unwrap();
+    (e, addr, ca)
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// `CONNECT example.org:PORT`, then TLS trusting `ca` alone (the run's CA), as a client inside.
+fn tls_through(addr: SocketAddr, port: u16, ca: &str) -> Tls {
+    let (c, line) = connect(addr, &format!("example.org:{port}"));
+    assert!(line.contains("200"), "{line}");
+    // As clients do (curl, Python): each request's pieces leave at once.
+    c.set_nodelay(true).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(ca::pem_certs(ca.as_bytes()));
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("example.org").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    rustls::StreamOwned::new(conn, c)
+}
+
+/// One request on `s`; the status line and the body, or `closed`.
+fn ask(s: &mut Tls, host: &str, path: &str) -> String {
+    if write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").is_err() {
+        return "closed".into();
+    }
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => return "closed".into(),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    if s.read_exact(&mut body).is_err() {
+        return "closed".into();
+    }
+    format!(
+        "{} {}",
+        head.lines().next().unwrap_or(""),
+        String::from_utf8_lossy(&body).trim()
+    )
+}
+
+#[test]
+fn an_inspected_connection_checks_every_request_and_records_each() {
+    let srv = TlsServer::start();
+    let (e, addr, ca) = inspecting(&srv, Limits::default());
+    let mut s = tls_through(addr, srv.port, &ca);
+    for i in 0..3 {
+        assert_eq!(
+            ask(&mut s, "example.org", &format!("/r{i}?secret=1")),
+            format!("HTTP/1.1 200 OK GET /r{i}?secret=1 HTTP/1.1")
+        );
+    }
+    let switched = ask(&mut s, "other.test", "/switch");
+    assert!(switched.starts_with("HTTP/1.1 403"), "{switched}");
+    assert_eq!(ask(&mut s, "example.org", "/after"), "closed");
+    let log = returns("finish", move || e.finish());
+    assert_eq!(srv.got.lock().unwrap().len(), 3, "the switch never arrived");
+    let reqs: Vec<&Event> = log.events.iter().filter(|e| e.request.is_some()).collect();
+    assert_eq!(reqs.len(), 4);
+    for (i, r) in reqs[..3].iter().enumerate() {
+        let q = r.request.as_ref().unwrap();
+        assert_eq!((q.method.as_str(), q.status), ("GET", Some(200)));
+        assert_eq!(q.path, format!("/r{i}?[redacted]"));
+        assert!(r.inspected && r.bytes_in > 0 && r.bytes_out > 0);
+    }
+    assert_eq!(reqs[3].reason, Reason::HostHeaderMismatch);
+    assert_eq!(reqs[3].request.as_ref().unwrap().status, Some(403));
+}
+
+#[test]
+fn endless_requests_on_one_connection_keep_the_log_bounded() {
+    let srv = TlsServer::start();
+    let limits = Limits {
+        events: 50,
+        ..Limits::default()
+    };
+    let (e, addr, ca) = inspecting(&srv, limits);
+    let mut s = tls_through(addr, srv.port, &ca);
+    for i in 0..2000 {
+        let got = ask(&mut s, "example.org", &format!("/{i}"));
+        assert!(got.starts_with("HTTP/1.1 200"), "{i}: {got}");
+    }
+    drop(s);
+    let log = returns("finish", move || e.finish());
+    assert_eq!(log.events.len(), 50);
+    assert_eq!(
+        log.allowed + log.denied,
+        2001,
+        "the connection and each request"
+    );
+    assert_eq!(log.dropped, 2001 - 50);
+}
+
+#[test]
+fn slow_and_huge_heads_in_tls_are_cut_and_connections_past_the_cap_refused() {
+    let srv = TlsServer::start();
+    let limits = Limits {
+        connections: 4,
+        first_bytes: Duration::from_millis(1500),
+        ..Limits::default()
+    };
+    let (e, addr, ca) = inspecting(&srv, limits);
+    // Four connections that complete TLS, then send half a head and nothing more.
+    let mut slow: Vec<Tls> = (0..4).map(|_| tls_through(addr, srv.port, &ca)).collect();
+    for s in &mut slow {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: exa").unwrap();
+        s.flush().unwrap();
+    }
+    // A fifth is closed at once (the HTTP proxy answers 503 first).
+    let mut fifth = client(addr);
+    assert!(read_to_close(&mut fifth).contains("503"));
+    // Each slow one is answered 400 at the deadline, and closed.
+    for mut s in slow {
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        let all = String::from_utf8_lossy(&all);
+        assert!(
+            all.starts_with("HTTP/1.1 400") && all.contains("incomplete-request"),
+            "{all}"
+        );
+    }
+    // A head past 64 KiB, sent at once: refused without reading further.
+    let mut big = tls_through(addr, srv.port, &ca);
+    let head = format!(
+        "GET / HTTP/1.1\r\nHost: example.org\r\nX: {}\r\n\r\n",
+        "y".repeat(70_000)
+    );
+    let _ = big.write_all(head.as_bytes());
+    let mut all = Vec::new();
+    let _ = big.read_to_end(&mut all);
+    assert!(String::from_utf8_lossy(&all).starts_with("HTTP/1.1 400"));
+    let shared = e.shared.clone();
+    wait_until("every connection's thread ended", || {
+        shared.open.load(Ordering::SeqCst) == 0
+    });
+    let log = returns("finish", move || e.finish());
+    assert!(log.refused_connections >= 1);
+    assert!(
+        srv.got.lock().unwrap().is_empty(),
+        "no head reached the server"
+    );
+    let incomplete = log
+        .events
+        .iter()
+        .filter(|e| e.reason == Reason::IncompleteRequest)
+        .count();
+    assert_eq!(incomplete, 5);
+}
+
+#[test]
+fn leaves_are_kept_per_host_up_to_the_cap() {
+    let ca = ca::Ca::new(Arc::new(rustls::crypto::ring::default_provider())).unwrap();
+    let a = ca
+        .server_config(&Host::parse("a.example.org").unwrap())
+        .unwrap();
+    let b = ca
+        .server_config(&Host::parse("a.example.org").unwrap())
+        .unwrap();
+    assert!(Arc::ptr_eq(&a, &b), "the second handshake reuses the leaf");
+    for i in 0..MAX_LEAVES + 10 {
+        ca.server_config(&Host::parse(&format!("h{i}.example.org")).unwrap())
+            .unwrap();
+    }
+    assert_eq!(ca.leaves(), MAX_LEAVES);
+    assert!(ca.cert_pem().starts_with("-----BEGIN CERTIFICATE-----"));
+    assert!(!ca.cert_pem().contains("PRIVATE"));
 }

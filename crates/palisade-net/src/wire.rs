@@ -229,6 +229,447 @@ pub(crate) fn strip_port(h: &str) -> String {
     }
 }
 
+/// The head as it goes on: the request line and each header as parsed, lines ending in CRLF,
+/// so that the next hop reads exactly what was checked (a bare LF or blank lines before the
+/// request line do not survive).
+pub(crate) fn serialize_head(head: &Head) -> Vec<u8> {
+    let mut out = format!(
+        "{} {} HTTP/1.{}\r\n",
+        head.method, head.target, head.version
+    )
+    .into_bytes();
+    for (name, value) in &head.headers {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// An HTTP/1.x response head, as httparse read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Response {
+    pub version: u8,
+    pub code: u16,
+    pub reason: String,
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The head's length in bytes, blank line included.
+    pub len: usize,
+}
+
+impl Response {
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The head as it goes on to the client, lines ending in CRLF.
+    pub fn serialize(&self) -> Vec<u8> {
+        let mut out =
+            format!("HTTP/1.{} {} {}\r\n", self.version, self.code, self.reason).into_bytes();
+        for (name, value) in &self.headers {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+}
+
+/// Parses a response head: `Ok(None)` while incomplete.
+pub(crate) fn parse_response(buf: &[u8]) -> Result<Option<Response>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut headers);
+    let len = match r.parse(buf) {
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Ok(httparse::Status::Complete(n)) => n,
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(format!("more than {MAX_HEADERS} header lines"))
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(Some(Response {
+        version: r.version.unwrap_or_default(),
+        code: r.code.unwrap_or_default(),
+        reason: r.reason.unwrap_or_default().to_owned(),
+        headers: r
+            .headers
+            .iter()
+            .map(|h| (h.name.to_owned(), h.value.to_vec()))
+            .collect(),
+        len,
+    }))
+}
+
+/// How a message's body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the sender closes (responses only).
+    UntilClose,
+}
+
+/// The single value of a message's `Content-Length` headers, if any: several that differ, or one
+/// that is not a number, is an error (servers differ on which they would use).
+fn content_length<'a>(values: impl Iterator<Item = &'a [u8]>) -> Result<Option<u64>, &'static str> {
+    let mut found: Option<u64> = None;
+    for v in values {
+        for part in v.split(|&b| b == b',') {
+            let t = part.trim_ascii();
+            if t.is_empty() || t.len() > 19 || !t.iter().all(u8::is_ascii_digit) {
+                return Err("a Content-Length that is not one decimal number");
+            }
+            let n: u64 = std::str::from_utf8(t)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or("a Content-Length that is not one decimal number")?;
+            match found {
+                Some(m) if m != n => return Err("Content-Length headers that differ"),
+                _ => found = Some(n),
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The codings of a message's `Transfer-Encoding` headers, in order, lower case.
+fn codings<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<String> {
+    values
+        .flat_map(|v| v.split(|&b| b == b','))
+        .map(|c| String::from_utf8_lossy(c.trim_ascii()).to_ascii_lowercase())
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// A request's body: none, a length, or chunked; anything a server might read another way (both
+/// `Transfer-Encoding` and `Content-Length`, a coding other than `chunked` alone, lengths that
+/// differ) is an error, so that the proxy and the server never disagree on where a request ends.
+pub(crate) fn request_framing(head: &Head) -> Result<Framing, &'static str> {
+    let te: Vec<&[u8]> = head.values("transfer-encoding").collect();
+    let cl = content_length(head.values("content-length"))?;
+    if !te.is_empty() {
+        if cl.is_some() {
+            return Err("both Transfer-Encoding and Content-Length");
+        }
+        if codings(te.into_iter()) != ["chunked"] {
+            return Err("a Transfer-Encoding other than `chunked` alone");
+        }
+        return Ok(Framing::Chunked);
+    }
+    Ok(match cl {
+        None | Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+    })
+}
+
+/// A response's body, for a request with `method`.
+pub(crate) fn response_framing(method: &str, r: &Response) -> Result<Framing, &'static str> {
+    if method == "HEAD" || r.code < 200 || r.code == 204 || r.code == 304 {
+        return Ok(Framing::Empty);
+    }
+    let te = codings(r.values("transfer-encoding"));
+    if !te.is_empty() {
+        return Ok(if te.last().map(String::as_str) == Some("chunked") {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        });
+    }
+    Ok(match content_length(r.values("content-length"))? {
+        None => Framing::UntilClose,
+        Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+    })
+}
+
+/// Why a body cannot be passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyError {
+    Malformed(&'static str),
+    /// More than the limit, in bytes of payload.
+    TooLarge(u64),
+    /// The sender closed before the body's end.
+    Truncated,
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::Malformed(why) => write!(f, "a malformed chunked body ({why})"),
+            BodyError::TooLarge(n) => write!(f, "a body larger than {n} bytes (network.max_body)"),
+            BodyError::Truncated => f.write_str("the sender closed before the end of the body"),
+        }
+    }
+}
+
+/// Most bytes of one chunk-size line's extensions, and of all trailer lines.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    Size {
+        value: u64,
+        digits: u8,
+    },
+    Ext {
+        value: u64,
+        len: usize,
+    },
+    SizeLf {
+        value: u64,
+    },
+    Data {
+        left: u64,
+    },
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line (`empty`) or in one; `seen`: trailer bytes so far.
+    Trailer {
+        empty: bool,
+        seen: usize,
+    },
+    TrailerLf {
+        empty: bool,
+        seen: usize,
+    },
+    Done,
+}
+
+/// A body read off a stream, one piece at a time as it arrives: what belongs to it is passed on
+/// (chunked bodies decoded and encoded again in one canonical form, without extensions or
+/// trailers, so that the next hop finds its end exactly where the proxy did), and its end is
+/// found. Its memory is a few words whatever the body.
+#[derive(Debug, Clone)]
+pub(crate) struct BodyReader {
+    framing: Framing,
+    left: u64,
+    chunk: Chunk,
+    /// Payload bytes so far.
+    pub payload: u64,
+    limit: Option<u64>,
+}
+
+impl BodyReader {
+    /// A reader for a body framed so, whose payload may not pass `limit` bytes. A length past
+    /// the limit is refused at once.
+    pub(crate) fn new(framing: Framing, limit: Option<u64>) -> Result<BodyReader, BodyError> {
+        if let (Framing::Length(n), Some(l)) = (framing, limit) {
+            if n > l {
+                return Err(BodyError::TooLarge(l));
+            }
+        }
+        Ok(BodyReader {
+            framing,
+            left: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            chunk: Chunk::Size {
+                value: 0,
+                digits: 0,
+            },
+            payload: 0,
+            limit,
+        })
+    }
+
+    pub(crate) fn done(&self) -> bool {
+        match self.framing {
+            Framing::Empty => true,
+            Framing::Length(_) => self.left == 0,
+            Framing::Chunked => self.chunk == Chunk::Done,
+            Framing::UntilClose => false,
+        }
+    }
+
+    /// Takes from `input` what belongs to the body, appending what to send on to `out`; returns
+    /// how many bytes of `input` it took (the rest is the next message).
+    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, BodyError> {
+        match self.framing {
+            Framing::Empty => Ok(0),
+            Framing::Length(_) => {
+                let n = (self.left.min(input.len() as u64)) as usize;
+                out.extend_from_slice(&input[..n]);
+                self.left -= n as u64;
+                self.payload += n as u64;
+                Ok(n)
+            }
+            Framing::UntilClose => {
+                out.extend_from_slice(input);
+                self.payload += input.len() as u64;
+                Ok(input.len())
+            }
+            Framing::Chunked => self.feed_chunked(input, out),
+        }
+    }
+
+    fn feed_chunked(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, BodyError> {
+        let bad = |why| Err(BodyError::Malformed(why));
+        let mut at = 0;
+        while at < input.len() {
+            let b = input[at];
+            self.chunk = match self.chunk {
+                Chunk::Done => return Ok(at),
+                Chunk::Data { left } => {
+                    let n = left.min((input.len() - at) as u64) as usize;
+                    out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+                    out.extend_from_slice(&input[at..at + n]);
+                    out.extend_from_slice(b"\r\n");
+                    self.payload += n as u64;
+                    at += n;
+                    self.chunk = if left == n as u64 {
+                        Chunk::DataCr
+                    } else {
+                        Chunk::Data {
+                            left: left - n as u64,
+                        }
+                    };
+                    continue;
+                }
+                Chunk::Size { value, digits } => match b {
+                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                        if digits >= 16 {
+                            return bad("a chunk size of more than 16 hex digits");
+                        }
+                        let d = (b as char).to_digit(16).unwrap_or(0) as u64;
+                        Chunk::Size {
+                            value: value << 4 | d,
+                            digits: digits + 1,
+                        }
+                    }
+                    b';' | b' ' | b'\t' if digits > 0 => Chunk::Ext { value, len: 0 },
+                    b'\r' if digits > 0 => Chunk::SizeLf { value },
+                    _ => return bad("a chunk size that is not hexadecimal"),
+                },
+                Chunk::Ext { value, len } => match b {
+                    b'\r' => Chunk::SizeLf { value },
+                    b'\n' | 0..=8 | 0x0a..=0x1f | 0x7f => {
+                        return bad("a control character in a chunk extension")
+                    }
+                    _ if len >= MAX_CHUNK_LINE => {
+                        return bad("a chunk extension longer than 4 KiB")
+                    }
+                    _ => Chunk::Ext {
+                        value,
+                        len: len + 1,
+                    },
+                },
+                Chunk::SizeLf { value } => {
+                    if b != b'\n' {
+                        return bad("a chunk-size line not ended by CRLF");
+                    }
+                    if value == 0 {
+                        Chunk::Trailer {
+                            empty: true,
+                            seen: 0,
+                        }
+                    } else {
+                        if let Some(l) = self.limit {
+                            if self.payload.saturating_add(value) > l {
+                                return Err(BodyError::TooLarge(l));
+                            }
+                        }
+                        Chunk::Data { left: value }
+                    }
+                }
+                Chunk::DataCr if b == b'\r' => Chunk::DataLf,
+                Chunk::DataLf if b == b'\n' => Chunk::Size {
+                    value: 0,
+                    digits: 0,
+                },
+                Chunk::DataCr | Chunk::DataLf => return bad("chunk data not followed by CRLF"),
+                Chunk::Trailer { empty, seen } => {
+                    if seen >= MAX_TRAILERS {
+                        return bad("trailers longer than 64 KiB");
+                    }
+                    match b {
+                        b'\r' => Chunk::TrailerLf {
+                            empty,
+                            seen: seen + 1,
+                        },
+                        b'\n' => return bad("a trailer line not ended by CRLF"),
+                        _ => Chunk::Trailer {
+                            empty: false,
+                            seen: seen + 1,
+                        },
+                    }
+                }
+                Chunk::TrailerLf { empty, seen } => {
+                    if b != b'\n' {
+                        return bad("a trailer line not ended by CRLF");
+                    }
+                    if empty {
+                        out.extend_from_slice(b"0\r\n\r\n");
+                        at += 1;
+                        self.chunk = Chunk::Done;
+                        return Ok(at);
+                    }
+                    Chunk::Trailer {
+                        empty: true,
+                        seen: seen + 1,
+                    }
+                }
+            };
+            at += 1;
+        }
+        Ok(at)
+    }
+
+    /// The sender closed: fine where the body ends with the connection, an error otherwise.
+    pub(crate) fn eof(&self) -> Result<(), BodyError> {
+        if self.framing == Framing::UntilClose || self.done() {
+            Ok(())
+        } else {
+            Err(BodyError::Truncated)
+        }
+    }
+}
+
+/// The path of a request target (origin or absolute form, without the query and fragment), and
+/// the target with its query shown as `?[redacted]` for the report.
+pub(crate) fn target_path(target: &str) -> (String, String) {
+    let lower = target
+        .get(..8)
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    let rest = if lower.starts_with("http://") {
+        &target[7..]
+    } else if lower.starts_with("https://") {
+        &target[8..]
+    } else {
+        ""
+    };
+    let origin = if lower.starts_with("http") && !rest.is_empty() {
+        match rest.find(['/', '?', '#']) {
+            Some(i) if rest.as_bytes()[i] == b'/' => &rest[i..],
+            Some(i) => &rest[i..],
+            None => "/",
+        }
+    } else {
+        target
+    };
+    let end = origin.find(['?', '#']).unwrap_or(origin.len());
+    let mut path = origin[..end].to_owned();
+    if path.is_empty() {
+        path = "/".into();
+    }
+    let shown = if end < origin.len() && origin.as_bytes()[end] == b'?' {
+        format!("{path}?[redacted]")
+    } else {
+        path.clone()
+    };
+    (path, shown)
+}
+
 /// What a client asks the HTTP proxy listener for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ProxyRequest {
@@ -622,6 +1063,137 @@ mod tests {
             String::from_utf8(forward_head(&h, "a.example:8080", "/?q=1")).unwrap(),
             "GET /?q=1 HTTP/1.1\r\nX-A: b\r\nHost: a.example:8080\r\nConnection: close\r\n\r\n"
         );
+    }
+
+    /// Feeds `input` to a reader in pieces of `step` bytes; the bytes passed on and taken.
+    fn feed_in(
+        r: &mut BodyReader,
+        input: &[u8],
+        step: usize,
+    ) -> Result<(Vec<u8>, usize), BodyError> {
+        let (mut out, mut took) = (Vec::new(), 0);
+        for piece in input.chunks(step.max(1)) {
+            let n = r.feed(piece, &mut out)?;
+            took += n;
+            if n < piece.len() {
+                break;
+            }
+        }
+        Ok((out, took))
+    }
+
+    #[test]
+    fn chunked_bodies_are_found_whole_and_passed_on_in_one_form() {
+        let body = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nX-Trailer: t\r\n\r\nGET /next";
+        let end = body.len() - b"GET /next".len();
+        for step in [1, 2, 3, 7, 64] {
+            let mut r = BodyReader::new(Framing::Chunked, None).unwrap();
+            let (out, took) = feed_in(&mut r, body, step).unwrap();
+            assert!(r.done(), "step {step}");
+            assert_eq!(took, end, "step {step}: the next request is left");
+            assert_eq!(r.payload, 23);
+            // What goes on is canonical chunks, without the extension or the trailer.
+            let mut again = BodyReader::new(Framing::Chunked, None).unwrap();
+            let mut twice = Vec::new();
+            assert_eq!(again.feed(&out, &mut twice).unwrap(), out.len());
+            assert!(again.done() && again.payload == 23);
+            assert!(
+                !out.windows(3).any(|w| w == b"ext") && !out.windows(7).any(|w| w == b"Trailer")
+            );
+            assert!(out.ends_with(b"\r\n0\r\n\r\n"));
+        }
+        for bad in [
+            &b"4\nWiki\r\n0\r\n\r\n"[..],
+            b"g\r\n",
+            b"4\r\nWikiX\r\n",
+            b"11111111111111111\r\n",
+            b"0\r\nX: y\n\r\n",
+            b"4;\x01\r\n",
+        ] {
+            let mut r = BodyReader::new(Framing::Chunked, None).unwrap();
+            assert!(
+                matches!(feed_in(&mut r, bad, 1), Err(BodyError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        // The limit, before the chunk's data is passed on.
+        let mut r = BodyReader::new(Framing::Chunked, Some(8)).unwrap();
+        assert_eq!(
+            feed_in(&mut r, b"5\r\nhello\r\n5\r\nworld\r\n", 64),
+            Err(BodyError::TooLarge(8))
+        );
+        assert_eq!(r.payload, 5);
+        assert!(matches!(
+            BodyReader::new(Framing::Length(9), Some(8)),
+            Err(BodyError::TooLarge(8))
+        ));
+        let mut r = BodyReader::new(Framing::Length(3), None).unwrap();
+        assert_eq!(feed_in(&mut r, b"abcdef", 2).unwrap(), (b"abc".to_vec(), 3));
+        assert!(r.done() && r.eof().is_ok());
+        let r = BodyReader::new(Framing::Length(3), None).unwrap();
+        assert_eq!(r.eof(), Err(BodyError::Truncated));
+    }
+
+    #[test]
+    fn framing_that_servers_could_read_another_way_is_refused() {
+        let h = |t: &str| parse_head(t.as_bytes()).unwrap().unwrap();
+        let f = |t: &str| request_framing(&h(t));
+        assert_eq!(
+            f("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            f("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            f("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"),
+            Ok(Framing::Chunked)
+        );
+        assert_eq!(f("GET / HTTP/1.1\r\n\r\n"), Ok(Framing::Empty));
+        for bad in [
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 0x5\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(f(bad).is_err(), "{bad}");
+        }
+        let resp = |t: &str| parse_response(t.as_bytes()).unwrap().unwrap();
+        assert_eq!(
+            response_framing(
+                "HEAD",
+                &resp("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n")
+            ),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            response_framing("GET", &resp("HTTP/1.1 304 Not Modified\r\n\r\n")),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            response_framing("GET", &resp("HTTP/1.1 200 OK\r\n\r\n")),
+            Ok(Framing::UntilClose)
+        );
+        assert_eq!(
+            response_framing(
+                "GET",
+                &resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+            ),
+            Ok(Framing::Chunked)
+        );
+        assert_eq!(
+            target_path("/a/b?q=1#f"),
+            ("/a/b".into(), "/a/b?[redacted]".into())
+        );
+        assert_eq!(
+            target_path("HTTPS://h.example:8443/x?y"),
+            ("/x".into(), "/x?[redacted]".into())
+        );
+        assert_eq!(target_path("http://h.example"), ("/".into(), "/".into()));
+        assert_eq!(target_path("*"), ("*".into(), "*".into()));
     }
 
     fn client_hello(sni: Option<&str>) -> Vec<u8> {

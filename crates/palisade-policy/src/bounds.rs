@@ -26,6 +26,14 @@
 //! - `network.deny`: the bounds' deny rules stay in force whenever egress is on
 //!   ([`Bounds::admit`] adds them); `network.resolve`: only the bounds' pins;
 //!   `network.dns_server`: only the bounds' server, which `admit` sets.
+//! - `network.inspect`: what the bounds inspect stays inspected (`admit` adds it);
+//!   `network.no_inspect`: only hosts the bounds exempt, or hosts the bounds do not inspect.
+//! - `network.http`: the bounds' rules stay in force (`admit` adds them), and a rule of the
+//!   policy is either within one of the bounds' (its host, port, methods and path covered) or
+//!   about hosts no rule of the bounds names, where it only narrows what the bounds allow.
+//! - `network.max_body`: at most the bounds' (lowered to it when not asked for).
+//! - `network.secrets`: only secrets the bounds name (the same variable, host and port); the
+//!   caller gives their values. `network.upstream_ca`: only the bounds' file, which `admit` sets.
 //! - `filesystem.ro`/`rw`: each host path at or under a host path of the bounds' binds, by whole
 //!   components and without `.` or `..`; writable only under a writable one.
 //!   `filesystem.scratch`: a fresh tmpfs, or a host directory at or under the bounds' scratch.
@@ -43,7 +51,8 @@
 //! directory that a sandbox can write (a writable bind, a kept scratch) is such a place.
 
 use crate::file::{fmt_ms, fmt_size};
-use crate::net::{NetRule, Network, Pattern, DEFAULT_PORTS};
+use crate::http::HttpRule;
+use crate::net::{overlaps, NetRule, Network, Pattern, DEFAULT_PORTS};
 use crate::{layer, Bind, Degradable, EnvName, Limits, Policy, PolicyError, PolicyOverlay};
 use serde::Serialize;
 use std::fmt::Display;
@@ -158,6 +167,29 @@ fn rule_fits(r: &NetRule, ceiling: &[NetRule]) -> bool {
     })
 }
 
+/// Whether every request HTTP rule `r` allows, `c` allows too.
+fn http_covers(c: &HttpRule, r: &HttpRule) -> bool {
+    let host = match (&c.host, &r.host) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(c), Some(r)) => {
+            covers(&c.pattern, &r.pattern) && c.port.is_none_or(|p| r.port == Some(p))
+        }
+    };
+    let methods = match (&c.methods, &r.methods) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(c), Some(r)) => r.iter().all(|m| c.contains(m)),
+    };
+    let (cp, rp) = (c.path.as_str(), r.path.as_str());
+    let path = cp == rp
+        || cp == "/**"
+        || cp
+            .strip_suffix("/**")
+            .is_some_and(|base| rp == base || rp.starts_with(&cp[..cp.len() - 2]));
+    host && methods && path
+}
+
 impl Bounds {
     /// Bounds whose values are exactly `p`'s: what `p` sets is the most a policy may ask for
     /// (its binds are the prefixes binds may come from, its scratch the one scratch may be
@@ -230,6 +262,28 @@ impl Bounds {
             }
             if base.network.dns_server.is_none() {
                 base.network.dns_server = self.network.dns_server;
+            }
+            let (n, c) = (&mut base.network, &self.network);
+            if c.inspect_all {
+                n.inspect_all = true;
+                n.inspect.clear();
+            } else if !n.inspect_all {
+                for r in &c.inspect {
+                    if !n.inspect.contains(r) {
+                        n.inspect.push(r.clone());
+                    }
+                }
+            }
+            for r in &c.http {
+                if !n.http.contains(r) {
+                    n.http.push(r.clone());
+                }
+            }
+            if n.upstream_ca.is_none() {
+                n.upstream_ca.clone_from(&c.upstream_ca);
+            }
+            if n.max_body.is_none() {
+                n.max_body = c.max_body;
             }
         }
         base.validate_values()?;
@@ -402,6 +456,106 @@ impl Policy {
                 format!("only {}", resolver(ceiling.dns_server)),
             ));
         }
+        if net.enabled() {
+            if ceiling.inspect_all && !net.inspect_all {
+                return Err(beyond(
+                    "network.inspect",
+                    "not every host",
+                    "true: every host stays inspected",
+                ));
+            }
+            if let Some(r) = ceiling
+                .inspect
+                .iter()
+                .find(|r| !net.inspect_all && !net.inspect.contains(r))
+            {
+                return Err(beyond(
+                    "network.inspect",
+                    format!("a list without {r}"),
+                    format!("{r} stays inspected"),
+                ));
+            }
+            if let Some(r) = ceiling.http.iter().find(|r| !net.http.contains(r)) {
+                return Err(beyond(
+                    "network.http",
+                    format!("rules without `{r}`"),
+                    format!("`{r}` stays in force"),
+                ));
+            }
+        }
+        if let Some(x) = net.no_inspect.iter().find(|x| {
+            !ceiling.no_inspect.contains(x)
+                && (ceiling.inspect_all
+                    || ceiling.inspect.iter().any(|r| overlaps(Some(r), Some(x))))
+        }) {
+            return Err(beyond(
+                "network.no_inspect",
+                x,
+                one_of(
+                    "one of: ",
+                    &ceiling.no_inspect,
+                    "the hosts the bounds inspect stay inspected",
+                ),
+            ));
+        }
+        if let Some(r) = net.http.iter().find(|r| {
+            !ceiling.http.iter().any(|c| http_covers(c, r))
+                && ceiling
+                    .http
+                    .iter()
+                    .any(|c| overlaps(c.host.as_ref(), r.host.as_ref()))
+        }) {
+            let shown: Vec<String> = ceiling.http.iter().map(|c| format!("`{c}`")).collect();
+            return Err(beyond(
+                "network.http",
+                format!("`{r}`"),
+                format!("within one of: {}", shown.join(", ")),
+            ));
+        }
+        if let Some(max) = ceiling.max_body {
+            match net.max_body {
+                Some(b) if b <= max => {}
+                b => {
+                    return Err(beyond(
+                        "network.max_body",
+                        b.map_or("no cap".to_owned(), fmt_size),
+                        format!("at most {}", fmt_size(max)),
+                    ))
+                }
+            }
+        }
+        if let Some(s) = net.secrets.iter().find(|s| {
+            !ceiling
+                .secrets
+                .iter()
+                .any(|c| c.name == s.name && c.host == s.host && c.port == s.port)
+        }) {
+            let named: Vec<String> = ceiling
+                .secrets
+                .iter()
+                .map(|c| format!("{}@{}:{}", c.name, c.host, c.port))
+                .collect();
+            return Err(beyond(
+                "network.secrets",
+                format!("{}@{}:{}", s.name, s.host, s.port),
+                one_of("one of: ", &named, "no secrets"),
+            ));
+        }
+        let ca_fits = match (&net.upstream_ca, &ceiling.upstream_ca) {
+            (Some(a), c) => Some(a) == c.as_ref(),
+            (None, c) => c.is_none() || !net.enabled(),
+        };
+        if !ca_fits {
+            let shown = |c: &Option<std::path::PathBuf>| match c {
+                Some(p) => p.display().to_string(),
+                None => "the host's trust store".to_owned(),
+            };
+            return Err(beyond(
+                "network.upstream_ca",
+                shown(&net.upstream_ca),
+                format!("only {}", shown(&ceiling.upstream_ca)),
+            ));
+        }
 
         if let Some(d) = self
             .allow_degraded
@@ -449,6 +603,9 @@ impl Policy {
         }
         if let Some(max) = m.cpu_milli {
             l.cpu_milli = Some(l.cpu_milli.unwrap_or(max).min(max));
+        }
+        if let (Some(max), Some(v)) = (b.network.max_body, self.network.max_body) {
+            self.network.max_body = Some(v.min(max));
         }
         self.keep_scratch &= b.keep_scratch;
         self.allow_ptrace &= b.allow_ptrace;
@@ -679,6 +836,153 @@ mod tests {
     }
 
     /// Which allow rules fit which: names, wildcards, addresses and ports.
+    /// Inspection, HTTP rules, the body cap, secrets and the upstream CA: a request cannot turn
+    /// inspection off, widen the rules, raise the cap, or name a secret the bounds do not.
+    #[test]
+    fn egress_beyond_names_stays_within_the_ceiling() {
+        use crate::http::{HttpRule, Secret};
+        fn http(s: &str) -> HttpRule {
+            HttpRule::parse("t", s).unwrap()
+        }
+        let mut server = Policy::new(["true"]).unwrap();
+        server.network.allow = vec![rule("*.example.com"), rule("pypi.org")];
+        server.network.inspect = vec![rule("pypi.org"), rule("files.example.com")];
+        server.network.no_inspect = vec![rule("pinned.example.com")];
+        server.network.http = vec![
+            http("read-only pypi.org"),
+            http("GET,POST api.example.com/v1/**"),
+        ];
+        server.network.max_body = Some(1 << 20);
+        server.network.secrets = vec![Secret::parse("t", "TOKEN@api.example.com").unwrap()];
+        server.network.upstream_ca = Some("/etc/corp-ca.pem".into());
+        let b = Bounds::from_policy(&server);
+        // A request that asks for egress gets the ceiling's inspection, rules, cap and CA.
+        let asked = PolicyOverlay {
+            allow_net: vec![rule("api.example.com")],
+            ..PolicyOverlay::default()
+        };
+        let p = b.admit(Policy::new(["true"]).unwrap(), &[&asked]).unwrap();
+        assert_eq!(p.network.inspect, server.network.inspect);
+        assert_eq!(p.network.http, server.network.http);
+        assert_eq!(p.network.max_body, Some(1 << 20));
+        assert_eq!(p.network.upstream_ca, server.network.upstream_ca);
+        // Narrower rules, a smaller cap, the named secret, exemptions of hosts not inspected.
+        let fits = PolicyOverlay {
+            allow_net: vec![rule("api.example.com")],
+            http: vec![
+                http("GET api.example.com/v1/items/**"),
+                http("read-only docs.example.com/**"),
+            ],
+            no_inspect: vec![rule("pinned.example.com"), rule("www.example.com")],
+            max_body: Some(1024),
+            secrets: server.network.secrets.clone(),
+            ..PolicyOverlay::default()
+        };
+        let p = b.admit(Policy::new(["true"]).unwrap(), &[&fits]).unwrap();
+        assert_eq!(p.network.max_body, Some(1024));
+        type Edit = Box<dyn Fn(&mut PolicyOverlay)>;
+        let cases: Vec<(Edit, &str, &str, &str)> = vec![
+            (
+                Box::new(|o| o.http.push(http("POST pypi.org/upload"))),
+                "network.http",
+                "`POST pypi.org/upload`",
+                "within one of: `GET,HEAD,OPTIONS pypi.org`, `GET,POST api.example.com/v1/**`",
+            ),
+            (
+                Box::new(|o| o.http.push(http("GET api.example.com/v2/**"))),
+                "network.http",
+                "`GET api.example.com/v2/**`",
+                "within one of: `GET,HEAD,OPTIONS pypi.org`, `GET,POST api.example.com/v1/**`",
+            ),
+            (
+                Box::new(|o| o.http.push(http("* *"))),
+                "network.http",
+                "`* *`",
+                "within one of: `GET,HEAD,OPTIONS pypi.org`, `GET,POST api.example.com/v1/**`",
+            ),
+            (
+                Box::new(|o| o.no_inspect.push(rule("files.example.com"))),
+                "network.no_inspect",
+                "files.example.com",
+                "one of: pinned.example.com",
+            ),
+            (
+                Box::new(|o| o.max_body = Some(2 << 20)),
+                "network.max_body",
+                "2MiB",
+                "at most 1MiB",
+            ),
+            (
+                Box::new(|o| {
+                    o.secrets
+                        .push(Secret::parse("t", "OTHER@api.example.com").unwrap())
+                }),
+                "network.secrets",
+                "OTHER@api.example.com:443",
+                "one of: TOKEN@api.example.com:443",
+            ),
+            (
+                Box::new(|o| {
+                    o.allow_net.push(rule("www.example.com"));
+                    o.secrets = vec![Secret::parse("t", "TOKEN@www.example.com").unwrap()]
+                }),
+                "network.secrets",
+                "TOKEN@www.example.com:443",
+                "one of: TOKEN@api.example.com:443",
+            ),
+            (
+                Box::new(|o| o.upstream_ca = Some("/tmp/mine.pem".into())),
+                "network.upstream_ca",
+                "/tmp/mine.pem",
+                "only /etc/corp-ca.pem",
+            ),
+        ];
+        for (edit, field, asked, allowed) in cases {
+            let mut o = PolicyOverlay {
+                allow_net: vec![rule("api.example.com")],
+                ..PolicyOverlay::default()
+            };
+            edit(&mut o);
+            let e = b.admit(Policy::new(["true"]).unwrap(), &[&o]).unwrap_err();
+            let PolicyError::Bounds(e) = e else {
+                panic!("{field}: not a bounds error: {e}")
+            };
+            assert_eq!(
+                (e.field, e.asked.as_str(), e.allowed.as_str()),
+                (field, asked, allowed)
+            );
+        }
+        // A policy checked without `admit` must carry what the ceiling inspects and its rules.
+        let mut p = Policy::new(["true"]).unwrap();
+        p.network.allow = vec![rule("pypi.org")];
+        p.network.upstream_ca = server.network.upstream_ca.clone();
+        p.network.max_body = Some(1);
+        let e = p.check_within(&b).unwrap_err();
+        assert_eq!(
+            (e.field, e.asked.as_str()),
+            ("network.inspect", "a list without pypi.org")
+        );
+        p.network.inspect = server.network.inspect.clone();
+        let e = p.check_within(&b).unwrap_err();
+        assert_eq!(e.field, "network.http");
+        p.network.http = server.network.http.clone();
+        p.check_within(&b).unwrap();
+        // Inspecting every host is required where the ceiling does.
+        let mut all = server.clone();
+        all.network.inspect_all = true;
+        all.network.inspect.clear();
+        let e = b.admit(Policy::new(["true"]).unwrap(), &[&asked]);
+        assert!(e.is_ok());
+        let ball = Bounds::from_policy(&all);
+        let p = ball
+            .admit(Policy::new(["true"]).unwrap(), &[&asked])
+            .unwrap();
+        assert!(p.network.inspect_all);
+        let mut q = p.clone();
+        q.network.inspect_all = false;
+        assert_eq!(q.check_within(&ball).unwrap_err().field, "network.inspect");
+    }
+
     #[test]
     fn allow_rules_fit_only_within_wider_ones() {
         let fits = |asked: &str, ceiling: &[&str]| {
@@ -893,6 +1197,8 @@ allow_ptrace = true
             rule("pypi.org:443"),
             rule("*.example.com"),
         ];
+        // The npm profile inspects.
+        want.network.inspect_all = true;
         want.allow_ptrace = true;
         assert_eq!(b, want);
         // Without [bounds], exactly the file's values.

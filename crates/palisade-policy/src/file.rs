@@ -11,6 +11,7 @@
 //! Its optional `[bounds]` table says the most a policy run under the file may ask for
 //! ([`PolicyFile::ceiling`]).
 
+use crate::http::{parse_inspect, HttpRule, Secret};
 use crate::net::{NetRule, Pin, MAX_LOCAL_PORTS};
 use crate::{layer, parse_count, parse_cpus, parse_duration, parse_size, Bind, Bounds};
 use crate::{Degradable, EnvName, EnvVar, Policy, PolicyError, PolicyOverlay, Scratch};
@@ -104,6 +105,12 @@ struct RawNet {
     resolve: Option<V>,
     dns_server: Option<V>,
     local_ports: Option<V>,
+    inspect: Option<V>,
+    no_inspect: Option<V>,
+    http: Option<V>,
+    max_body: Option<V>,
+    secrets: Option<V>,
+    upstream_ca: Option<V>,
 }
 
 #[derive(Deserialize)]
@@ -481,6 +488,66 @@ impl Src<'_> {
                     }
                 }
             }
+            if let Some(v) = &net.inspect {
+                match v.get_ref() {
+                    Value::Boolean(b) => f.inspect_all = Some(*b),
+                    Value::Array(_) => {
+                        for (s, v) in src.strings("network.inspect", v)? {
+                            let r = parse_inspect("network.inspect", s)
+                                .map_err(|e| src.policy(&v, e))?;
+                            f.inspect.push(r);
+                        }
+                    }
+                    _ => {
+                        return Err(src.wrong(
+                            "network.inspect",
+                            v,
+                            "true, false, or an array of hosts, e.g. [\"pypi.org\"]",
+                        ))
+                    }
+                }
+            }
+            if let Some(v) = &net.no_inspect {
+                for (s, v) in src.strings("network.no_inspect", v)? {
+                    let r =
+                        parse_inspect("network.no_inspect", s).map_err(|e| src.policy(&v, e))?;
+                    f.no_inspect.push(r);
+                }
+            }
+            if let Some(v) = &net.http {
+                for (s, v) in src.strings("network.http", v)? {
+                    let r = HttpRule::parse("network.http", s).map_err(|e| src.policy(&v, e))?;
+                    f.http.push(r);
+                }
+            }
+            if let Some(v) = &net.max_body {
+                f.max_body = Some(src.size("network.max_body", v)?);
+            }
+            if let Some(v) = &net.secrets {
+                for (s, v) in src.strings("network.secrets", v)? {
+                    let x = Secret::parse("network.secrets", s).map_err(|e| src.policy(&v, e))?;
+                    if f.secrets.iter().any(|o| o.name == x.name) {
+                        return Err(src.err(
+                            v.span(),
+                            format!(
+                                "network.secrets: `{}` is named twice; one secret for one variable",
+                                x.name
+                            ),
+                        ));
+                    }
+                    f.secrets.push(x);
+                }
+            }
+            if let Some(v) = &net.upstream_ca {
+                let s = src.string("network.upstream_ca", v)?;
+                if !s.starts_with('/') || s.contains('\0') {
+                    return Err(src.err(
+                        v.span(),
+                        format!("invalid network.upstream_ca `{s}`: expected an absolute path of a PEM file on the host"),
+                    ));
+                }
+                f.upstream_ca = Some(PathBuf::from(s));
+            }
         }
         if let Some(l) = &raw.limits {
             let o = &mut f.limits;
@@ -649,6 +716,25 @@ impl PolicyFile {
         if let Some(a) = p.network.dns_server {
             s.push_str(&format!("dns_server = {}\n", q(&a.to_string())));
         }
+        let n = &p.network;
+        if n.inspect_all {
+            s.push_str("inspect = true\n");
+        } else {
+            s.push_str(&format!("inspect = {}\n", rules(&n.inspect)));
+        }
+        let shown = |v: &[String]| list(v);
+        s.push_str(&format!(
+            "no_inspect = {}\nhttp = {}\n# secrets: NAME@HOST and where from, never what they hold\nsecrets = {}\n",
+            rules(&n.no_inspect),
+            shown(&n.http.iter().map(|r| r.to_string()).collect::<Vec<_>>()),
+            shown(&n.secrets.iter().map(|r| r.to_string()).collect::<Vec<_>>()),
+        ));
+        if let Some(b) = n.max_body {
+            s.push_str(&format!("max_body = {}\n", q(&fmt_size(b))));
+        }
+        if let Some(c) = &n.upstream_ca {
+            s.push_str(&format!("upstream_ca = {}\n", q(&c.display().to_string())));
+        }
         let l = &p.limits;
         s.push_str(&format!(
             "\n[limits]\ntimeout = {}\ncpu_time = {}\nmemory = {}\npids = {}\nopen_files = {}\nfile_size = {}\noutput = {}\ntmp_size = {}\nscratch_size = {}\n",
@@ -735,6 +821,12 @@ pub fn json_schema() -> serde_json::Value {
             "resolve": strings("HOST=IP pins for the proxy's upstream lookups (tests, special setups)"),
             "dns_server": {"type": "string", "description": "IP[:PORT] of the DNS server the proxy asks for allowed names' addresses instead of the system resolver (port 53 by default)"},
             "local_ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": MAX_LOCAL_PORTS, "description": "TCP ports code inside may listen on and connect to"},
+            "inspect": {"type": ["boolean", "array"], "items": {"type": "string"}, "description": "TLS inspection: true for every allowed host, or the hosts (HOST, *.DOMAIN, optionally :PORT) whose TLS the proxy terminates to check each request; hosts with HTTP rules or secrets are inspected anyway"},
+            "no_inspect": strings("hosts never inspected (certificate pinning, mutual TLS): HOST or *.DOMAIN, optionally :PORT"),
+            "http": strings("HTTP rules: METHODS HOST[:PORT][/PATH], e.g. `GET,HEAD pypi.org/simple/**`; METHODS may be * or read-only, HOST may be *"),
+            "max_body": size("the largest request body the proxy forwards (requests it reads: plain HTTP and inspected TLS)"),
+            "secrets": strings("NAME@HOST[:PORT][=env:VAR|=file:/PATH]: $NAME inside holds a placeholder, which the proxy replaces with the value in requests to HOST only"),
+            "upstream_ca": {"type": "string", "description": "a CA file (PEM, host path) that inspected hosts are verified against instead of the host's trust store"},
         })),
         "limits": table(json!({
             "timeout": dur("wall-clock limit for the whole run (default 10m)"),
@@ -847,6 +939,15 @@ mod tests {
             ("[bounds.limits]\nmemroy = 1\n", 2, 1, "unknown field `memroy`, expected one of `timeout`, `cpu_time`, `memory`, `pids`, `open_files`, `file_size`, `output`, `tmp_size`, `scratch_size`, `cpus`"),
             ("[layers]\nallow_degraded = [\"seccomp\"]\n", 2, 18, "invalid layers.allow_degraded `seccomp`: expected one of: cgroup, landlock"),
             ("[layers]\nallow_ptrace = \"yes\"\n", 2, 16, "layers.allow_ptrace: expected true or false, found string `\"yes\"`"),
+            ("[network]\nhttp = [\"get pypi.org\"]\n", 2, 8, "invalid network.http `get pypi.org`: expected methods in upper case, separated by commas (GET,HEAD,POST), each an HTTP token of at most 32 characters; or * for any, or read-only"),
+            ("[network]\nhttp = [\"GET pypi.org/a/../b\"]\n", 2, 8, "invalid network.http `/a/../b`: expected a path pattern without `.` or `..` segments (requests with them are refused where rules apply)"),
+            ("[network]\ninspect = \"yes\"\n", 2, 11, "network.inspect: expected true, false, or an array of hosts, e.g. [\"pypi.org\"], found string `\"yes\"`"),
+            ("[network]\ninspect = [\"pypi.org:80\"]\n", 2, 11, "invalid network.inspect `pypi.org:80`: expected a TLS port (port 80 carries plain HTTP, which the proxy reads and checks without inspection)"),
+            ("[network]\nno_inspect = [\"10.0.0.0/8\"]\n", 2, 14, "invalid network.no_inspect `10.0.0.0/8`: expected a host name or *.DOMAIN, optionally :PORT (an address gets a certificate only through `inspect = true`)"),
+            ("[network]\nmax_body = \"big\"\n", 2, 12, "invalid network.max_body `big`: expected a positive size such as 4096, 64k, 1MiB or 2GB, at most 1 TiB"),
+            ("[network]\nsecrets = [\"T@*.example.com\"]\n", 2, 11, "invalid network.secrets `T@*.example.com`: expected one host name for a secret's value: no wildcard and no address, so that it goes to exactly the host named"),
+            ("[network]\nsecrets = [\"T@a.example\", \"T@b.example\"]\n", 2, 11, "network.secrets: `T` is named twice; one secret for one variable"),
+            ("[network]\nupstream_ca = \"ca.pem\"\n", 2, 15, "invalid network.upstream_ca `ca.pem`: expected an absolute path of a PEM file on the host"),
         ];
         for (text, line, column, message) in cases {
             let e = err(text);
@@ -886,6 +987,12 @@ deny = ["bad.example.org"]
 resolve = ["example.org=203.0.113.7"]
 dns_server = "[2001:db8::53]:5353"
 local_ports = [8000]
+inspect = ["pypi.org", "*.example.org:8443"]
+no_inspect = ["pinned.example.org"]
+http = ["GET,HEAD pypi.org/simple/**", "read-only *"]
+max_body = "1MiB"
+secrets = ["TOKEN@api.example.org", "KEY@example.org:8443=file:/run/key"]
+upstream_ca = "/etc/corp-ca.pem"
 [limits]
 timeout = "90s"
 cpu_time = "1m"
@@ -930,6 +1037,23 @@ allow_ptrace = true
         assert_eq!(f.resolve[0].to_string(), "example.org=203.0.113.7");
         assert_eq!(f.dns_server, Some("[2001:db8::53]:5353".parse().unwrap()));
         assert_eq!(f.local_ports, [8000]);
+        let shown = |v: Vec<String>| v.join(" ");
+        assert_eq!(
+            shown(f.inspect.iter().map(|r| r.to_string()).collect()),
+            "pypi.org *.example.org:8443"
+        );
+        assert_eq!(f.inspect_all, None);
+        assert_eq!(f.no_inspect[0].to_string(), "pinned.example.org");
+        assert_eq!(
+            shown(f.http.iter().map(|r| r.to_string()).collect()),
+            "GET,HEAD pypi.org/simple/** GET,HEAD,OPTIONS *"
+        );
+        assert_eq!(f.max_body, Some(1 << 20));
+        assert_eq!(
+            shown(f.secrets.iter().map(|r| r.to_string()).collect()),
+            "TOKEN@api.example.org KEY@example.org:8443=file:/run/key"
+        );
+        assert_eq!(f.upstream_ca, Some(PathBuf::from("/etc/corp-ca.pem")));
         assert_eq!(
             f.limits,
             LimitsOverlay {
@@ -982,6 +1106,23 @@ allow_ptrace = true
             .push(Pin::parse("a.example.org=2001:db8::7").unwrap());
         p.network.local_ports.push(8000);
         p.network.dns_server = Some("198.51.100.53:53".parse().unwrap());
+        p.network
+            .inspect
+            .push(NetRule::parse("t", "*.example.org").unwrap());
+        p.network
+            .no_inspect
+            .push(NetRule::parse("t", "pinned.example.org:8443").unwrap());
+        p.network
+            .http
+            .push(crate::http::HttpRule::parse("t", "GET,HEAD a.example.org/simple/**").unwrap());
+        p.network
+            .http
+            .push(crate::http::HttpRule::parse("t", "* [2001:db8::/32]:8443").unwrap());
+        p.network.max_body = Some(1536 << 10);
+        p.network
+            .secrets
+            .push(Secret::parse("t", "API_KEY@a.example.org:8443=env:GH").unwrap());
+        p.network.upstream_ca = Some("/etc/corp-ca.pem".into());
         p.limits = crate::Limits {
             timeout_ms: 1500,
             cpu_time_ms: None,

@@ -21,6 +21,7 @@ pub mod bounds;
 mod env;
 mod error;
 pub mod file;
+pub mod http;
 mod limits;
 pub mod net;
 mod overlay;
@@ -41,6 +42,15 @@ pub use path::SandboxPath;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+
+/// A secret whose value the caller could not give ([`Policy::resolve_secrets`]): the secret as
+/// the policy names it, and why. Never holds a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("network.secrets `{secret}`: {why}")]
+pub struct SecretError {
+    pub secret: String,
+    pub why: String,
+}
 
 /// Where the scratch directory, the one writable place, is mounted inside and used as `$HOME` and
 /// the working directory.
@@ -306,6 +316,50 @@ impl Policy {
                 "a value from the caller first: Policy::resolve_env (the library never reads the process environment by itself)",
             ));
         }
+        if let Some(s) = self.network.secrets.iter().find(|s| s.value.is_none()) {
+            return Err(PolicyError::Invalid {
+                field: "network.secrets",
+                value: s.to_string(),
+                expected: "a value from the caller first: Policy::resolve_secrets (the library never reads the process environment or a secret's file by itself)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives each secret of `network.secrets` its value from `lookup`, which the caller writes:
+    /// the command line reads its own environment or the secret's file
+    /// ([`http::SecretSource`]); a server, whatever it lets requests use. `lookup` returns the
+    /// value, or why there is none (shown in the error with the secret, never a value). On an
+    /// error nothing changes.
+    ///
+    /// ```
+    /// use palisade_policy::{http::Secret, net::NetRule, Policy};
+    /// let mut p = Policy::new(["true"]).unwrap();
+    /// p.network.allow.push(NetRule::parse("t", "api.example.com").unwrap());
+    /// p.network.secrets.push(Secret::parse("t", "TOKEN@api.example.com").unwrap());
+    /// assert!(p.validate().is_err());
+    /// p.resolve_secrets(|_| Ok("t0k".to_owned())).unwrap();
+    /// p.validate().unwrap();
+    /// ```
+    pub fn resolve_secrets(
+        &mut self,
+        mut lookup: impl FnMut(&http::Secret) -> Result<String, String>,
+    ) -> Result<(), SecretError> {
+        let mut values = Vec::with_capacity(self.network.secrets.len());
+        for s in &self.network.secrets {
+            let v = lookup(s).map_err(|why| SecretError {
+                secret: s.to_string(),
+                why,
+            })?;
+            let v = http::SecretValue::new(&v).map_err(|why| SecretError {
+                secret: s.to_string(),
+                why: format!("expected {why}"),
+            })?;
+            values.push(v);
+        }
+        for (s, v) in self.network.secrets.iter_mut().zip(values) {
+            s.value = Some(v);
+        }
         Ok(())
     }
 
@@ -462,6 +516,15 @@ impl Policy {
                     v.name.as_str(),
                     "each variable named once",
                 ));
+            }
+        }
+        for s in &self.network.secrets {
+            if self.env.iter().any(|o| o.name == s.name) || self.env_pass.contains(&s.name) {
+                return Err(PolicyError::Invalid {
+                    field: "network.secrets",
+                    value: s.to_string(),
+                    expected: "a variable that env.set and env.pass do not also name: inside it holds the secret's placeholder",
+                });
             }
         }
         for (i, n) in self.env_pass.iter().enumerate() {

@@ -12,10 +12,12 @@
 //! ports 80 and 443; a deny rule without a port means every port. The addresses a name resolves to
 //! must be globally reachable ([`is_global`]) unless an IP allow rule names them.
 
+use crate::http::{HttpRule, Secret, MAX_HTTP_RULES, MAX_SECRETS};
 use crate::PolicyError;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 
 /// The ports an allow rule without a port opens.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -29,6 +31,20 @@ pub const DNS_PORT: u16 = 53;
 /// The stub hands out addresses from 127.77.0.0/16 for allowed names: loopback inside the
 /// sandbox, where palisade's transparent listeners take the connections and map them back.
 pub const TRANSPARENT_NET: [u8; 2] = [127, 77];
+
+/// The system CA bundles a host may have, most common first: Debian, Ubuntu, Alpine, Arch and
+/// Gentoo; Fedora, RHEL and CentOS; openSUSE; others. With TLS inspection the sandbox sees each
+/// that exists with the run's CA appended, and the proxy verifies upstream servers against the
+/// first that exists (unless `network.upstream_ca` names another).
+pub const TRUST_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/ssl/cert.pem",
+    "/etc/ca-certificates/extracted/tls-ca-bundle.pem",
+];
 
 /// At most this many rules of each kind, and names pinned with `network.resolve`.
 pub const MAX_RULES: usize = 256;
@@ -246,6 +262,20 @@ impl NetRule {
         Ok(NetRule { pattern, port })
     }
 
+    /// Whether the rule's pattern matches `host` (whatever the port).
+    pub fn matches(&self, host: &Host) -> bool {
+        match host {
+            Host::Name(n) => self.matches_name(n),
+            Host::Ip(a) => self.matches_addr(*a),
+        }
+    }
+
+    /// Whether the rule's pattern matches `host` and its port (none: every port) is `port`: how
+    /// `inspect`, `no_inspect` and HTTP rules name a destination.
+    pub fn names(&self, host: &Host, port: u16) -> bool {
+        self.matches(host) && self.port.is_none_or(|p| p == port)
+    }
+
     fn matches_name(&self, name: &str) -> bool {
         match &self.pattern {
             Pattern::Exact(n) => n == name,
@@ -442,6 +472,69 @@ pub struct Network {
     /// other TCP bind, and every other connect but the proxy's own ports (docs/layers/landlock.md).
     #[serde(default)]
     pub local_ports: Vec<u16>,
+    /// Inspect the TLS of every allowed host (`network.inspect = true`); `inspect` is then empty.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub inspect_all: bool,
+    /// Hosts whose TLS the proxy inspects (`network.inspect = [...]`): names or `*.DOMAIN`, with
+    /// an optional port. Hosts that HTTP rules or secrets name are inspected as well.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inspect: Vec<NetRule>,
+    /// Hosts never inspected (certificate pinning, mutual TLS); not one that HTTP rules or
+    /// secrets need.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_inspect: Vec<NetRule>,
+    /// Which requests an allowed host gets ([`HttpRule`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<HttpRule>,
+    /// The largest request body the proxy forwards, in bytes, on the requests it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body: Option<u64>,
+    /// Credentials the proxy adds to requests for the code ([`Secret`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<Secret>,
+    /// A CA file (PEM, a host path) that inspected hosts' certificates are verified against
+    /// instead of the host's trust store: a test network's CA, or a company's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ca: Option<PathBuf>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Whether some destination matches both name patterns (addresses and blocks never overlap
+/// names); `None` is every host.
+pub(crate) fn overlaps(a: Option<&NetRule>, b: Option<&NetRule>) -> bool {
+    let (Some(a), Some(b)) = (a, b) else {
+        return true;
+    };
+    if a.port.is_some() && b.port.is_some() && a.port != b.port {
+        return false;
+    }
+    let below = |n: &str, d: &str| {
+        n.strip_suffix(d)
+            .is_some_and(|head| head.len() > 1 && head.ends_with('.'))
+    };
+    match (&a.pattern, &b.pattern) {
+        (Pattern::Exact(x), Pattern::Exact(y)) => x == y,
+        (Pattern::Exact(x), Pattern::Subdomains(d))
+        | (Pattern::Subdomains(d), Pattern::Exact(x)) => below(x, d),
+        (Pattern::Subdomains(x), Pattern::Subdomains(y)) => x == y || below(x, y) || below(y, x),
+        (
+            Pattern::Net {
+                addr: a1,
+                prefix: p1,
+            },
+            Pattern::Net {
+                addr: a2,
+                prefix: p2,
+            },
+        ) => {
+            let p = (*p1).min(*p2);
+            a1.is_ipv4() == a2.is_ipv4() && mask(*a1, p) == mask(*a2, p)
+        }
+        _ => false,
+    }
 }
 
 /// Why a connection was refused; `code()` is the stable name the report uses.
@@ -572,6 +665,77 @@ impl Network {
         ))
     }
 
+    /// Whether any host may be inspected: egress is on and inspection, HTTP rules or secrets are
+    /// given (a run then needs its own CA, trusted inside).
+    pub fn inspects_any(&self) -> bool {
+        self.enabled()
+            && (self.inspect_all
+                || !self.inspect.is_empty()
+                || !self.http.is_empty()
+                || !self.secrets.is_empty())
+    }
+
+    /// Whether the proxy inspects TLS to `host` on `port`: every host with `inspect_all`, the
+    /// hosts `inspect` names, and those that HTTP rules or secrets name, unless `no_inspect`
+    /// exempts it.
+    ///
+    /// ```
+    /// use palisade_policy::http::HttpRule;
+    /// use palisade_policy::net::{Host, NetRule, Network};
+    /// let mut n = Network::default();
+    /// n.allow.push(NetRule::parse("t", "*.example.org").unwrap());
+    /// n.http.push(HttpRule::parse("t", "read-only api.example.org").unwrap());
+    /// let h = |s: &str| Host::parse(s).unwrap();
+    /// assert!(n.inspects(&h("api.example.org"), 443));
+    /// assert!(!n.inspects(&h("www.example.org"), 443));
+    /// ```
+    pub fn inspects(&self, host: &Host, port: u16) -> bool {
+        if self.no_inspect.iter().any(|r| r.names(host, port)) {
+            return false;
+        }
+        self.inspect_all
+            || self.inspect.iter().any(|r| r.names(host, port))
+            || self.http.iter().any(|r| r.names(host, port))
+            || self
+                .secrets
+                .iter()
+                .any(|s| matches!(host, Host::Name(n) if s.for_host(n, port)))
+    }
+
+    /// Checks one request against the HTTP rules: `Ok(None)` when no rule names the host (any
+    /// request goes), `Ok(Some(rule))` with the rule that allows it, or why it is refused. `path`
+    /// is the request's path without its query, as sent.
+    pub fn http_decide(
+        &self,
+        host: &Host,
+        port: u16,
+        method: &str,
+        path: &str,
+    ) -> Result<Option<&HttpRule>, String> {
+        let mut about = self.http.iter().filter(|r| r.names(host, port)).peekable();
+        if about.peek().is_none() {
+            return Ok(None);
+        }
+        if let Some(why) = crate::http::ambiguous_path(path) {
+            return Err(format!(
+                "{why}: servers differ on what it names, so HTTP rules cannot be checked against it"
+            ));
+        }
+        let mut named = Vec::new();
+        for r in about {
+            if r.allows(method, path) {
+                return Ok(Some(r));
+            }
+            if named.len() < 4 {
+                named.push(format!("`{r}`"));
+            }
+        }
+        Err(format!(
+            "no HTTP rule for {host}:{port} allows this request (rules: {})",
+            named.join(", ")
+        ))
+    }
+
     /// The pinned address of a name, if any.
     pub fn pinned(&self, name: &str) -> Vec<IpAddr> {
         self.resolve
@@ -616,6 +780,7 @@ impl Network {
                 });
             }
         }
+        self.validate_beyond_names()?;
         if self.allow.is_empty()
             && !(self.deny.is_empty() && self.resolve.is_empty() && self.dns_server.is_none())
         {
@@ -625,6 +790,115 @@ impl Network {
                 expected:
                     "network.allow rules as well: without one the sandbox has no network at all",
             });
+        }
+        Ok(())
+    }
+}
+
+impl Network {
+    /// The checks of inspection, HTTP rules, the body cap and secrets.
+    fn validate_beyond_names(&self) -> Result<(), PolicyError> {
+        let invalid = |field: &'static str, value: String, expected: &'static str| {
+            Err(PolicyError::Invalid {
+                field,
+                value,
+                expected,
+            })
+        };
+        for (field, n, max) in [
+            ("network.inspect", self.inspect.len(), MAX_HTTP_RULES),
+            ("network.no_inspect", self.no_inspect.len(), MAX_HTTP_RULES),
+            ("network.http", self.http.len(), MAX_HTTP_RULES),
+            ("network.secrets", self.secrets.len(), MAX_SECRETS),
+        ] {
+            if n > max {
+                return invalid(
+                    field,
+                    n.to_string(),
+                    "at most 256 entries (64 for network.secrets)",
+                );
+            }
+        }
+        let used = [
+            (
+                "network.inspect",
+                self.inspect_all || !self.inspect.is_empty(),
+            ),
+            ("network.no_inspect", !self.no_inspect.is_empty()),
+            ("network.http", !self.http.is_empty()),
+            ("network.max_body", self.max_body.is_some()),
+            ("network.secrets", !self.secrets.is_empty()),
+            ("network.upstream_ca", self.upstream_ca.is_some()),
+        ];
+        if let (false, Some((field, _))) = (self.enabled(), used.iter().find(|(_, u)| *u)) {
+            return invalid(
+                field,
+                "(given)".into(),
+                "network.allow rules as well: without one the sandbox has no network at all",
+            );
+        }
+        for (field, list) in [
+            ("network.inspect", &self.inspect),
+            ("network.no_inspect", &self.no_inspect),
+        ] {
+            for r in list {
+                crate::http::parse_inspect(field, &r.to_string())?;
+            }
+        }
+        if self.inspect_all && !self.inspect.is_empty() {
+            return invalid(
+                "network.inspect",
+                "true and a list".into(),
+                "either true (every host) or a list of hosts",
+            );
+        }
+        for r in &self.http {
+            if let Some(x) = self
+                .no_inspect
+                .iter()
+                .find(|x| overlaps(Some(x), r.host.as_ref()))
+            {
+                return invalid(
+                    "network.no_inspect",
+                    x.to_string(),
+                    "a host no network.http rule names: a host with rules is inspected, or its requests over TLS could not be checked",
+                );
+            }
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for s in &self.secrets {
+            if names.contains(&s.name.as_str()) {
+                return invalid(
+                    "network.secrets",
+                    s.to_string(),
+                    "each variable named once: one secret for one host",
+                );
+            }
+            names.push(s.name.as_str());
+            let h = Host::Name(s.host.clone());
+            if self.decide(&h, s.port).is_err() {
+                return invalid(
+                    "network.secrets",
+                    s.to_string(),
+                    "a host (and port, 443 by default) that network.allow lets through",
+                );
+            }
+            if self.no_inspect.iter().any(|x| x.names(&h, s.port)) {
+                return invalid(
+                    "network.secrets",
+                    s.to_string(),
+                    "a host network.no_inspect does not exempt: the value is added inside inspected TLS",
+                );
+            }
+        }
+        if let Some(p) = &self.upstream_ca {
+            if !p.is_absolute() {
+                return invalid(
+                    "network.upstream_ca",
+                    p.display().to_string(),
+                    "an absolute path of a PEM file on the host",
+                );
+            }
         }
         Ok(())
     }
@@ -731,6 +1005,7 @@ mod tests {
             resolve: Vec::new(),
             dns_server: None,
             local_ports: Vec::new(),
+            ..Network::default()
         }
     }
 
@@ -989,6 +1264,123 @@ mod tests {
         assert!(n.validate().is_ok());
         n.local_ports = (1..=65).collect();
         assert!(n.validate().unwrap_err().to_string().contains("at most 64"));
+    }
+
+    #[test]
+    fn inspection_rules_and_secrets_are_validated_and_decided() {
+        use crate::http::{HttpRule, Secret};
+        let http = |s: &str| HttpRule::parse("t", s).unwrap();
+        let secret = |s: &str| Secret::parse("t", s).unwrap();
+        let base = || net(&["*.example.org", "pypi.org", "pinned.test"], &[]);
+        let err = |n: &Network| n.validate().unwrap_err().to_string();
+        // Without allow rules, each of them is refused by name.
+        let mut n = Network {
+            http: vec![http("read-only *")],
+            ..Network::default()
+        };
+        assert!(err(&n).starts_with("invalid network.http"), "{}", err(&n));
+        n.http.clear();
+        n.max_body = Some(1);
+        assert!(
+            err(&n).starts_with("invalid network.max_body"),
+            "{}",
+            err(&n)
+        );
+        // Exemptions cannot take a host that rules or secrets need.
+        let mut n = base();
+        n.http.push(http("read-only *.example.org"));
+        n.no_inspect.push(rule("a.example.org"));
+        assert!(
+            err(&n).contains("network.no_inspect `a.example.org`"),
+            "{}",
+            err(&n)
+        );
+        n.no_inspect = vec![rule("pinned.test")];
+        n.validate().unwrap();
+        n.http.push(http("GET *"));
+        assert!(
+            err(&n).contains("network.no_inspect `pinned.test`"),
+            "{}",
+            err(&n)
+        );
+        let mut n = base();
+        n.secrets.push(secret("T@api.example.org"));
+        n.validate().unwrap();
+        n.no_inspect.push(rule("api.example.org:443"));
+        assert!(
+            err(&n).contains("network.secrets `T@api.example.org`"),
+            "{}",
+            err(&n)
+        );
+        let mut n = base();
+        n.secrets = vec![secret("T@elsewhere.test")];
+        assert!(err(&n).contains("lets through"), "{}", err(&n));
+        n.secrets = vec![secret("T@a.example.org"), secret("T@b.example.org")];
+        assert!(err(&n).contains("each variable named once"), "{}", err(&n));
+        let mut n = base();
+        n.inspect.push(rule("10.0.0.0/8"));
+        assert!(
+            err(&n).contains("network.inspect `10.0.0.0/8`"),
+            "{}",
+            err(&n)
+        );
+        n.inspect = vec![rule("pypi.org:80")];
+        assert!(
+            err(&n).contains("port 80 carries plain HTTP"),
+            "{}",
+            err(&n)
+        );
+        let mut n = base();
+        n.upstream_ca = Some("ca.pem".into());
+        assert!(
+            err(&n).contains("network.upstream_ca `ca.pem`"),
+            "{}",
+            err(&n)
+        );
+
+        // Who is inspected.
+        let mut n = base();
+        n.http.push(http("GET,HEAD pypi.org/simple/**"));
+        n.secrets.push(secret("T@api.example.org"));
+        n.inspect.push(rule("*.example.org:8443"));
+        n.no_inspect.push(rule("pinned.test"));
+        n.validate().unwrap();
+        for (h, port, want) in [
+            ("pypi.org", 443, true),
+            ("api.example.org", 443, true),
+            ("api.example.org", 8443, true),
+            ("www.example.org", 443, false),
+            ("www.example.org", 8443, true),
+            ("pinned.test", 443, false),
+        ] {
+            assert_eq!(n.inspects(&name(h), port), want, "{h}:{port}");
+        }
+        n.inspect.clear();
+        n.inspect_all = true;
+        assert!(n.inspects(&name("www.example.org"), 443));
+        assert!(n.inspects(&Host::Ip("198.51.100.7".parse().unwrap()), 443));
+        assert!(!n.inspects(&name("pinned.test"), 443));
+
+        // Which requests go: hosts without rules get any; others only what a rule allows, and
+        // never a path servers could read another way.
+        let d = |h: &str, m: &str, p: &str| n.http_decide(&name(h), 443, m, p);
+        assert_eq!(d("www.example.org", "DELETE", "/x"), Ok(None));
+        assert_eq!(
+            d("pypi.org", "GET", "/simple/requests/")
+                .unwrap()
+                .unwrap()
+                .to_string(),
+            "GET,HEAD pypi.org/simple/**"
+        );
+        let e = d("pypi.org", "POST", "/simple/x").unwrap_err();
+        assert!(
+            e.contains("no HTTP rule for pypi.org:443 allows")
+                && e.contains("`GET,HEAD pypi.org/simple/**`"),
+            "{e}"
+        );
+        assert!(d("pypi.org", "GET", "/legacy/").is_err());
+        let e = d("pypi.org", "GET", "/simple/../legacy/").unwrap_err();
+        assert!(e.contains("`..` segment"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! [`Policy`] through [`PolicyOverlay::apply`], so a field means the same wherever it is written:
 //! a value replaces the one in force, a list adds to it.
 
+use crate::http::{HttpRule, Secret};
 use crate::net::{NetRule, Pin};
 use crate::protect::ProtectedPath;
 use crate::{Bind, Degradable, EnvName, EnvVar, Limits, Policy, PolicyError, Scratch};
@@ -51,6 +52,18 @@ pub struct PolicyOverlay {
     pub resolve: Vec<Pin>,
     pub dns_server: Option<SocketAddr>,
     pub local_ports: Vec<u16>,
+    /// `network.inspect = true`: every allowed host's TLS inspected.
+    pub inspect_all: Option<bool>,
+    /// `network.inspect = [...]`: these hosts' TLS inspected.
+    pub inspect: Vec<NetRule>,
+    pub no_inspect: Vec<NetRule>,
+    /// `network.http`: rules for the requests of the hosts they name.
+    pub http: Vec<HttpRule>,
+    /// `network.max_body`, in bytes.
+    pub max_body: Option<u64>,
+    /// `network.secrets`: a later secret for a name replaces an earlier one.
+    pub secrets: Vec<Secret>,
+    pub upstream_ca: Option<PathBuf>,
     pub limits: LimitsOverlay,
     pub allow_degraded: Vec<Degradable>,
     pub allow_ptrace: Option<bool>,
@@ -145,6 +158,28 @@ impl PolicyOverlay {
         p.network
             .local_ports
             .extend(self.local_ports.iter().copied());
+        let n = &mut p.network;
+        if let Some(all) = self.inspect_all {
+            n.inspect_all = all;
+        }
+        // Every host inspected: a list would say nothing more.
+        if n.inspect_all {
+            n.inspect.clear();
+        } else {
+            add_new(&mut n.inspect, &self.inspect);
+        }
+        add_new(&mut n.no_inspect, &self.no_inspect);
+        add_new(&mut n.http, &self.http);
+        if let Some(b) = self.max_body {
+            n.max_body = Some(b);
+        }
+        for s in &self.secrets {
+            n.secrets.retain(|o| o.name != s.name);
+            n.secrets.push(s.clone());
+        }
+        if let Some(c) = &self.upstream_ca {
+            n.upstream_ca = Some(c.clone());
+        }
         self.limits.apply(&mut p.limits);
         for d in &self.allow_degraded {
             if !p.allow_degraded.contains(d) {
@@ -165,6 +200,15 @@ impl PolicyOverlay {
             crate::profile::overlay(name)?.apply(p);
         }
         Ok(())
+    }
+}
+
+/// Adds to `to` the items of `from` it does not hold yet.
+fn add_new<T: PartialEq + Clone>(to: &mut Vec<T>, from: &[T]) {
+    for x in from {
+        if !to.contains(x) {
+            to.push(x.clone());
+        }
     }
 }
 

@@ -20,9 +20,13 @@ set = { PYTHONUNBUFFERED = "1", PYTHONDONTWRITEBYTECODE = "1", PIP_NO_INPUT = "1
     ),
     (
         "pypi",
-        "egress to the Python package index only (pypi.org, files.pythonhosted.org, port 443)",
+        "egress to the Python package index only (pypi.org, files.pythonhosted.org, port 443), inspected, read-only",
         r#"[network]
 allow = ["pypi.org:443", "files.pythonhosted.org:443"]
+# Both names are served by a CDN that serves others behind the same TLS name: inspection reads
+# each request, so that its Host must be the name allowed; pip only reads.
+inspect = true
+http = ["read-only pypi.org", "read-only files.pythonhosted.org"]
 "#,
     ),
     (
@@ -34,9 +38,11 @@ set = { NODE_ENV = "production", NPM_CONFIG_UPDATE_NOTIFIER = "false", NPM_CONFI
     ),
     (
         "npm",
-        "egress to the npm registry only (registry.npmjs.org, port 443)",
+        "egress to the npm registry only (registry.npmjs.org, port 443), inspected",
         r#"[network]
 allow = ["registry.npmjs.org:443"]
+# Behind a CDN: inspection reads each request, so that its Host must be the name allowed.
+inspect = true
 "#,
     ),
     (

@@ -398,6 +398,8 @@ impl Report {
             refused_connections: log.refused_connections,
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: log.supervisor_cpu_ms,
+            attempts: Vec::new(),
+            attempts_dropped: 0,
         };
         if let Some(l) = self
             .layers
@@ -410,6 +412,41 @@ impl Report {
                 palisade_policy::net::SOCKS_PORT
             );
         }
+    }
+
+    /// Records what a run without egress tried to reach: the names the DNS stub refused and the
+    /// destinations of `connect` calls the kernel refused.
+    pub(crate) fn set_attempts(
+        &mut self,
+        log: palisade_net::NetLog,
+        connects: Vec<palisade_linux::Attempt>,
+        connects_dropped: u64,
+    ) {
+        self.supervisor_cpu_ms += log.supervisor_cpu_ms as f64;
+        self.network.supervisor_cpu_ms = log.supervisor_cpu_ms;
+        let mut v: Vec<Attempt> = log
+            .lookups
+            .into_iter()
+            .map(|l| Attempt {
+                protocol: "dns",
+                name: Some(l.name),
+                address: None,
+                port: None,
+                count: l.count,
+            })
+            .collect();
+        v.extend(connects.into_iter().map(|a| Attempt {
+            protocol: a.protocol,
+            name: None,
+            address: Some(match a.address {
+                std::net::IpAddr::V6(x) => format!("[{x}]"),
+                x => x.to_string(),
+            }),
+            port: Some(a.port),
+            count: a.count,
+        }));
+        self.network.attempts = v;
+        self.network.attempts_dropped = log.lookups_dropped + connects_dropped;
     }
 
     /// Says in the seccomp layer that tracing inside was allowed (`--allow-ptrace`).
@@ -705,6 +742,31 @@ pub struct Network {
     pub notify_suppressed: u64,
     /// CPU time the supervisor's proxy threads spent on this sandbox, in milliseconds.
     pub supervisor_cpu_ms: u64,
+    /// Without egress: what the code tried to reach (names it looked up, addresses it connected
+    /// to), each with a count.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<Attempt>,
+    /// Attempts past the listed maximum, counted only.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub attempts_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Something a run without egress tried to reach: a name (`dns`), or an address and port
+/// (`tcp`, `udp`; `unknown` when the socket could not be looked at).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attempt {
+    pub protocol: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    pub count: u64,
 }
 
 impl Default for Network {
@@ -718,6 +780,8 @@ impl Default for Network {
             refused_connections: 0,
             notify_suppressed: 0,
             supervisor_cpu_ms: 0,
+            attempts: Vec::new(),
+            attempts_dropped: 0,
         }
     }
 }
@@ -906,6 +970,8 @@ mod protection_tests {
             cancelled: false,
             supervisor_cpu: std::time::Duration::ZERO,
             refusals_throttled: 0,
+            attempts: Vec::new(),
+            attempts_dropped: 0,
         };
         let ids = Ids {
             uid: 1000,
@@ -1042,6 +1108,8 @@ mod tests {
             cancelled: false,
             supervisor_cpu: ms(0),
             refusals_throttled: 0,
+            attempts: Vec::new(),
+            attempts_dropped: 0,
         }
     }
 

@@ -626,6 +626,22 @@ impl Sandbox {
             *cgroup.borrow_mut() = Some(c);
             Ok(files)
         };
+        // What the proxy needs before the sandbox exists: the run's CA (its key stays in this
+        // process), whose certificate the view trusts, and the secrets' placeholders.
+        let prepared = match palisade_net::Prepared::new(&policy.network) {
+            Ok(p) => p,
+            Err(e) => {
+                let e = SetupError::Supervisor {
+                    op: "prepare TLS inspection and secrets",
+                    source: std::io::Error::other(e.to_string()),
+                };
+                return fail(&e, scratch);
+            }
+        };
+        let extras = palisade_linux::Extras {
+            trust: prepared.ca_pem().map(str::to_owned),
+            env: prepared.placeholders(),
+        };
         let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
         let (spawned, engine_name) = match spawner {
             Spawner::Cold => {
@@ -639,11 +655,18 @@ impl Sandbox {
                         return fail(&e, scratch);
                     }
                 };
-                let r = palisade_linux::spawn_with(&policy, stdin.into(), Some(&prepare), engine);
+                let r = palisade_linux::spawn_with(
+                    &policy,
+                    stdin.into(),
+                    Some(&prepare),
+                    engine,
+                    &extras,
+                );
                 (r, engine.name())
             }
             Spawner::Template(t) => (
-                t.engine.spawn(&policy, stdin.into(), Some(&prepare)),
+                t.engine
+                    .spawn(&policy, stdin.into(), Some(&prepare), &extras),
                 "template",
             ),
         };
@@ -655,26 +678,36 @@ impl Sandbox {
                 return r;
             }
         };
-        // The egress proxy, on the listeners init made inside the sandbox's network namespace.
-        let egress = if policy.network.enabled() {
-            let socks = running
-                .take_egress()
-                .into_iter()
-                .map(|(spec, fd)| {
-                    let role = match spec.role {
-                        palisade_linux::SockRole::HttpProxy => palisade_net::Role::HttpProxy,
-                        palisade_linux::SockRole::Socks => palisade_net::Role::Socks,
-                        palisade_linux::SockRole::Dns => palisade_net::Role::Dns,
-                        palisade_linux::SockRole::Transparent => palisade_net::Role::Transparent,
-                    };
-                    (role, fd)
-                })
-                .collect();
+        // The egress proxy, on the listeners init made inside the sandbox's network namespace
+        // (without egress, the DNS stub alone: it refuses every name and counts it).
+        let socks: Vec<(palisade_net::Role, std::os::fd::OwnedFd)> = running
+            .take_egress()
+            .into_iter()
+            .map(|(spec, fd)| {
+                let role = match spec.role {
+                    palisade_linux::SockRole::HttpProxy => palisade_net::Role::HttpProxy,
+                    palisade_linux::SockRole::Socks => palisade_net::Role::Socks,
+                    palisade_linux::SockRole::Dns => palisade_net::Role::Dns,
+                    palisade_linux::SockRole::Transparent => palisade_net::Role::Transparent,
+                };
+                (role, fd)
+            })
+            .collect();
+        let egress = if socks.is_empty() {
+            None
+        } else {
+            // Without egress there are no decisions to tell, only attempts for the report.
             let notify = self
                 .net_notify
                 .clone()
+                .filter(|_| policy.network.enabled())
                 .map(|f| Box::new(move |e: &palisade_net::Event| f(e)) as palisade_net::Notify);
-            match palisade_net::Egress::start(policy.network.clone(), socks, notify) {
+            match palisade_net::Egress::start_prepared(
+                policy.network.clone(),
+                socks,
+                notify,
+                prepared,
+            ) {
                 Ok(e) => Some(e),
                 Err(source) => {
                     running.kill();
@@ -686,8 +719,6 @@ impl Sandbox {
                     return fail(&e, scratch);
                 }
             }
-        } else {
-            None
         };
         tell(Some(running.killer()), running.take_stdin());
         if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
@@ -720,8 +751,12 @@ impl Sandbox {
             signals: io.signals.as_ref(),
             refusal_share: quota.unwrap_or(1.0).min(1.0),
         };
+        let mut attempts = (Vec::new(), 0);
         let mut report = match running.wait(watch) {
-            Ok(o) => Report::from_outcome(&o, ids, &landlock, scratch, policy.limits),
+            Ok(mut o) => {
+                attempts = (std::mem::take(&mut o.attempts), o.attempts_dropped);
+                Report::from_outcome(&o, ids, &landlock, scratch, policy.limits)
+            }
             Err(e) => {
                 output.close();
                 Report::from_error(&e, t0.elapsed(), scratch, policy.limits)
@@ -746,8 +781,10 @@ impl Sandbox {
         if policy.allow_ptrace {
             report.note_ptrace_allowed();
         }
-        if let Some(e) = egress {
-            report.set_network(e.finish(), &policy.network);
+        match egress {
+            Some(e) if policy.network.enabled() => report.set_network(e.finish(), &policy.network),
+            Some(e) => report.set_attempts(e.finish(), attempts.0, attempts.1),
+            None => report.set_attempts(palisade_net::NetLog::default(), attempts.0, attempts.1),
         }
         report.set_protected(&protection, disarmed);
         // The workspace's upper layer, now that nothing of the sandbox can write it any more, and

@@ -203,3 +203,45 @@ pub fn host_curl_tls(name: &str, addr: &str, path: &str) -> String {
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+/// The extra servers of the test internet (`scripts/testnet.sh extras`): pypi.test, git.test,
+/// api.test and badcert.test, all at [`EXTRAS`], TLS on [`EXTRAS_TLS`] and HTTP on
+/// [`EXTRAS_HTTP`], with a CA of their own.
+pub const EXTRAS: &str = "198.51.100.30";
+pub const EXTRAS_TLS: u16 = 4443;
+pub const EXTRAS_HTTP: u16 = 8088;
+/// Both test CAs, which the proxy verifies inspected hosts against (`--upstream-ca`).
+pub fn upstream_ca() -> PathBuf {
+    PathBuf::from(DIR).join("extras/upstream-ca.pem")
+}
+
+const HOW_EXTRAS: &str = "the test internet's extra servers are not up: run `scripts/testnet.sh \
+     extras` as root (`scripts/testnet.sh up` starts them too)";
+
+/// Fails the test, with what to do, unless the extra servers are up and answer the host.
+pub fn require_extras() {
+    require();
+    let ready = PathBuf::from(DIR).join("extras/ready");
+    assert!(
+        ready.exists(),
+        "{HOW_EXTRAS} ({} is missing)",
+        ready.display()
+    );
+    for port in [EXTRAS_TLS, EXTRAS_HTTP] {
+        let sa = SocketAddr::new(EXTRAS.parse().unwrap(), port);
+        if let Err(e) = TcpStream::connect_timeout(&sa, Duration::from_secs(3)) {
+            panic!("{HOW_EXTRAS} (the host cannot reach {sa}: {e})");
+        }
+    }
+}
+
+/// The extra servers' log lines that mention `needle` anywhere.
+pub fn extras_seen(needle: &str) -> Vec<Value> {
+    let p = PathBuf::from(DIR).join("extras/events.log");
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{HOW_EXTRAS} (cannot read {}: {e})", p.display()))
+        .lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
