@@ -18,9 +18,16 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 # The test internet (network namespaces with HTTP, TLS and DNS test servers) for the egress tests;
-# both runs use it, and it comes down at the end whatever happens.
-scripts/testnet.sh up
-trap 'scripts/testnet.sh down' EXIT
+# both runs use it, and it comes down at the end whatever happens, unless it was up before (another
+# run on this machine is using it).
+if ip netns list 2>/dev/null | grep -qw palisade-tn; then
+    scripts/testnet.sh extras
+    testnet_down=true
+else
+    scripts/testnet.sh up
+    testnet_down='scripts/testnet.sh down'
+fi
+trap "$testnet_down" EXIT
 
 echo "== tests as root"
 cargo build --workspace --quiet  # the binaries the tests spawn: palisade and palisade-probe
@@ -33,7 +40,7 @@ echo "== tests as $TEST_USER (unprivileged)"
 target/debug/palisade cgroup-delegate --user "$TEST_USER"
 # Build once as root, then run the same test binaries as the test user from a directory it can read.
 stage=$(mktemp -d /tmp/palisade-stage.XXXXXX)
-trap 'rm -rf "$stage"; scripts/testnet.sh down' EXIT
+trap 'rm -rf "$stage"; '"$testnet_down" EXIT
 chmod 755 "$stage"
 cargo test --workspace --no-run --message-format=json 2>/dev/null \
     | python3 -c '
