@@ -116,8 +116,19 @@ fn assert_back_to(before: &Held) {
             return;
         }
         if t0.elapsed() > Duration::from_secs(20) {
+            let fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+                .map(|r| {
+                    r.flatten()
+                        .map(|e| {
+                            let to = std::fs::read_link(e.path()).unwrap_or_default();
+                            format!("{}->{}", e.file_name().to_string_lossy(), to.display())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             panic!(
-                "left behind: before {before:?}, after {now:?} (all threads now: {:?})",
+                "left behind: before {before:?}, after {now:?} (all threads now: {:?}; descriptors \
+                 now: {fds:?})",
                 thread_names()
             );
         }
@@ -154,6 +165,14 @@ fn two_hundred_runs_from_tokio_half_cancelled_leave_nothing_behind() {
         l.rlim_cur = l.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &l);
     }
+    // And tokio's own process-wide state: built with its `signal` feature (as in a workspace
+    // build, where the CLI enables it), a first runtime opens a self-pipe kept for the process.
+    drop(
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
     let before = held();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
