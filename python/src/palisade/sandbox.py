@@ -36,7 +36,7 @@ def _exec_body(
     body: dict[str, Any] = {"command": _argv(cmd), "mode": mode}
     if env:
         body["env"] = dict(env)
-    if cwd is not None:
+    if cwd is not None and _rel(cwd) != ".":
         body["cwd"] = _rel(cwd)
     if timeout is not None:
         body["timeout_ms"] = max(1, int(timeout * 1000))
@@ -56,6 +56,15 @@ def _rel(path: str) -> str:
     if path.startswith(WORKDIR + "/"):
         return path[len(WORKDIR) + 1 :]
     return path
+
+
+def _url_path(path: str) -> str:
+    """``path`` for a URL, each component escaped (``.`` and ``..`` too, so that the client does
+    not resolve them away: the server sees the path as given, and refuses what it must)."""
+    from urllib.parse import quote
+
+    parts = _rel(path).split("/")
+    return "/".join(p.replace(".", "%2E") if set(p) == {"."} else quote(p, safe="") for p in parts)
 
 
 def _session_body(
@@ -208,12 +217,12 @@ class Files:
 
     def read(self, path: str, format: str = "text") -> Any:
         """The file's content: ``str`` (``format="text"``) or ``bytes`` (``"bytes"``)."""
-        b = self._s._client.request("GET", f"{self._s._path}/files/{_rel(path)}").content
+        b = self._s._client.request("GET", f"{self._s._path}/files/{_url_path(path)}").content
         return b if format == "bytes" else b.decode("utf-8", "replace")
 
     def write(self, path: str, data: str | bytes) -> None:
         b = data.encode() if isinstance(data, str) else data
-        self._s._client.request("PUT", f"{self._s._path}/files/{_rel(path)}", content=b)
+        self._s._client.request("PUT", f"{self._s._path}/files/{_url_path(path)}", content=b)
 
     def list(self, path: str = ".") -> list[EntryInfo]:
         d = self._s._client.request("GET", f"{self._s._path}/files", params={"path": _rel(path)}).json()
@@ -228,7 +237,7 @@ class Files:
 
     def remove(self, path: str, recursive: bool = True) -> None:
         self._s._client.request(
-            "DELETE", f"{self._s._path}/files/{_rel(path)}", params={"recursive": "true" if recursive else "false"}
+            "DELETE", f"{self._s._path}/files/{_url_path(path)}", params={"recursive": "true" if recursive else "false"}
         )
 
     def write_archive(self, tar: bytes, path: str = ".") -> None:
@@ -338,7 +347,7 @@ class Sandbox:
         self, cwd: str | None = None, language: str = "python", env: Mapping[str, str] | None = None
     ) -> Context:
         body: dict[str, Any] = {"language": language}
-        if cwd is not None:
+        if cwd is not None and _rel(cwd) != ".":
             body["cwd"] = _rel(cwd)
         if env:
             body["env"] = dict(env)
@@ -440,12 +449,12 @@ class AsyncFiles:
         self._s = sandbox
 
     async def read(self, path: str, format: str = "text") -> Any:
-        b = (await self._s._client.request("GET", f"{self._s._path}/files/{_rel(path)}")).content
+        b = (await self._s._client.request("GET", f"{self._s._path}/files/{_url_path(path)}")).content
         return b if format == "bytes" else b.decode("utf-8", "replace")
 
     async def write(self, path: str, data: str | bytes) -> None:
         b = data.encode() if isinstance(data, str) else data
-        await self._s._client.request("PUT", f"{self._s._path}/files/{_rel(path)}", content=b)
+        await self._s._client.request("PUT", f"{self._s._path}/files/{_url_path(path)}", content=b)
 
     async def list(self, path: str = ".") -> list[EntryInfo]:
         d = (await self._s._client.request("GET", f"{self._s._path}/files", params={"path": _rel(path)})).json()
@@ -453,7 +462,7 @@ class AsyncFiles:
 
     async def remove(self, path: str, recursive: bool = True) -> None:
         await self._s._client.request(
-            "DELETE", f"{self._s._path}/files/{_rel(path)}", params={"recursive": "true" if recursive else "false"}
+            "DELETE", f"{self._s._path}/files/{_url_path(path)}", params={"recursive": "true" if recursive else "false"}
         )
 
 
@@ -523,7 +532,7 @@ class AsyncSandbox:
 
     async def create_code_context(self, cwd: str | None = None, language: str = "python") -> Context:
         body: dict[str, Any] = {"language": language}
-        if cwd is not None:
+        if cwd is not None and _rel(cwd) != ".":
             body["cwd"] = _rel(cwd)
         d = (await self._client.request("POST", f"{self._path}/contexts", json_body=body)).json()
         return Context(d["id"], d["language"], d["cwd"])
