@@ -29,9 +29,9 @@ class PalisadeSandbox(BaseSandbox):  # type: ignore[misc]
     one is created with ``sandbox_kwargs`` (see :class:`palisade.Sandbox`). Files under
     ``/workspace`` move through palisade's file API (never through a symlink); files elsewhere
     in the sandbox's own tree (``/tmp``…) through a command inside it. ``timeout``: default
-    seconds per command."""
+    seconds per command (default: the server's)."""
 
-    def __init__(self, *, sandbox: Sandbox | None = None, timeout: float = 120.0, **sandbox_kwargs: Any) -> None:
+    def __init__(self, *, sandbox: Sandbox | None = None, timeout: float | None = None, **sandbox_kwargs: Any) -> None:
         self.sandbox = sandbox if sandbox is not None else Sandbox(**sandbox_kwargs)
         self.default_timeout = timeout
 
@@ -41,7 +41,7 @@ class PalisadeSandbox(BaseSandbox):  # type: ignore[misc]
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         r = self.sandbox.commands.run(
-            ["sh", "-c", command + " 2>&1"], timeout=timeout if timeout is not None else self.default_timeout
+            ["sh", "-c", command + " 2>&1"], timeout=float(timeout) if timeout is not None else self.default_timeout
         )
         out = r.stdout + r.stderr
         if r.status == "timeout":

@@ -4,15 +4,30 @@ sandbox's persistent interpreter (one session per executor), with ``final_answer
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import RemotePythonExecutor
+from smolagents.tools import get_tools_definition_code
 from smolagents.utils import AgentError
 
 from ..sandbox import Sandbox
+
+_IMPORT = re.compile(r"^(import [\w.]+( as \w+)?|from [\w.]+ import [\w, ]+)$")
+
+
+def _guard_imports(code: str) -> str:
+    out = []
+    for line in code.splitlines():
+        if _IMPORT.match(line):
+            out += ["try:", "    " + line, "except ImportError:", "    pass"]
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 class PalisadeExecutor(RemotePythonExecutor):  # type: ignore[misc]
@@ -34,16 +49,45 @@ class PalisadeExecutor(RemotePythonExecutor):  # type: ignore[misc]
         self._own = sandbox is None
         self.sandbox = sandbox if sandbox is not None else Sandbox(**sandbox_kwargs)
         self.cell_timeout = cell_timeout
+        # What the caller asks for must be there; tools' requirements are best effort.
+        self._strict_install = True
         self.installed_packages = self.install_packages(list(additional_imports))
+        self._strict_install = False
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:
-        if additional_imports:
+        """Installs what the sandbox lacks with pip (``--user``). Tools' requirements that the
+        sandbox cannot install (no egress to an index: the default) are logged and skipped;
+        code that needs them gets its ImportError inside, as the agent's own error."""
+        missing = [p for p in additional_imports if not self._importable(p)]
+        if missing:
             r = self.sandbox.commands.run(
-                ["python3", "-m", "pip", "install", "--user", *additional_imports], timeout=300
+                ["python3", "-m", "pip", "install", "--user", "--break-system-packages", "--retries", "0", "--timeout", "10", *missing]
             )
             if r.exit_code != 0:
-                raise AgentError(f"installing {additional_imports} failed:\n{r.stderr}", self.logger)
+                self.logger.log(f"palisade: could not install {missing} in the sandbox:\n{r.stdout}{r.stderr}")
+                if getattr(self, "_strict_install", False):
+                    raise AgentError(f"installing {missing} failed:\n{r.stderr}", self.logger)
         return list(additional_imports)
+
+    def send_tools(self, tools: dict[str, Any]) -> None:
+        """As smolagents' own, but a tool's module-level import of a package the sandbox lacks
+        (smolagents hoists the imports of a tool's methods, optional ones included, to the top)
+        does not fail the definitions: the method that needs it fails when called."""
+        if "final_answer" in tools:
+            self._patch_final_answer_with_exception(tools["final_answer"])
+        reqs = sorted({p for t in tools.values() for p in t.to_dict()["requirements"]} - {"smolagents"} - set(self.installed_packages))
+        if reqs:
+            self.installed_packages += self.install_packages(reqs)
+        code = get_tools_definition_code(tools)
+        if code:
+            self.logger.log(self.run_code_raise_errors(_guard_imports(code)).logs)
+
+    def _importable(self, package: str) -> bool:
+        module = {"pillow": "PIL", "scikit-learn": "sklearn"}.get(package.lower(), package).replace("-", "_")
+        r = self.sandbox.commands.run(
+            ["python3", "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)", module]
+        )
+        return r.exit_code == 0
 
     def run_code_raise_errors(self, code: str) -> CodeOutput:
         ex = self.sandbox.run_code(code, timeout=self.cell_timeout)
