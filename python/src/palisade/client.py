@@ -144,6 +144,7 @@ class _Base:
         server_args: list[str] | None,
     ) -> None:
         self.embedded: EmbeddedServer | None = None
+        self.socket: str | None
         if policy is not None or server_args:
             if url is not None or os.environ.get("PALISADE_URL"):
                 raise PalisadeError("policy= and server_args= configure the SDK's own server: not with url= / PALISADE_URL")

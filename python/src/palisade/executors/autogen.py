@@ -13,7 +13,7 @@ from autogen_core.code_executor import CodeBlock, CodeExecutor, CodeResult
 from ..sandbox import Sandbox
 
 
-class PalisadeCodeExecutor(CodeExecutor):  # type: ignore[misc]
+class PalisadeCodeExecutor(CodeExecutor):
     """Runs AutoGen code blocks in a palisade sandbox, made at ``start()`` (or given)."""
 
     def __init__(self, *, sandbox: Sandbox | None = None, timeout: float = 60.0, **sandbox_kwargs: Any) -> None:

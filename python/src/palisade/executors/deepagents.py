@@ -24,7 +24,7 @@ def _file_error(e: ServerError) -> str:
     return "permission_denied"
 
 
-class PalisadeSandbox(BaseSandbox):  # type: ignore[misc]
+class PalisadeSandbox(BaseSandbox):
     """A deepagents sandbox backend on a palisade session. ``sandbox`` reuses one; otherwise
     one is created with ``sandbox_kwargs`` (see :class:`palisade.Sandbox`). Files under
     ``/workspace`` move through palisade's file API (never through a symlink); files elsewhere

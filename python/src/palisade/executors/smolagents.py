@@ -9,11 +9,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from smolagents.local_python_executor import CodeOutput
-from smolagents.monitoring import AgentLogger, LogLevel
-from smolagents.remote_executors import RemotePythonExecutor
-from smolagents.tools import get_tools_definition_code
-from smolagents.utils import AgentError
+from smolagents.local_python_executor import CodeOutput  # type: ignore[import-untyped]
+from smolagents.monitoring import AgentLogger, LogLevel  # type: ignore[import-untyped]
+from smolagents.remote_executors import RemotePythonExecutor  # type: ignore[import-untyped]
+from smolagents.tools import get_tools_definition_code  # type: ignore[import-untyped]
+from smolagents.utils import AgentError  # type: ignore[import-untyped]
 
 from ..sandbox import Sandbox
 
@@ -87,7 +87,7 @@ class PalisadeExecutor(RemotePythonExecutor):  # type: ignore[misc]
         r = self.sandbox.commands.run(
             ["python3", "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)", module]
         )
-        return r.exit_code == 0
+        return bool(r.exit_code == 0)
 
     def run_code_raise_errors(self, code: str) -> CodeOutput:
         ex = self.sandbox.run_code(code, timeout=self.cell_timeout)
