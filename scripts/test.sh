@@ -65,4 +65,21 @@ while read -r exe; do
     (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
         PALISADE_BIN="$stage/palisade" PALISADE_PROBE="$stage/palisade-probe" "$b" --quiet) || status=1
 done < "$stage/tests.txt"
+
+# The Python SDK and its executors (python/tests) against the real server, as root and as the
+# test user, in the venv scripts/python-venv.sh makes (.ci/setup); mypy --strict on the package.
+venv=${PALISADE_PYTHON_VENV:-/opt/palisade-ci/python-venv}
+[ -x "$venv/bin/pytest" ] || { echo "no $venv/bin/pytest: run scripts/python-venv.sh (.ci/setup does)" >&2; exit 1; }
+scripts/python-venv.sh "$venv"
+echo "== mypy --strict python/src/palisade"
+"$venv/bin/mypy" --strict --cache-dir "$stage/mypy-cache" python/src/palisade || status=1
+echo "== python/tests as root"
+PALISADE_BIN="$PWD/target/debug/palisade" "$venv/bin/pytest" -q -p no:cacheprovider python/tests --rootdir python \
+    || status=1
+cp -r python/tests "$stage/python-tests"
+chmod -R a+rX "$stage/python-tests"
+echo "== python/tests as $TEST_USER"
+(cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
+    PALISADE_BIN="$stage/palisade" "$venv/bin/pytest" -q -p no:cacheprovider "$stage/python-tests" --rootdir "$stage/python-tests") \
+    || status=1
 exit $status
