@@ -845,3 +845,40 @@ fn a_templates_runs_reach_an_allowed_host_through_their_own_proxy() {
         assert_eq!(rep.network.allowed, 1, "{:?}", rep.network);
     }
 }
+
+// ---- Warm Python ----
+
+/// A warm-Python template of `p` (the probe bound at `/probe`), `random` imported in the zygote.
+fn warm_template(mut p: Policy) -> Template {
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &["random".into()])
+        .expect("python3 with its shared library");
+    Sandbox::from_policy(p)
+        .unwrap()
+        .engine(exec_engine())
+        .prepare_warm_python(warm)
+        .expect("a warm template")
+}
+
+/// Runs `code` in `t`'s warm interpreter with `args`.
+fn pyrun(t: &Template, code: &str, args: &[&str], env: &[(&str, &str)]) -> (Run, Report) {
+    let mut cmd = vec!["python3", "-c", code];
+    cmd.extend_from_slice(args);
+    let out = t.start(cmd, env, Io::default()).wait_output();
+    assert_eq!(out.report.engine, Some("template-warm"), "{:?}", out.report);
+    let r = Run {
+        code: out.report.exit_code_for_cli(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (r, out.report)
+}
+
+#[test]
+fn warm_smoke() {
+    let _one = serial();
+    let t = warm_template(Policy::new(["true"]).unwrap());
+    let (r, rep) = pyrun(&t, "import sys, os; print(1, sys.argv, os.getpid(), os.getppid(), sys.executable, sys.path[:2], dict(os.environ)); sys.exit(3)", &["a", "b"], &[("X", "y")]);
+    eprintln!("{:?} {:?} {:?}", r.stdout, r.stderr, rep);
+}
