@@ -123,6 +123,10 @@ fn default_template() -> Template {
     template(Policy::new(["true"]).unwrap())
 }
 
+/// Runs a shell script in a run of a template: `trun` (a template run) or `wrun` (a warm
+/// Python run that execs the shell).
+type Runner = fn(&Template, &str, &[(&str, &str)]) -> (Run, Report);
+
 /// Runs `sh -c script` from `t`; the result as the boundary tests read it, and the report.
 fn trun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
     let out = t
@@ -142,7 +146,19 @@ fn trun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
 #[test]
 fn template_runs_hold_the_boundary() {
     let _one = serial();
-    let t = default_template();
+    boundary_attacks(&default_template(), trun);
+}
+
+/// The same attacks from warm Python runs: the payload is a fork of the zygote's interpreter,
+/// which execs the shell (so the attacks run in what a warm run's boundary leaves).
+#[test]
+fn warm_runs_hold_the_boundary() {
+    let _one = serial();
+    boundary_attacks(&warm_template(Policy::new(["true"]).unwrap()), wrun);
+}
+
+fn boundary_attacks(t: &Template, trun: Runner) {
+    let t = t;
     // Files of the invoking user and of the host.
     let home = home_dir();
     let canary = home.join(format!(".palisade-canary-{}", unique("t")));
@@ -354,7 +370,11 @@ fn template_runs_hold_the_boundary() {
 #[test]
 fn nothing_of_one_run_is_visible_to_the_next() {
     let _one = serial();
-    let t = default_template();
+    left_behind(&default_template(), trun);
+    left_behind(&warm_template(Policy::new(["true"]).unwrap()), wrun);
+}
+
+fn left_behind(t: &Template, trun: Runner) {
     let marker = unique("palisade-left-behind");
     let (r, rep) = trun(
         &t,
@@ -412,7 +432,12 @@ fn runs_at_the_same_time_do_not_see_each_other() {
     let _one = serial();
     let mut p = Policy::new(["true"]).unwrap();
     p.network.local_ports.push(8123);
-    let t = template(p);
+    at_the_same_time(&template(p.clone()), trun);
+    // The holder, a `python3 -c`, is a warm run too here.
+    at_the_same_time(&warm_template(p), wrun);
+}
+
+fn at_the_same_time(t: &Template, trun: Runner) {
     let name = unique("palisade-run-abstract");
     let holder = format!(
         r#"import os, socket, subprocess, sys, time
@@ -474,7 +499,11 @@ fn limits_and_reports_are_per_run() {
     let _one = serial();
     let mut p = Policy::new(["true"]).unwrap();
     p.limits.pids = 64;
-    let t = template(p);
+    per_run(&template(p.clone()), trun);
+    per_run(&warm_template(p), wrun);
+}
+
+fn per_run(t: &Template, trun: Runner) {
     let holder = r#"import subprocess, time
 kids = [subprocess.Popen(["sleep", "60"]) for _ in range(50)]
 print("ready", flush=True)
@@ -875,10 +904,110 @@ fn pyrun(t: &Template, code: &str, args: &[&str], env: &[(&str, &str)]) -> (Run,
     (r, out.report)
 }
 
+/// A warm run that execs `sh -c script` (the script as its argument, its variables through
+/// the run's environment: both travel on the warm path).
+fn wrun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
+    pyrun(
+        t,
+        "import os, sys; os.execv('/bin/sh', ['/bin/sh', '-c', sys.argv[1]])",
+        &[script],
+        env,
+    )
+}
+
+/// What a warm run is, from inside the interpreter itself (no exec): pid 2 under palisade's
+/// init, no capability, the filter on, descriptors 0, 1, 2 only, the run's arguments and
+/// environment and nothing of the zygote's; `random` (imported in the zygote) reseeded per run;
+/// `python3 -c`'s exit statuses.
 #[test]
-fn warm_smoke() {
+fn a_warm_run_is_its_own_python() {
     let _one = serial();
     let t = warm_template(Policy::new(["true"]).unwrap());
-    let (r, rep) = pyrun(&t, "import sys, os; print(1, sys.argv, os.getpid(), os.getppid(), sys.executable, sys.path[:2], dict(os.environ)); sys.exit(3)", &["a", "b"], &[("X", "y")]);
-    eprintln!("{:?} {:?} {:?}", r.stdout, r.stderr, rep);
+    let code = r#"import os, sys, random
+st = open('/proc/self/status').read()
+print('caps', [l for l in st.splitlines() if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Seccomp:'))])
+print('fds', sorted(int(f) for f in os.listdir('/proc/self/fd') if os.path.exists('/proc/self/fd/' + f)))
+print('ids', os.getpid(), os.getppid())
+print('argv', sys.argv, sys.path[0] == '')
+print('env', sorted(os.environ))
+print('rand', random.random())
+"#;
+    let (a, rep) = pyrun(&t, code, &["x", "y z"], &[("RUN_VAR", "v1")]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?} {}", a.stderr);
+    for want in [
+        "'CapEff:\\t0000000000000000'",
+        "'CapPrm:\\t0000000000000000'",
+        "'CapBnd:\\t0000000000000000'",
+        "'NoNewPrivs:\\t1'",
+        "'Seccomp:\\t2'",
+        "fds [0, 1, 2]\n",
+        "ids 2 1\n",
+        "argv ['-c', 'x', 'y z'] True\n",
+        "env ['HOME', 'LANG', 'PATH', 'RUN_VAR']\n",
+    ] {
+        assert!(a.stdout.contains(want), "{want} not in {}", a.stdout);
+    }
+    let (b, _) = pyrun(&t, code, &["x", "y z"], &[]);
+    assert!(b.stdout.contains("env ['HOME', 'LANG', 'PATH']\n"), "{}", b.stdout);
+    let rand = |s: &str| s.lines().find(|l| l.starts_with("rand")).unwrap().to_owned();
+    assert_ne!(rand(&a.stdout), rand(&b.stdout), "random is not reseeded per run");
+    // Exit statuses as python3 -c gives them.
+    assert_eq!(pyrun(&t, "import sys; sys.exit(42)", &[], &[]).0.code, 42);
+    let (r, _) = pyrun(&t, "raise ValueError('boom')", &[], &[]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("ValueError: boom"), "{}", r.stderr);
+    let (_, rep) = pyrun(&t, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", &[], &[]);
+    assert_eq!((rep.status, rep.signal), (Status::Signal, Some(11)));
+    // Another command of a warm template runs as in a plain template.
+    let out = t.start(["/bin/sh", "-c", "echo plain"], &[], Io::default()).wait_output();
+    assert_eq!(out.report.engine, Some("template"));
+    assert_eq!(out.stdout, b"plain\n");
+}
+
+/// Nothing of run N's code or environment is in run N+1's memory: run N+1 scans every readable
+/// mapping of its own for run N's secret, and finds it no more often than a secret no run ever
+/// had (the scan's own copies of its needle); as a control, it finds a string of its own code.
+#[test]
+fn a_warm_run_holds_nothing_of_the_one_before() {
+    let _one = serial();
+    let t = warm_template(Policy::new(["true"]).unwrap());
+    let secret = unique("WARMSECRET");
+    let never = unique("WARMNEVER");
+    let (r, _) = pyrun(&t, &format!("s = '{secret}'; print(len(s))"), &[], &[("ENV_SECRET", &format!("E{secret}"))]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The needle comes as hex, so the code itself does not hold it.
+    let scan = |needle: &str| {
+        let code = format!(
+            r#"import re
+needle = bytes.fromhex('{}')
+own = b'OWN-' + b'MARK-7f3a'  # control: 'OWN-MARK-7f3a' is in this code
+hits = {{needle: 0, own: 0}}
+mem = open('/proc/self/mem', 'rb', buffering=0)
+for line in open('/proc/self/maps').read().splitlines():
+    f = line.split()
+    if 'r' not in f[1] or (len(f) > 5 and f[5] in ('[vvar]', '[vsyscall]', '[vvar_vclock]')):
+        continue
+    lo, hi = (int(x, 16) for x in f[0].split('-'))
+    try:
+        mem.seek(lo); chunk = mem.read(hi - lo)
+    except OSError:
+        continue
+    for k in hits:
+        hits[k] += chunk.count(k)
+    del chunk
+print(hits[needle], hits[own])
+"#,
+            needle.as_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let (r, _) = pyrun(&t, &code, &[], &[]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: Vec<u64> = r.stdout.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        (v[0], v[1])
+    };
+    let (seen, own) = scan(&secret);
+    let (baseline, _) = scan(&never);
+    let (seen_env, _) = scan(&format!("E{secret}"));
+    assert!(own > 0, "control: the scan finds nothing of its own code");
+    assert_eq!(seen, baseline, "run N's code is in run N+1's memory");
+    assert_eq!(seen_env, baseline, "run N's environment is in run N+1's memory");
 }
