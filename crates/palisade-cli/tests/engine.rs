@@ -158,16 +158,15 @@ fn warm_runs_hold_the_boundary() {
 }
 
 fn boundary_attacks(t: &Template, trun: Runner) {
-    let t = t;
     // Files of the invoking user and of the host.
     let home = home_dir();
     let canary = home.join(format!(".palisade-canary-{}", unique("t")));
     std::fs::write(&canary, "CANARY-SECRET").expect("a canary in the test user's home");
-    let (r, _) = trun(&t, &format!("/probe read {}", canary.display()), &[]);
+    let (r, _) = trun(t, &format!("/probe read {}", canary.display()), &[]);
     let _ = std::fs::remove_file(&canary);
     assert_eq!(r.probe(&format!("read {}", canary.display())), "absent");
     let (r, _) = trun(
-        &t,
+        t,
         "/probe read /etc/shadow; /probe read /etc/machine-id; /probe read /etc/passwd",
         &[],
     );
@@ -184,7 +183,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
         "/proc/sys/kernel/hostname",
     ];
     let script: Vec<String> = paths.iter().map(|p| format!("/probe write {p}")).collect();
-    let (r, _) = trun(&t, &script.join("; "), &[]);
+    let (r, _) = trun(t, &script.join("; "), &[]);
     for p in paths {
         let got = r.probe(&format!("write {p}"));
         assert!(
@@ -193,7 +192,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
         );
     }
     let (r, _) = trun(
-        &t,
+        t,
         "/probe write /workspace/x; /probe write /tmp/x; /probe write /dev/shm/x",
         &[],
     );
@@ -201,7 +200,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
         assert_eq!(r.probe(&format!("write {p}")), "ok", "{}", r.stdout);
     }
     // No capability, no privilege, the filter installed.
-    let (r, rep) = trun(&t, "/probe caps; /probe whoami", &[]);
+    let (r, rep) = trun(t, "/probe caps; /probe whoami", &[]);
     let caps = r.probe("caps");
     for want in [
         "CapEff=0000000000000000",
@@ -215,7 +214,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
     }
     assert_ne!(rep.host_uid, Some(0));
     // The environment: built from scratch, the init's unreadable.
-    let (r, _) = trun(&t, "/probe env; /probe read /proc/1/environ", &[]);
+    let (r, _) = trun(t, "/probe env; /probe read /proc/1/environ", &[]);
     assert!(
         r.stdout.contains("probe env: HOME=/workspace"),
         "{}",
@@ -243,7 +242,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
         .spawn()
         .unwrap();
     let vp = victim.id();
-    let (r, _) = trun(&t, &format!("/probe pids; /probe kill {vp}"), &[]);
+    let (r, _) = trun(t, &format!("/probe pids; /probe kill {vp}"), &[]);
     let pids: Vec<u32> = r
         .probe("pids")
         .trim_start_matches("ok ")
@@ -262,19 +261,19 @@ fn boundary_attacks(t: &Template, trun: Runner) {
     victim.kill().unwrap();
     victim.wait().unwrap();
     // The host's cgroup tree is hidden.
-    let (r, _) = trun(&t, "/probe read /proc/self/cgroup", &[]);
+    let (r, _) = trun(t, "/probe read /proc/self/cgroup", &[]);
     let cg = r.probe("read /proc/self/cgroup");
     assert!(!cg.contains("palisade") && !cg.contains(".."), "{cg}");
     // The run's own user namespace has its own ceilings: no nested namespace of any kind, few
     // inotify instances.
     let (r, _) = trun(
-        &t,
+        t,
         "cd /proc/sys/user && cat max_user_namespaces max_net_namespaces max_pid_namespaces max_inotify_instances max_fanotify_groups",
         &[],
     );
     assert_eq!(r.stdout, "0\n0\n0\n32\n0\n", "{}", r.stderr);
     // The filter refuses the risky calls, and nested namespaces.
-    let (r, _) = trun(&t, "/probe syscalls; /probe unshare-user", &[]);
+    let (r, _) = trun(t, "/probe syscalls; /probe unshare-user", &[]);
     for what in [
         "sys io_uring_setup",
         "sys bpf",
@@ -303,7 +302,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
     drop(std::os::unix::net::UnixStream::connect_addr(&ua).expect("control connect"));
     ul.accept().expect("the control connection");
     let (r, _) = trun(
-        &t,
+        t,
         &format!("/probe connect {addr}; /probe unix-abstract {name}"),
         &[],
     );
@@ -318,7 +317,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
     );
     assert!(ul.accept().is_err(), "a connection from inside arrived");
     // Descriptors: 0, 1, 2 only, whatever this process holds.
-    let (r, _) = trun(&t, "/probe fds", &[]);
+    let (r, _) = trun(t, "/probe fds", &[]);
     let fds = r.probe("fds");
     let nums: Vec<&str> = fds
         .trim_start_matches("ok ")
@@ -328,14 +327,14 @@ fn boundary_attacks(t: &Template, trun: Runner) {
     assert_eq!(nums, ["0", "1", "2"], "{fds}");
     // Exit codes and signals pass through.
     for code in [0, 1, 42] {
-        let (r, _) = trun(&t, &format!("exit {code}"), &[]);
+        let (r, _) = trun(t, &format!("exit {code}"), &[]);
         assert_eq!(r.code, code);
     }
-    let (_, rep) = trun(&t, "exec /probe segv", &[]);
+    let (_, rep) = trun(t, "exec /probe segv", &[]);
     assert_eq!((rep.status, rep.signal), (Status::Signal, Some(11)));
     // A daemon does not outlive its run.
     let marker = unique("palisade-daemon-marker");
-    let (r, _) = trun(&t, &format!("/probe daemon {marker}; /probe pids"), &[]);
+    let (r, _) = trun(t, &format!("/probe daemon {marker}; /probe pids"), &[]);
     assert_eq!(r.probe("daemon"), "ok");
     assert!(r.probe("pids").split(',').count() >= 4, "{}", r.stdout);
     assert_eq!(
@@ -344,7 +343,7 @@ fn boundary_attacks(t: &Template, trun: Runner) {
         "the daemon outlived the run"
     );
     // The report: the same layers, each as enforced as in a cold run.
-    let (_, rep) = trun(&t, "true", &[]);
+    let (_, rep) = trun(t, "true", &[]);
     let cold = Sandbox::from_policy(policy("true"))
         .unwrap()
         .engine(Engine::InProcess)
@@ -377,7 +376,7 @@ fn nothing_of_one_run_is_visible_to_the_next() {
 fn left_behind(t: &Template, trun: Runner) {
     let marker = unique("palisade-left-behind");
     let (r, rep) = trun(
-        &t,
+        t,
         &format!(
             "for d in /tmp /dev/shm /workspace; do /probe write $d/left-{marker}; done; /probe sysv-shm 1; cat /proc/sysvipc/shm | wc -l; /probe daemon {marker}; echo \"secret=$RUN_SECRET\""
         ),
@@ -395,7 +394,7 @@ fn left_behind(t: &Template, trun: Runner) {
     );
     assert!(r.stdout.contains("secret=sx-1"));
     let (r, rep) = trun(
-        &t,
+        t,
         &format!(
             "for d in /tmp /dev/shm /workspace; do /probe read $d/left-{marker}; done; cat /proc/sysvipc/shm | wc -l; /probe pids; echo \"secret=$RUN_SECRET\""
         ),
@@ -468,7 +467,7 @@ time.sleep(60)
         }
     }
     let (r, rep) = trun(
-        &t,
+        t,
         &format!("/probe connect 127.0.0.1:8123; /probe unix-abstract {name}; /probe read /tmp/holder-file; cat /proc/sysvipc/shm | wc -l; /probe pids"),
         &[],
     );
@@ -525,7 +524,7 @@ time.sleep(60)
             palisade::Chunk::End => panic!("the holder ended: {seen} {:?}", a.wait()),
         }
     }
-    let (r, rep) = trun(&t, "/probe forks 40; exit 3", &[]);
+    let (r, rep) = trun(t, "/probe forks 40; exit 3", &[]);
     a.kill();
     let arep = a.wait();
     assert_eq!(
@@ -536,7 +535,7 @@ time.sleep(60)
     );
     assert_eq!((rep.status, rep.exit_code), (Status::Exit, Some(3)));
     // The run's own ceiling still holds it: 64 processes at most.
-    let (r, _) = trun(&t, "/probe forks 100", &[]);
+    let (r, _) = trun(t, "/probe forks 100", &[]);
     let got = r.probe("forks 100");
     assert!(
         got.starts_with("ok spawned=6") && got.ends_with("error=EAGAIN"),
@@ -948,18 +947,38 @@ print('rand', random.random())
         assert!(a.stdout.contains(want), "{want} not in {}", a.stdout);
     }
     let (b, _) = pyrun(&t, code, &["x", "y z"], &[]);
-    assert!(b.stdout.contains("env ['HOME', 'LANG', 'PATH']\n"), "{}", b.stdout);
-    let rand = |s: &str| s.lines().find(|l| l.starts_with("rand")).unwrap().to_owned();
-    assert_ne!(rand(&a.stdout), rand(&b.stdout), "random is not reseeded per run");
+    assert!(
+        b.stdout.contains("env ['HOME', 'LANG', 'PATH']\n"),
+        "{}",
+        b.stdout
+    );
+    let rand = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("rand"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_ne!(
+        rand(&a.stdout),
+        rand(&b.stdout),
+        "random is not reseeded per run"
+    );
     // Exit statuses as python3 -c gives them.
     assert_eq!(pyrun(&t, "import sys; sys.exit(42)", &[], &[]).0.code, 42);
     let (r, _) = pyrun(&t, "raise ValueError('boom')", &[], &[]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("ValueError: boom"), "{}", r.stderr);
-    let (_, rep) = pyrun(&t, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", &[], &[]);
+    let (_, rep) = pyrun(
+        &t,
+        "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+        &[],
+        &[],
+    );
     assert_eq!((rep.status, rep.signal), (Status::Signal, Some(11)));
     // Another command of a warm template runs as in a plain template.
-    let out = t.start(["/bin/sh", "-c", "echo plain"], &[], Io::default()).wait_output();
+    let out = t
+        .start(["/bin/sh", "-c", "echo plain"], &[], Io::default())
+        .wait_output();
     assert_eq!(out.report.engine, Some("template"));
     assert_eq!(out.stdout, b"plain\n");
 }
@@ -973,7 +992,12 @@ fn a_warm_run_holds_nothing_of_the_one_before() {
     let t = warm_template(Policy::new(["true"]).unwrap());
     let secret = unique("WARMSECRET");
     let never = unique("WARMNEVER");
-    let (r, _) = pyrun(&t, &format!("s = '{secret}'; print(len(s))"), &[], &[("ENV_SECRET", &format!("E{secret}"))]);
+    let (r, _) = pyrun(
+        &t,
+        &format!("s = '{secret}'; print(len(s))"),
+        &[],
+        &[("ENV_SECRET", &format!("E{secret}"))],
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
     // The needle comes as hex, so the code itself does not hold it.
     let scan = |needle: &str| {
@@ -997,11 +1021,19 @@ for line in open('/proc/self/maps').read().splitlines():
     del chunk
 print(hits[needle], hits[own])
 "#,
-            needle.as_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>()
+            needle
+                .as_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         );
         let (r, _) = pyrun(&t, &code, &[], &[]);
         assert_eq!(r.code, 0, "{}", r.stderr);
-        let v: Vec<u64> = r.stdout.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        let v: Vec<u64> = r
+            .stdout
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
         (v[0], v[1])
     };
     let (seen, own) = scan(&secret);
@@ -1009,5 +1041,8 @@ print(hits[needle], hits[own])
     let (seen_env, _) = scan(&format!("E{secret}"));
     assert!(own > 0, "control: the scan finds nothing of its own code");
     assert_eq!(seen, baseline, "run N's code is in run N+1's memory");
-    assert_eq!(seen_env, baseline, "run N's environment is in run N+1's memory");
+    assert_eq!(
+        seen_env, baseline,
+        "run N's environment is in run N+1's memory"
+    );
 }

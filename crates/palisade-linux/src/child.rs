@@ -917,7 +917,12 @@ fn spawn_cold(
 /// that it holds the zygote's started interpreter. It runs the same payload steps as every
 /// payload, then hands the run's code to the interpreter. Its errors come back on a pipe, which
 /// it closes unwritten once it has started.
-fn fork_warm(plan: &Plan, ready: &Prepared, notify_sock: c_int, w: WarmPayload) -> (i32, u32, u32, i32) {
+fn fork_warm(
+    plan: &Plan,
+    ready: &Prepared,
+    notify_sock: c_int,
+    w: WarmPayload,
+) -> (i32, u32, u32, i32) {
     let mut p = [-1 as c_int; 2];
     // SAFETY: pipe2 into a local array of two descriptors.
     if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -929,13 +934,21 @@ fn fork_warm(plan: &Plan, ready: &Prepared, notify_sock: c_int, w: WarmPayload) 
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         sys::close(status_r);
-        if let Err((step, index, e)) =
-            payload_steps(plan, ready.slave, ready.ruleset, notify_sock, Some([w.code, status_w]))
-        {
+        if let Err((step, index, e)) = payload_steps(
+            plan,
+            ready.slave,
+            ready.ruleset,
+            notify_sock,
+            Some([w.code, status_w]),
+        ) {
             send(
                 status_w,
                 Msg {
-                    kind: if step != 0 { MSG_SETUP_ERROR } else { MSG_EXEC_ERROR },
+                    kind: if step != 0 {
+                        MSG_SETUP_ERROR
+                    } else {
+                        MSG_EXEC_ERROR
+                    },
                     step,
                     index,
                     value: if e == 0 { libc::EIO } else { e },

@@ -123,8 +123,7 @@ impl WarmPython {
         };
         let names = [&self.python, &self.real];
         let named = names.iter().any(|p| {
-            p.as_os_str() == prog.as_str()
-                || p.file_name().is_some_and(|n| n == prog.as_str())
+            p.as_os_str() == prog.as_str() || p.file_name().is_some_and(|n| n == prog.as_str())
         });
         named && command.len() >= 3 && command[1] == "-c"
     }
@@ -189,7 +188,12 @@ unsafe fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> Result<T, Fail> {
 /// In the zygote, after the prepared view: its own network, IPC and UTS namespaces, the
 /// interpreter loaded and started, the modules imported; then a check that it is still one
 /// thread. `proc` is the host's `/proc` (the view's shows no process).
-pub(crate) fn start(library: &CStr, python: &CStr, modules: &[CString], proc: c_int) -> Result<Py, Fail> {
+pub(crate) fn start(
+    library: &CStr,
+    python: &CStr,
+    modules: &[CString],
+    proc: c_int,
+) -> Result<Py, Fail> {
     // Imports run here: they reach no network, no SysV object and no host name of the host's.
     sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
         .map_err(|e| (Step::WarmPython, 0, e))?;
@@ -221,7 +225,8 @@ pub(crate) fn start(library: &CStr, python: &CStr, modules: &[CString], proc: c_
     // SAFETY: the type of Py_SetProgramName; the wide string is leaked, as the API requires it
     // to live as long as the interpreter.
     unsafe {
-        if let Ok(set) = sym::<unsafe extern "C" fn(*const libc::wchar_t)>(lib, c"Py_SetProgramName")
+        if let Ok(set) =
+            sym::<unsafe extern "C" fn(*const libc::wchar_t)>(lib, c"Py_SetProgramName")
         {
             let wide: Vec<libc::wchar_t> = python
                 .to_bytes()

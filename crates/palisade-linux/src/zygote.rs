@@ -495,7 +495,11 @@ impl Template {
             None,
             policy,
             fresh.as_ref().unwrap_or(&self.plan),
-            if warm_run_sent { "template-warm" } else { "template" },
+            if warm_run_sent {
+                "template-warm"
+            } else {
+                "template"
+            },
         )?;
         let views = self.views(&part, fresh.as_ref(), policy);
         running.complete(before_start, early, &views, setup_cpu0)?;
