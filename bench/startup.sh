@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start-up benchmark: palisade against bubblewrap, `unshare` with all namespaces, sandlock (when
 # bench/setup-peers.sh installed it) and bare exec, side by side in one run; then throughput with
-# 1 and nproc callers, palisade's warm engine (a template) among the rows.
+# 1 and nproc callers, palisade's warm engine (a template) among the rows; then Python `print(1)`
+# runs/s: a bare loop, cold palisade, a template and a warm-Python template (bench/warm_python.py).
 # Usage: bench/startup.sh [--quick] [--out DIR] [--no-throughput]
 # Needs root (for `unshare --map-root-user` parity) and hyperfine + bwrap (.ci/setup installs them).
 set -euo pipefail
@@ -9,4 +10,6 @@ cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin palisade
 # The library rows (palisade's warm engine and exec engine) are measured by this example program.
 cargo build --release --quiet -p palisade --example startup_bench
-exec python3 bench/startup.py "$@"
+python3 bench/startup.py "$@"
+# Python print(1): bare loop, cold, template, warm Python (docs/engine.md).
+python3 bench/warm_python.py

@@ -123,6 +123,10 @@ fn default_template() -> Template {
     template(Policy::new(["true"]).unwrap())
 }
 
+/// Runs a shell script in a run of a template: `trun` (a template run) or `wrun` (a warm
+/// Python run that execs the shell).
+type Runner = fn(&Template, &str, &[(&str, &str)]) -> (Run, Report);
+
 /// Runs `sh -c script` from `t`; the result as the boundary tests read it, and the report.
 fn trun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
     let out = t
@@ -142,16 +146,27 @@ fn trun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
 #[test]
 fn template_runs_hold_the_boundary() {
     let _one = serial();
-    let t = default_template();
+    boundary_attacks(&default_template(), trun);
+}
+
+/// The same attacks from warm Python runs: the payload is a fork of the zygote's interpreter,
+/// which execs the shell (so the attacks run in what a warm run's boundary leaves).
+#[test]
+fn warm_runs_hold_the_boundary() {
+    let _one = serial();
+    boundary_attacks(&warm_template(Policy::new(["true"]).unwrap()), wrun);
+}
+
+fn boundary_attacks(t: &Template, trun: Runner) {
     // Files of the invoking user and of the host.
     let home = home_dir();
     let canary = home.join(format!(".palisade-canary-{}", unique("t")));
     std::fs::write(&canary, "CANARY-SECRET").expect("a canary in the test user's home");
-    let (r, _) = trun(&t, &format!("/probe read {}", canary.display()), &[]);
+    let (r, _) = trun(t, &format!("/probe read {}", canary.display()), &[]);
     let _ = std::fs::remove_file(&canary);
     assert_eq!(r.probe(&format!("read {}", canary.display())), "absent");
     let (r, _) = trun(
-        &t,
+        t,
         "/probe read /etc/shadow; /probe read /etc/machine-id; /probe read /etc/passwd",
         &[],
     );
@@ -168,7 +183,7 @@ fn template_runs_hold_the_boundary() {
         "/proc/sys/kernel/hostname",
     ];
     let script: Vec<String> = paths.iter().map(|p| format!("/probe write {p}")).collect();
-    let (r, _) = trun(&t, &script.join("; "), &[]);
+    let (r, _) = trun(t, &script.join("; "), &[]);
     for p in paths {
         let got = r.probe(&format!("write {p}"));
         assert!(
@@ -177,7 +192,7 @@ fn template_runs_hold_the_boundary() {
         );
     }
     let (r, _) = trun(
-        &t,
+        t,
         "/probe write /workspace/x; /probe write /tmp/x; /probe write /dev/shm/x",
         &[],
     );
@@ -185,7 +200,7 @@ fn template_runs_hold_the_boundary() {
         assert_eq!(r.probe(&format!("write {p}")), "ok", "{}", r.stdout);
     }
     // No capability, no privilege, the filter installed.
-    let (r, rep) = trun(&t, "/probe caps; /probe whoami", &[]);
+    let (r, rep) = trun(t, "/probe caps; /probe whoami", &[]);
     let caps = r.probe("caps");
     for want in [
         "CapEff=0000000000000000",
@@ -199,7 +214,7 @@ fn template_runs_hold_the_boundary() {
     }
     assert_ne!(rep.host_uid, Some(0));
     // The environment: built from scratch, the init's unreadable.
-    let (r, _) = trun(&t, "/probe env; /probe read /proc/1/environ", &[]);
+    let (r, _) = trun(t, "/probe env; /probe read /proc/1/environ", &[]);
     assert!(
         r.stdout.contains("probe env: HOME=/workspace"),
         "{}",
@@ -227,7 +242,7 @@ fn template_runs_hold_the_boundary() {
         .spawn()
         .unwrap();
     let vp = victim.id();
-    let (r, _) = trun(&t, &format!("/probe pids; /probe kill {vp}"), &[]);
+    let (r, _) = trun(t, &format!("/probe pids; /probe kill {vp}"), &[]);
     let pids: Vec<u32> = r
         .probe("pids")
         .trim_start_matches("ok ")
@@ -246,19 +261,19 @@ fn template_runs_hold_the_boundary() {
     victim.kill().unwrap();
     victim.wait().unwrap();
     // The host's cgroup tree is hidden.
-    let (r, _) = trun(&t, "/probe read /proc/self/cgroup", &[]);
+    let (r, _) = trun(t, "/probe read /proc/self/cgroup", &[]);
     let cg = r.probe("read /proc/self/cgroup");
     assert!(!cg.contains("palisade") && !cg.contains(".."), "{cg}");
     // The run's own user namespace has its own ceilings: no nested namespace of any kind, few
     // inotify instances.
     let (r, _) = trun(
-        &t,
+        t,
         "cd /proc/sys/user && cat max_user_namespaces max_net_namespaces max_pid_namespaces max_inotify_instances max_fanotify_groups",
         &[],
     );
     assert_eq!(r.stdout, "0\n0\n0\n32\n0\n", "{}", r.stderr);
     // The filter refuses the risky calls, and nested namespaces.
-    let (r, _) = trun(&t, "/probe syscalls; /probe unshare-user", &[]);
+    let (r, _) = trun(t, "/probe syscalls; /probe unshare-user", &[]);
     for what in [
         "sys io_uring_setup",
         "sys bpf",
@@ -287,7 +302,7 @@ fn template_runs_hold_the_boundary() {
     drop(std::os::unix::net::UnixStream::connect_addr(&ua).expect("control connect"));
     ul.accept().expect("the control connection");
     let (r, _) = trun(
-        &t,
+        t,
         &format!("/probe connect {addr}; /probe unix-abstract {name}"),
         &[],
     );
@@ -302,7 +317,7 @@ fn template_runs_hold_the_boundary() {
     );
     assert!(ul.accept().is_err(), "a connection from inside arrived");
     // Descriptors: 0, 1, 2 only, whatever this process holds.
-    let (r, _) = trun(&t, "/probe fds", &[]);
+    let (r, _) = trun(t, "/probe fds", &[]);
     let fds = r.probe("fds");
     let nums: Vec<&str> = fds
         .trim_start_matches("ok ")
@@ -312,14 +327,14 @@ fn template_runs_hold_the_boundary() {
     assert_eq!(nums, ["0", "1", "2"], "{fds}");
     // Exit codes and signals pass through.
     for code in [0, 1, 42] {
-        let (r, _) = trun(&t, &format!("exit {code}"), &[]);
+        let (r, _) = trun(t, &format!("exit {code}"), &[]);
         assert_eq!(r.code, code);
     }
-    let (_, rep) = trun(&t, "exec /probe segv", &[]);
+    let (_, rep) = trun(t, "exec /probe segv", &[]);
     assert_eq!((rep.status, rep.signal), (Status::Signal, Some(11)));
     // A daemon does not outlive its run.
     let marker = unique("palisade-daemon-marker");
-    let (r, _) = trun(&t, &format!("/probe daemon {marker}; /probe pids"), &[]);
+    let (r, _) = trun(t, &format!("/probe daemon {marker}; /probe pids"), &[]);
     assert_eq!(r.probe("daemon"), "ok");
     assert!(r.probe("pids").split(',').count() >= 4, "{}", r.stdout);
     assert_eq!(
@@ -328,7 +343,7 @@ fn template_runs_hold_the_boundary() {
         "the daemon outlived the run"
     );
     // The report: the same layers, each as enforced as in a cold run.
-    let (_, rep) = trun(&t, "true", &[]);
+    let (_, rep) = trun(t, "true", &[]);
     let cold = Sandbox::from_policy(policy("true"))
         .unwrap()
         .engine(Engine::InProcess)
@@ -354,10 +369,14 @@ fn template_runs_hold_the_boundary() {
 #[test]
 fn nothing_of_one_run_is_visible_to_the_next() {
     let _one = serial();
-    let t = default_template();
+    left_behind(&default_template(), trun);
+    left_behind(&warm_template(Policy::new(["true"]).unwrap()), wrun);
+}
+
+fn left_behind(t: &Template, trun: Runner) {
     let marker = unique("palisade-left-behind");
     let (r, rep) = trun(
-        &t,
+        t,
         &format!(
             "for d in /tmp /dev/shm /workspace; do /probe write $d/left-{marker}; done; /probe sysv-shm 1; cat /proc/sysvipc/shm | wc -l; /probe daemon {marker}; echo \"secret=$RUN_SECRET\""
         ),
@@ -375,7 +394,7 @@ fn nothing_of_one_run_is_visible_to_the_next() {
     );
     assert!(r.stdout.contains("secret=sx-1"));
     let (r, rep) = trun(
-        &t,
+        t,
         &format!(
             "for d in /tmp /dev/shm /workspace; do /probe read $d/left-{marker}; done; cat /proc/sysvipc/shm | wc -l; /probe pids; echo \"secret=$RUN_SECRET\""
         ),
@@ -412,7 +431,12 @@ fn runs_at_the_same_time_do_not_see_each_other() {
     let _one = serial();
     let mut p = Policy::new(["true"]).unwrap();
     p.network.local_ports.push(8123);
-    let t = template(p);
+    at_the_same_time(&template(p.clone()), trun);
+    // The holder, a `python3 -c`, is a warm run too here.
+    at_the_same_time(&warm_template(p), wrun);
+}
+
+fn at_the_same_time(t: &Template, trun: Runner) {
     let name = unique("palisade-run-abstract");
     let holder = format!(
         r#"import os, socket, subprocess, sys, time
@@ -443,7 +467,7 @@ time.sleep(60)
         }
     }
     let (r, rep) = trun(
-        &t,
+        t,
         &format!("/probe connect 127.0.0.1:8123; /probe unix-abstract {name}; /probe read /tmp/holder-file; cat /proc/sysvipc/shm | wc -l; /probe pids"),
         &[],
     );
@@ -474,7 +498,11 @@ fn limits_and_reports_are_per_run() {
     let _one = serial();
     let mut p = Policy::new(["true"]).unwrap();
     p.limits.pids = 64;
-    let t = template(p);
+    per_run(&template(p.clone()), trun);
+    per_run(&warm_template(p), wrun);
+}
+
+fn per_run(t: &Template, trun: Runner) {
     let holder = r#"import subprocess, time
 kids = [subprocess.Popen(["sleep", "60"]) for _ in range(50)]
 print("ready", flush=True)
@@ -496,7 +524,7 @@ time.sleep(60)
             palisade::Chunk::End => panic!("the holder ended: {seen} {:?}", a.wait()),
         }
     }
-    let (r, rep) = trun(&t, "/probe forks 40; exit 3", &[]);
+    let (r, rep) = trun(t, "/probe forks 40; exit 3", &[]);
     a.kill();
     let arep = a.wait();
     assert_eq!(
@@ -507,7 +535,7 @@ time.sleep(60)
     );
     assert_eq!((rep.status, rep.exit_code), (Status::Exit, Some(3)));
     // The run's own ceiling still holds it: 64 processes at most.
-    let (r, _) = trun(&t, "/probe forks 100", &[]);
+    let (r, _) = trun(t, "/probe forks 100", &[]);
     let got = r.probe("forks 100");
     assert!(
         got.starts_with("ok spawned=6") && got.ends_with("error=EAGAIN"),
@@ -853,4 +881,177 @@ fn a_templates_runs_reach_an_allowed_host_through_their_own_proxy() {
             rep.network
         );
     }
+}
+
+// ---- Warm Python ----
+
+/// A warm-Python template of `p` (the probe bound at `/probe`), `random` imported in the zygote.
+fn warm_template(mut p: Policy) -> Template {
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &["random".into()])
+        .expect("python3 with its shared library");
+    Sandbox::from_policy(p)
+        .unwrap()
+        .engine(exec_engine())
+        .prepare_warm_python(warm)
+        .expect("a warm template")
+}
+
+/// Runs `code` in `t`'s warm interpreter with `args`.
+fn pyrun(t: &Template, code: &str, args: &[&str], env: &[(&str, &str)]) -> (Run, Report) {
+    let mut cmd = vec!["python3", "-c", code];
+    cmd.extend_from_slice(args);
+    let out = t.start(cmd, env, Io::default()).wait_output();
+    assert_eq!(out.report.engine, Some("template-warm"), "{:?}", out.report);
+    let r = Run {
+        code: out.report.exit_code_for_cli(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (r, out.report)
+}
+
+/// A warm run that execs `sh -c script` (the script as its argument, its variables through
+/// the run's environment: both travel on the warm path).
+fn wrun(t: &Template, script: &str, env: &[(&str, &str)]) -> (Run, Report) {
+    pyrun(
+        t,
+        "import os, sys; os.execv('/bin/sh', ['/bin/sh', '-c', sys.argv[1]])",
+        &[script],
+        env,
+    )
+}
+
+/// What a warm run is, from inside the interpreter itself (no exec): pid 2 under palisade's
+/// init, no capability, the filter on, descriptors 0, 1, 2 only, the run's arguments and
+/// environment and nothing of the zygote's; `random` (imported in the zygote) reseeded per run;
+/// `python3 -c`'s exit statuses.
+#[test]
+fn a_warm_run_is_its_own_python() {
+    let _one = serial();
+    let t = warm_template(Policy::new(["true"]).unwrap());
+    let code = r#"import os, sys, random
+st = open('/proc/self/status').read()
+print('caps', [l for l in st.splitlines() if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Seccomp:'))])
+print('fds', sorted(int(f) for f in os.listdir('/proc/self/fd') if os.path.exists('/proc/self/fd/' + f)))
+print('ids', os.getpid(), os.getppid())
+print('argv', sys.argv, sys.path[0] == '')
+print('env', sorted(os.environ))
+print('rand', random.random())
+"#;
+    let (a, rep) = pyrun(&t, code, &["x", "y z"], &[("RUN_VAR", "v1")]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?} {}", a.stderr);
+    for want in [
+        "'CapEff:\\t0000000000000000'",
+        "'CapPrm:\\t0000000000000000'",
+        "'CapBnd:\\t0000000000000000'",
+        "'NoNewPrivs:\\t1'",
+        "'Seccomp:\\t2'",
+        "fds [0, 1, 2]\n",
+        "ids 2 1\n",
+        "argv ['-c', 'x', 'y z'] True\n",
+        "env ['HOME', 'LANG', 'PATH', 'RUN_VAR']\n",
+    ] {
+        assert!(a.stdout.contains(want), "{want} not in {}", a.stdout);
+    }
+    let (b, _) = pyrun(&t, code, &["x", "y z"], &[]);
+    assert!(
+        b.stdout.contains("env ['HOME', 'LANG', 'PATH']\n"),
+        "{}",
+        b.stdout
+    );
+    let rand = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("rand"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_ne!(
+        rand(&a.stdout),
+        rand(&b.stdout),
+        "random is not reseeded per run"
+    );
+    // Exit statuses as python3 -c gives them.
+    assert_eq!(pyrun(&t, "import sys; sys.exit(42)", &[], &[]).0.code, 42);
+    let (r, _) = pyrun(&t, "raise ValueError('boom')", &[], &[]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("ValueError: boom"), "{}", r.stderr);
+    let (_, rep) = pyrun(
+        &t,
+        "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+        &[],
+        &[],
+    );
+    assert_eq!((rep.status, rep.signal), (Status::Signal, Some(11)));
+    // Another command of a warm template runs as in a plain template.
+    let out = t
+        .start(["/bin/sh", "-c", "echo plain"], &[], Io::default())
+        .wait_output();
+    assert_eq!(out.report.engine, Some("template"));
+    assert_eq!(out.stdout, b"plain\n");
+}
+
+/// Nothing of run N's code or environment is in run N+1's memory: run N+1 scans every readable
+/// mapping of its own for run N's secret, and finds it no more often than a secret no run ever
+/// had (the scan's own copies of its needle); as a control, it finds a string of its own code.
+#[test]
+fn a_warm_run_holds_nothing_of_the_one_before() {
+    let _one = serial();
+    let t = warm_template(Policy::new(["true"]).unwrap());
+    let secret = unique("WARMSECRET");
+    let never = unique("WARMNEVER");
+    let (r, _) = pyrun(
+        &t,
+        &format!("s = '{secret}'; print(len(s))"),
+        &[],
+        &[("ENV_SECRET", &format!("E{secret}"))],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The needle comes as hex, so the code itself does not hold it.
+    let scan = |needle: &str| {
+        let code = format!(
+            r#"import re
+needle = bytes.fromhex('{}')
+own = b'OWN-' + b'MARK-7f3a'  # control: 'OWN-MARK-7f3a' is in this code
+hits = {{needle: 0, own: 0}}
+mem = open('/proc/self/mem', 'rb', buffering=0)
+for line in open('/proc/self/maps').read().splitlines():
+    f = line.split()
+    if 'r' not in f[1] or (len(f) > 5 and f[5] in ('[vvar]', '[vsyscall]', '[vvar_vclock]')):
+        continue
+    lo, hi = (int(x, 16) for x in f[0].split('-'))
+    try:
+        mem.seek(lo); chunk = mem.read(hi - lo)
+    except OSError:
+        continue
+    for k in hits:
+        hits[k] += chunk.count(k)
+    del chunk
+print(hits[needle], hits[own])
+"#,
+            needle
+                .as_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        let (r, _) = pyrun(&t, &code, &[], &[]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: Vec<u64> = r
+            .stdout
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        (v[0], v[1])
+    };
+    let (seen, own) = scan(&secret);
+    let (baseline, _) = scan(&never);
+    let (seen_env, _) = scan(&format!("E{secret}"));
+    assert!(own > 0, "control: the scan finds nothing of its own code");
+    assert_eq!(seen, baseline, "run N's code is in run N+1's memory");
+    assert_eq!(
+        seen_env, baseline,
+        "run N's environment is in run N+1's memory"
+    );
 }

@@ -83,10 +83,13 @@ pub enum Step {
     PreparePayload,
     Engine,
     TemplateProc,
+    WarmPython,
+    WarmImport,
+    WarmThreads,
 }
 
 impl Step {
-    const ALL: [Step; 28] = [
+    const ALL: [Step; 31] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -115,6 +118,9 @@ impl Step {
         Step::PreparePayload,
         Step::Engine,
         Step::TemplateProc,
+        Step::WarmPython,
+        Step::WarmImport,
+        Step::WarmThreads,
     ];
 
     /// The step of a `MSG_SETUP_ERROR` record.
@@ -153,6 +159,9 @@ impl Step {
             Step::PreparePayload => "prepare-payload",
             Step::Engine => "engine",
             Step::TemplateProc => "template-proc",
+            Step::WarmPython => "warm-python",
+            Step::WarmImport => "warm-import",
+            Step::WarmThreads => "warm-threads",
         }
     }
 }
@@ -209,7 +218,7 @@ pub fn init(plan: &mut Plan, fds: &ChildFds) -> ! {
         sys::exit(1);
     }
     let stack_top = plan.payload_stack.as_mut_ptr_range().end;
-    supervise(plan, fds, ready, stack_top)
+    supervise(plan, fds, ready, stack_top, None)
 }
 
 fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fail> {
@@ -704,7 +713,21 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
 
 /// After setup: fork the payload, report whether its exec worked, then reap and forward signals
 /// until it exits. Init's own exit then makes the kernel kill everything left in the namespace.
-pub(crate) fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top: *mut u8) -> ! {
+/// A warm payload (docs/engine.md, "Warm Python"): the zygote's interpreter, and the pipe the
+/// run's code comes on.
+#[derive(Clone, Copy)]
+pub(crate) struct WarmPayload {
+    pub py: crate::warm::Py,
+    pub code: c_int,
+}
+
+pub(crate) fn supervise(
+    plan: &Plan,
+    fds: &ChildFds,
+    ready: Prepared,
+    stack_top: *mut u8,
+    warm: Option<WarmPayload>,
+) -> ! {
     let fail = |step: Step, e: i32| -> ! {
         send(
             fds.msg,
@@ -755,42 +778,16 @@ pub(crate) fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top:
     // 14. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
     // allocated, so init's memory is not copied and init resumes only once the payload has
     // exec'd (or failed to, writing the error into `args`, which the two share until then).
-    let mut args = PayloadArgs {
-        plan,
-        slave: ready.slave,
-        ruleset: ready.ruleset,
-        notify_sock: fds.go,
-        err_step: 0,
-        err_index: 0,
-        err_errno: 0,
-    };
-    // Align the top of the stack down to 16 bytes, as the ABI wants at a call.
-    let top = (stack_top as usize & !15) as *mut libc::c_void;
-    // SAFETY: `top` is the end of a live, unused buffer owned by the plan; payload_entry only
-    // runs async-signal-safe code and touches nothing of init's but `args`; CLONE_VFORK keeps
-    // init suspended (and `args` alive) until the child execs or exits.
-    let pid = unsafe {
-        libc::clone(
-            payload_entry,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut args as *mut PayloadArgs).cast(),
-        )
+    // A warm payload is a fork instead (a copy of init, which holds the zygote's interpreter).
+    let (pid, step, index, value) = match warm {
+        Some(w) => fork_warm(plan, &ready, fds.go, w),
+        None => spawn_cold(plan, &ready, fds.go, stack_top),
     };
     if pid < 0 {
-        fail(Step::Fork, errno());
+        fail(Step::Fork, -pid);
     }
     sys::close(ready.slave);
     sys::close(ready.ruleset);
-    // SAFETY: the child wrote these (if at all) before exec or exit; volatile so the read is not
-    // folded with the initialization above.
-    let (step, index, value) = unsafe {
-        (
-            std::ptr::read_volatile(&args.err_step),
-            std::ptr::read_volatile(&args.err_index),
-            std::ptr::read_volatile(&args.err_errno),
-        )
-    };
     // Init needs no privilege from here on: kill() of its own child with the same uid suffices.
     // Checked, not assumed: an init that kept its capabilities in the sandbox's namespace would be
     // a process the payload could target, so a failure ends the run before the payload is
@@ -871,6 +868,116 @@ pub(crate) fn supervise(plan: &Plan, fds: &ChildFds, ready: Prepared, stack_top:
     }
 }
 
+/// The payload as `clone(CLONE_VM | CLONE_VFORK)` + `execve`: its pid (or minus the errno),
+/// and the error it wrote before exiting, if any (step, index, errno).
+fn spawn_cold(
+    plan: &Plan,
+    ready: &Prepared,
+    notify_sock: c_int,
+    stack_top: *mut u8,
+) -> (i32, u32, u32, i32) {
+    let mut args = PayloadArgs {
+        plan,
+        slave: ready.slave,
+        ruleset: ready.ruleset,
+        notify_sock,
+        err_step: 0,
+        err_index: 0,
+        err_errno: 0,
+    };
+    // Align the top of the stack down to 16 bytes, as the ABI wants at a call.
+    let top = (stack_top as usize & !15) as *mut libc::c_void;
+    // SAFETY: `top` is the end of a live, unused buffer owned by the plan; payload_entry only
+    // runs async-signal-safe code and touches nothing of init's but `args`; CLONE_VFORK keeps
+    // init suspended (and `args` alive) until the child execs or exits.
+    let pid = unsafe {
+        libc::clone(
+            payload_entry,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut args as *mut PayloadArgs).cast(),
+        )
+    };
+    if pid < 0 {
+        return (-errno(), 0, 0, 0);
+    }
+    // SAFETY: the child wrote these (if at all) before exec or exit; volatile so the read is not
+    // folded with the initialization above.
+    unsafe {
+        (
+            pid,
+            std::ptr::read_volatile(&args.err_step),
+            std::ptr::read_volatile(&args.err_index),
+            std::ptr::read_volatile(&args.err_errno),
+        )
+    }
+}
+
+/// A warm payload: a fork of init (single-threaded: the zygote was, and init is its clone), so
+/// that it holds the zygote's started interpreter. It runs the same payload steps as every
+/// payload, then hands the run's code to the interpreter. Its errors come back on a pipe, which
+/// it closes unwritten once it has started.
+fn fork_warm(
+    plan: &Plan,
+    ready: &Prepared,
+    notify_sock: c_int,
+    w: WarmPayload,
+) -> (i32, u32, u32, i32) {
+    let mut p = [-1 as c_int; 2];
+    // SAFETY: pipe2 into a local array of two descriptors.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return (-errno(), 0, 0, 0);
+    }
+    let (status_r, status_w) = (p[0], p[1]);
+    // SAFETY: init is single-threaded; glibc's fork gives the child a correct thread id (the
+    // interpreter's locks and OpenSSL's fork detection rely on it) and runs its fork handlers.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        sys::close(status_r);
+        if let Err((step, index, e)) = payload_steps(
+            plan,
+            ready.slave,
+            ready.ruleset,
+            notify_sock,
+            Some([w.code, status_w]),
+        ) {
+            send(
+                status_w,
+                Msg {
+                    kind: if step != 0 {
+                        MSG_SETUP_ERROR
+                    } else {
+                        MSG_EXEC_ERROR
+                    },
+                    step,
+                    index,
+                    value: if e == 0 { libc::EIO } else { e },
+                },
+            );
+            sys::exit(127);
+        }
+        crate::warm::run(&w.py, w.code, status_w)
+    }
+    let e = errno();
+    sys::close(status_w);
+    sys::close(w.code);
+    if pid < 0 {
+        sys::close(status_r);
+        return (-e, 0, 0, 0);
+    }
+    let mut b = [0u8; 16];
+    let got = sys::read_full(status_r, &mut b);
+    sys::close(status_r);
+    match got {
+        Ok(0) => (pid, 0, 0, 0),
+        Ok(16) => {
+            let m = Msg::from_bytes(&b);
+            (pid, m.step, m.index, m.value)
+        }
+        _ => (pid, 0, u32::MAX, libc::EIO),
+    }
+}
+
 /// What init and the payload share until the payload execs.
 struct PayloadArgs<'a> {
     plan: &'a Plan,
@@ -891,21 +998,16 @@ extern "C" fn payload_entry(arg: *mut libc::c_void) -> c_int {
     payload(args)
 }
 
-fn payload(args: &mut PayloadArgs) -> ! {
-    let (plan, slave, ruleset, notify_sock) =
-        (args.plan, args.slave, args.ruleset, args.notify_sock);
-    let err = args as *mut PayloadArgs;
-    let fail = |step: u32, index: u32, e: i32| -> ! {
-        // SAFETY: `err` points at init's PayloadArgs, alive until we exit (CLONE_VFORK).
-        unsafe {
-            (*err).err_step = step;
-            (*err).err_index = index;
-            (*err).err_errno = if e == 0 { libc::EIO } else { e };
-        }
-        sys::exit(127)
-    };
-    let report = |index: u32, e: i32| -> ! { fail(0, index, e) };
-    const NO_CAND: u32 = u32::MAX;
+/// The payload's steps 15–19, the same for every payload: a failure is (step or 0, index or
+/// `NO_CAND`, errno). `warm`: a warm payload's code and status pipes, kept open past step 18.
+/// Async-signal-safe (the cold payload runs it between `clone(CLONE_VM)` and `execve`).
+pub(crate) fn payload_steps(
+    plan: &Plan,
+    slave: c_int,
+    ruleset: c_int,
+    notify_sock: c_int,
+    warm: Option<[c_int; 2]>,
+) -> Result<(), (u32, u32, i32)> {
     // 15. Signals back to defaults (the supervisor may ignore SIGPIPE, as Rust does, and an
     //     ignored disposition survives exec), then a new session, the pty as controlling terminal,
     //     the scratch directory as working directory, umask 022, the rlimits (core dumps off,
@@ -923,11 +1025,11 @@ fn payload(args: &mut PayloadArgs) -> ! {
         // A new session: no controlling terminal shared with the caller, so TIOCSTI cannot push
         // keystrokes into it (CVE-2017-5226).
         if libc::setsid() < 0 {
-            report(NO_CAND, errno());
+            return Err((0, NO_CAND, errno()));
         }
         if slave >= 0 {
             if libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
-                report(NO_CAND, errno());
+                return Err((0, NO_CAND, errno()));
             }
             for t in 0..3 {
                 libc::dup2(slave, t);
@@ -935,7 +1037,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
             sys::close(slave);
         }
         if libc::chdir(plan.workdir.as_ptr()) != 0 {
-            report(NO_CAND, errno());
+            return Err((0, NO_CAND, errno()));
         }
         libc::umask(0o022);
         // Limits: core dumps off, processes/threads, open files, file size. RLIMIT_NPROC is
@@ -946,7 +1048,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
                 rlim_max: hard,
             };
             if libc::setrlimit(res, &l) != 0 {
-                report(NO_CAND, errno());
+                return Err((0, NO_CAND, errno()));
             }
         }
     }
@@ -958,11 +1060,11 @@ fn payload(args: &mut PayloadArgs) -> ! {
     //     A plan that holds a ruleset and no descriptor for it is a bug, refused rather than run
     //     without the layer the report would claim.
     if plan.landlock.ruleset().is_some() && ruleset < 0 {
-        fail(Step::LandlockRestrict as u32, 0, libc::EBADF);
+        return Err((Step::LandlockRestrict as u32, 0, libc::EBADF));
     }
     if ruleset >= 0 {
         if let Err(e) = sys::landlock_restrict_self(ruleset) {
-            fail(Step::LandlockRestrict as u32, 0, e);
+            return Err((Step::LandlockRestrict as u32, 0, e));
         }
         sys::close(ruleset);
     }
@@ -971,7 +1073,7 @@ fn payload(args: &mut PayloadArgs) -> ! {
     // the thread's own sets; then no_new_privs.
     const SECBITS: libc::c_ulong = 0xEF; // NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, all locked; KEEP_CAPS off and locked
     if let Err(e) = sys::prctl(libc::PR_SET_SECUREBITS, SECBITS) {
-        report(NO_CAND, e);
+        return Err((0, NO_CAND, e));
     }
     for cap in 0..64 {
         if sys::prctl(libc::PR_CAPBSET_DROP, cap).is_err() {
@@ -979,16 +1081,29 @@ fn payload(args: &mut PayloadArgs) -> ! {
         }
     }
     if let Err(e) = sys::prctl3(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as _, 0) {
-        report(NO_CAND, e);
+        return Err((0, NO_CAND, e));
     }
     if let Err(e) = sys::capset_empty() {
-        report(NO_CAND, e);
+        return Err((0, NO_CAND, e));
     }
     if let Err(e) = sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1) {
-        report(NO_CAND, e);
+        return Err((0, NO_CAND, e));
     }
-    // 18. Everything but 0, 1, 2 closes at exec.
-    let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+    // 18. Everything but 0, 1, 2 closes at exec. A warm payload does not exec: it closes every
+    //     other descriptor now but the supervisor socket (for the listener, closed after it), its
+    //     code pipe and its status pipe.
+    match warm {
+        None => {
+            let _ = sys::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        }
+        Some([code, status]) => {
+            let mut keep = [notify_sock, code, status];
+            keep.sort_unstable();
+            sys::close_all_but(&keep).map_err(|e| (0, NO_CAND, e))?;
+            // As an exec'd program would be (the init stays not dumpable).
+            sys::prctl(libc::PR_SET_DUMPABLE, 1).map_err(|e| (0, NO_CAND, e))?;
+        }
+    }
     // 19. seccomp, last: after it, only the calls the filter allows are possible, and none of
     //     palisade's own setup needs to be.
     let prog = sys::SockFprog {
@@ -1000,10 +1115,36 @@ fn payload(args: &mut PayloadArgs) -> ! {
     match sys::install_seccomp_listener(&prog) {
         Ok(listener) => {
             if let Err(e) = sys::send_fds(notify_sock, b's', &[listener]) {
-                report(NO_CAND, e);
+                return Err((0, NO_CAND, e));
+            }
+            if warm.is_some() {
+                sys::close(listener);
+                sys::close(notify_sock);
             }
         }
-        Err(e) => report(NO_CAND, e),
+        Err(e) => return Err((0, NO_CAND, e)),
+    }
+    Ok(())
+}
+
+const NO_CAND: u32 = u32::MAX;
+
+fn payload(args: &mut PayloadArgs) -> ! {
+    let (plan, slave, ruleset, notify_sock) =
+        (args.plan, args.slave, args.ruleset, args.notify_sock);
+    let err = args as *mut PayloadArgs;
+    let fail = |step: u32, index: u32, e: i32| -> ! {
+        // SAFETY: `err` points at init's PayloadArgs, alive until we exit (CLONE_VFORK).
+        unsafe {
+            (*err).err_step = step;
+            (*err).err_index = index;
+            (*err).err_errno = if e == 0 { libc::EIO } else { e };
+        }
+        sys::exit(127)
+    };
+    let report = |index: u32, e: i32| -> ! { fail(0, index, e) };
+    if let Err((step, index, e)) = payload_steps(plan, slave, ruleset, notify_sock, None) {
+        fail(step, index, e);
     }
     // 20. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let ex = &plan.exec;

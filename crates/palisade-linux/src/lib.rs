@@ -26,6 +26,7 @@ pub mod plan;
 pub mod seccomp;
 mod spawn;
 mod sys;
+mod warm;
 pub mod wire;
 mod zygote;
 
@@ -40,4 +41,5 @@ pub use spawn::{
     Killer, LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,
     ROOT_MAPPED_IDS,
 };
+pub use warm::WarmPython;
 pub use zygote::Template;

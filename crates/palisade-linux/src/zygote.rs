@@ -35,9 +35,11 @@ use crate::error::SetupError;
 use crate::plan::{self, Ids, Op, Plan, RunPart, Source};
 use crate::spawn::{self, BeforeStart, IdLease, Running, Stdin, Views};
 use crate::sys;
+use crate::warm::{self, WarmPython};
 use crate::wire::{self, Reader, WireError, Writer};
 use libc::c_int;
 use palisade_policy::{Policy, Scratch};
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -76,6 +78,8 @@ pub struct Template {
     /// the per-run part a run with an ephemeral scratch reuses.
     plan: Plan,
     part: RunPart,
+    /// With warm Python: the interpreter the zygote holds (docs/engine.md, "Warm Python").
+    warm: Option<WarmPython>,
     _lease: Option<IdLease>,
 }
 
@@ -93,6 +97,66 @@ fn supervisor(op: &'static str, e: i32) -> SetupError {
         op,
         source: io::Error::from_raw_os_error(e),
     }
+}
+
+/// A warm run's code pipe: the read end (for the payload), with `data` already in it. The pipe
+/// holds all of it, so the write never waits for a reader.
+fn code_pipe(data: &[u8]) -> Result<OwnedFd, SetupError> {
+    if data.len() > warm::MAX_WARM_RUN {
+        return Err(SetupError::Supervisor {
+            op: "start a warm run",
+            source: io::Error::other(format!(
+                "its code, arguments and environment take {} bytes; a warm run takes at most {}",
+                data.len(),
+                warm::MAX_WARM_RUN
+            )),
+        });
+    }
+    let mut p = [-1 as c_int; 2];
+    // SAFETY: pipe2 into a local array of two descriptors.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(supervisor("make a warm run's code pipe", child::errno()));
+    }
+    let (r, w) = (owned(p[0]), owned(p[1]));
+    let want = data.len().max(4096) as c_int;
+    // SAFETY: fcntl on our own pipe.
+    if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, want) } < 0 {
+        return Err(supervisor("size a warm run's code pipe", child::errno()));
+    }
+    sys::write_all(w.as_raw_fd(), data).map_err(|e| supervisor("write a warm run's code", e))?;
+    let r = spawn::above2(r)?;
+    Ok(r)
+}
+
+/// A zygote's failure to start warm Python, in words (the module named).
+fn warm_error(m: &Msg, wp: &WarmPython) -> Option<SetupError> {
+    let what = match Step::from_u32(m.step)? {
+        Step::WarmPython if m.index == 0 => format!(
+            "load and start {} (warm_python.library)",
+            wp.library.display()
+        ),
+        Step::WarmPython => format!(
+            "find CPython's C API in {} (warm_python.library)",
+            wp.library.display()
+        ),
+        Step::WarmImport => format!(
+            "import {} in the warm interpreter (warm_python.modules; is it installed for {}?)",
+            wp.modules
+                .get(m.index as usize)
+                .map_or("os, signal", |s| s.as_str()),
+            wp.real.display()
+        ),
+        Step::WarmThreads => format!(
+            "keep the warm interpreter single-threaded: after the imports of warm_python.modules it has {} threads (a module that starts threads at import cannot be forked; leave it out)",
+            m.index
+        ),
+        _ => return None,
+    };
+    Some(SetupError::Child {
+        step: Step::from_u32(m.step)?,
+        what,
+        source: io::Error::from_raw_os_error(m.value),
+    })
 }
 
 /// What templates do not take: a workspace (its overlay, and the upper layer the supervisor
@@ -129,7 +193,14 @@ impl Template {
     /// Prepares `policy` (its command is the default for runs): starts the zygote with `prog`,
     /// which builds the prepared view, and returns once it is ready. Root launches claim one
     /// host id for the template's lifetime, which all its runs use.
-    pub fn new(policy: &Policy, prog: &InitProgram) -> Result<Template, SetupError> {
+    ///
+    /// With `warm`, the zygote also starts that Python and imports its modules before it says
+    /// ready; runs of `python3 -c CODE` are then forks of it ([`WarmPython::takes`]).
+    pub fn new(
+        policy: &Policy,
+        prog: &InitProgram,
+        warm: Option<&WarmPython>,
+    ) -> Result<Template, SetupError> {
         template_takes(policy)?;
         let (ids, scratch_seen, lease) = spawn::choose_ids(policy)?;
         let mut plan = plan::build(policy, ids, &plan::RealHost)?;
@@ -185,6 +256,7 @@ impl Template {
             ids,
             plan,
             part,
+            warm: warm.cloned(),
             _lease: lease,
         };
         // The maps, as for a cold run (spawn.rs, step e).
@@ -208,6 +280,23 @@ impl Template {
             .collect();
         w.len(with_tree.len());
         with_tree.iter().for_each(|&i| w.len(i));
+        w.bool(warm.is_some());
+        if let Some(wp) = warm {
+            let c = |p: &std::path::Path| {
+                CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| SetupError::Supervisor {
+                    op: "prepare warm Python",
+                    source: io::Error::other(format!("a path with a NUL byte: {}", p.display())),
+                })
+            };
+            w.cstr(&c(&wp.library)?);
+            w.cstr(&c(&wp.real)?);
+            let modules: Vec<CString> = wp
+                .modules
+                .iter()
+                .map(|m| CString::new(m.as_str()).expect("module names are checked"))
+                .collect();
+            w.cstrs(&modules);
+        }
         let raw: Vec<c_int> = with_tree.iter().map(|&i| t.plan.sources[i].tree).collect();
         let bytes = w.into_bytes();
         if bytes.len() > MAX_RECORD {
@@ -247,6 +336,9 @@ impl Template {
                     plan: &t.plan,
                     program: &policy.command[0],
                 };
+                if let Some(e) = warm.and_then(|wp| warm_error(&m, wp)) {
+                    return Err(e);
+                }
                 Err(spawn::setup_error(&m, &views))
             }
             _ => Err(SetupError::Supervisor {
@@ -284,7 +376,19 @@ impl Template {
                 ),
             });
         }
-        let exec = plan::exec_plan(policy, extras)?;
+        let mut exec = plan::exec_plan(policy, extras)?;
+        // Warm Python: the zygote gets a placeholder program; the run's own code, arguments and
+        // environment go to the payload on a pipe of its own, never through the zygote.
+        let warm_run = match &self.warm {
+            Some(wp) if wp.takes(&policy.command) => {
+                let data = warm::encode_run(&exec.argv, &exec.envp);
+                let real = CString::new(wp.real.as_os_str().as_encoded_bytes())
+                    .map_err(|_| supervisor("start a warm run", libc::EINVAL))?;
+                exec = plan::Exec::new(vec![real.clone()], vec![real], Vec::new());
+                Some(code_pipe(&data)?)
+            }
+            _ => None,
+        };
         // The run's part of the view: the template's, or, with a host scratch directory, from a
         // plan made now (the directory's protected paths are as they are now).
         let fresh = match &policy.scratch {
@@ -319,6 +423,7 @@ impl Template {
         wire::write_exec(&mut w, &exec);
         wire::write_run_part(&mut w, &part);
         w.bool(ch.pty_child.is_some());
+        w.bool(warm_run.is_some());
         let bytes = w.into_bytes();
         if bytes.len() > MAX_RECORD {
             return Err(SetupError::Supervisor {
@@ -333,6 +438,7 @@ impl Template {
         fds.push(ch.init_fd(&ch.msg_w));
         fds.push(ch.init_fd(&ch.go_r));
         fds.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
+        fds.extend(warm_run.as_ref().map(|p| p.as_raw_fd()));
         fds.extend(trees.iter().map(|t| t.as_raw_fd()));
         let started = Instant::now();
         sys::send_msg(self.ctl.as_raw_fd(), &bytes, &fds).map_err(|e| SetupError::Supervisor {
@@ -345,6 +451,8 @@ impl Template {
         // The zygote and the init hold their own copies now.
         ch.close_init_side();
         drop(trees);
+        let warm_run_sent = warm_run.is_some();
+        drop(warm_run);
         // The zygote's answer: the init's pid. An error of the init itself may come first (the
         // init reports it before the zygote has written the pid), and is the one to report.
         let mut early: Option<Msg> = None;
@@ -387,7 +495,11 @@ impl Template {
             None,
             policy,
             fresh.as_ref().unwrap_or(&self.plan),
-            "template",
+            if warm_run_sent {
+                "template-warm"
+            } else {
+                "template"
+            },
         )?;
         let views = self.views(&part, fresh.as_ref(), policy);
         running.complete(before_start, early, &views, setup_cpu0)?;
@@ -435,6 +547,8 @@ struct Zygote {
     host_proc: c_int,
     /// For each Landlock rule, its path opened in the prepared view, or -1 (a per-run path).
     rule_fds: Vec<c_int>,
+    /// The started interpreter, with warm Python.
+    warm: Option<warm::Py>,
 }
 
 /// A zygote's setup failure: the step, an index, the errno.
@@ -471,17 +585,31 @@ pub(crate) fn main(ctl: c_int) -> ! {
             let i = r.index(plan.sources.len(), "template tree source")?;
             plan.sources[i].tree = fd;
         }
+        let warm = if r.bool("warm python")? {
+            let library = r.cstr("warm library")?;
+            let python = r.cstr("warm python")?;
+            let modules = r.cstrs("warm modules")?;
+            Some((library, python, modules))
+        } else {
+            None
+        };
         r.finish()?;
-        Ok(plan)
+        Ok((plan, warm))
     });
-    let plan = match decoded {
+    let (plan, warm_cfg) = match decoded {
         Ok(p) => p,
         Err(_) => {
             reply_failed(ctl, (Step::Engine, 0, libc::EPROTO));
             sys::exit(1)
         }
     };
-    match prepare(plan, ctl) {
+    let prepared = prepare(plan, ctl).and_then(|mut z| {
+        if let Some((library, python, modules)) = &warm_cfg {
+            z.warm = Some(warm::start(library, python, modules, z.host_proc)?);
+        }
+        Ok(z)
+    });
+    match prepared {
         Ok(mut z) => {
             if sys::send_msg(ctl, &Writer::new(KIND_READY).into_bytes(), &[]).is_err() {
                 sys::exit(1);
@@ -610,6 +738,7 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
         base_ns,
         host_proc,
         rule_fds,
+        warm: None,
     })
 }
 
@@ -647,6 +776,8 @@ struct Request {
     exec: plan::Exec,
     part: RunPart,
     fds: ChildFds,
+    /// A warm run's code pipe, or -1.
+    code: c_int,
     /// Every descriptor that came with the request.
     all: Vec<c_int>,
 }
@@ -659,9 +790,10 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
     let exec = wire::read_exec(&mut r)?;
     let mut part = wire::read_run_part(&mut r)?;
     let pty = r.bool("pty")?;
+    let warm = r.bool("warm")?;
     r.finish()?;
     let trees = part.sources.iter().filter(|s| s.tree >= 0).count();
-    let base = 5 + pty as usize;
+    let base = 5 + pty as usize + warm as usize;
     if fds.len() != base + trees {
         return Err(WireError("descriptors (count)"));
     }
@@ -681,6 +813,7 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
             pty_sock: if pty { fds[5] } else { -1 },
             keep,
         },
+        code: if warm { fds[5 + pty as usize] } else { -1 },
         all: fds.to_vec(),
     })
 }
@@ -699,7 +832,13 @@ fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
         let req = if got.truncated || got.len > MAX_RECORD {
             Err(WireError("longer than a record"))
         } else {
-            decode_request(&buf[..got.len], received)
+            decode_request(&buf[..got.len], received).and_then(|r| {
+                if r.code >= 0 && z.warm.is_none() {
+                    Err(WireError("a warm run for a template without warm Python"))
+                } else {
+                    Ok(r)
+                }
+            })
         };
         match req {
             Ok(req) => {
@@ -739,7 +878,7 @@ fn wipe(exec: plan::Exec) {
 }
 
 /// One run: its host paths opened (unprivileged), its init cloned; the zygote keeps nothing of
-/// it. Returns the program it replaced in the plan (the previous run's), for the caller to wipe.
+/// it. Returns the run's program, taken out of the plan right after the clone, for the caller to wipe.
 fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
     let msg = req.fds.msg;
     let done = |req: &Request| req.all.iter().for_each(|&fd| sys::close(fd));
@@ -779,7 +918,7 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
     // SAFETY: the zygote is single-threaded: the child may run ordinary code. It never returns.
     match unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) }
     {
-        Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made),
+        Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made, req.code),
         Ok(sys::Forked::Parent { pid, pidfd }) => {
             sys::close(pidfd);
             child::send(
@@ -799,6 +938,9 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
             fail(&req, (Step::Fork, 0, e));
         }
     }
+    // This run's program back out of the plan at once, for the caller to wipe: the next run's
+    // init (a copy of this process) must not hold it.
+    std::mem::swap(&mut z.plan.exec, &mut req.exec);
     req.exec
 }
 
@@ -854,7 +996,7 @@ fn open_run_sources(z: &Zygote, sources: &mut [Source]) -> Result<(), Fail> {
 
 /// The per-run init (a clone of the zygote, pid 1 of a new pid namespace, in a new user
 /// namespace): the run's own namespaces and mounts, then the in-process engine's last steps.
-fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int]) -> ! {
+fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int], code: c_int) -> ! {
     let mut ready = Prepared {
         slave: -1,
         ruleset: -1,
@@ -872,7 +1014,11 @@ fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int]) -> !
         sys::exit(1);
     }
     let stack_top = z.plan.payload_stack.as_mut_ptr_range().end;
-    child::supervise(&z.plan, fds, ready, stack_top)
+    let warm = match (z.warm, code >= 0) {
+        (Some(py), true) => Some(child::WarmPayload { py, code }),
+        _ => None,
+    };
+    child::supervise(&z.plan, fds, ready, stack_top, warm)
 }
 
 fn run_setup(

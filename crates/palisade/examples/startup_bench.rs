@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release -p palisade --example startup_bench -- [--memory MB] [--runs N] [--threads T] \
-//!     [--engine in-process|exec|template] [--init PATH] [--seconds S] [-- COMMAND...]
+//!     [--engine in-process|exec|template|warm] [--init PATH] [--seconds S] [-- COMMAND...]
 //! ```
 //!
 //! With `--seconds`, every thread starts runs one after the other until that much time has
@@ -106,10 +106,19 @@ fn main() {
     let init = || Engine::InitProgram(a.init.clone().expect("--init PATH or PALISADE_INIT"));
     sandbox = match a.engine.as_str() {
         "in-process" => sandbox.engine(Engine::InProcess),
-        "exec" | "template" => sandbox.engine(init()),
+        "exec" | "template" | "warm" => sandbox.engine(init()),
         other => panic!("unknown engine {other}"),
     };
-    let template = (a.engine == "template").then(|| sandbox.prepare().expect("a template"));
+    // `warm`: a template with warm Python (docs/engine.md); COMMAND is then `python3 -c CODE`.
+    let template = match a.engine.as_str() {
+        "template" => Some(sandbox.prepare().expect("a template")),
+        "warm" => {
+            let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &[])
+                .expect("python3 with its shared library");
+            Some(sandbox.prepare_warm_python(warm).expect("a warm template"))
+        }
+        _ => None,
+    };
     let start = |io: Io| match &template {
         Some(t) => t.start(a.command.clone(), &[], io),
         None => sandbox.start(io),

@@ -31,7 +31,7 @@ pub use report::{
 };
 pub use sandbox::{
     Chunk, Engine, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, Template,
-    WorkspaceOptions,
+    WarmPython, WorkspaceOptions,
 };
 
 /// The engine hook of a program that can serve as palisade's init program (docs/engine.md).

@@ -927,6 +927,8 @@ impl Sandbox {
     }
 }
 
+pub use palisade_linux::WarmPython;
+
 /// Who makes a run's sandbox.
 pub(crate) enum Spawner {
     /// The sandbox's engine, from scratch.
@@ -954,6 +956,31 @@ impl Sandbox {
     /// }
     /// ```
     pub fn prepare(&self) -> Result<Template, SetupError> {
+        self.prepare_with(None)
+    }
+
+    /// As [`Sandbox::prepare`], with a warm interpreter (off unless asked for: `prepare` never
+    /// starts one). The zygote loads `warm`'s Python, starts it and imports its modules before
+    /// its first run; a run of `python3 -c CODE [ARG...]` is then a fork of that interpreter
+    /// inside the run's own fresh boundary, sparing Python's start-up, and its report's
+    /// `engine` is `template-warm`; any other command runs as in a plain template. What every
+    /// run then shares (imported modules and their state, the hash seed, the address-space
+    /// layout) is written in docs/engine.md ("Warm Python"): import nothing that reads a secret.
+    ///
+    /// ```no_run
+    /// use palisade::{Io, Sandbox, Status, WarmPython};
+    ///
+    /// let warm = WarmPython::find("/usr/bin/python3".as_ref(), &["json".into()]).unwrap();
+    /// let template = Sandbox::builder().command(["true"]).build().unwrap().prepare_warm_python(warm).unwrap();
+    /// let out = template.start(["python3", "-c", "print(1)"], &[], Io::default()).wait_output();
+    /// assert_eq!(out.report.engine, Some("template-warm"));
+    /// assert_eq!(out.stdout, b"1\n");
+    /// ```
+    pub fn prepare_warm_python(&self, warm: WarmPython) -> Result<Template, SetupError> {
+        self.prepare_with(Some(warm))
+    }
+
+    fn prepare_with(&self, warm: Option<WarmPython>) -> Result<Template, SetupError> {
         let prog = match self.resolved.get_or_init(|| self.engine.resolve()) {
             Ok(palisade_linux::Engine::Exec(p)) => p.clone(),
             Ok(palisade_linux::Engine::InProcess) => {
@@ -979,7 +1006,7 @@ impl Sandbox {
         let thread = std::thread::Builder::new()
             .name("palisade-template".into())
             .spawn(move || {
-                let made = palisade_linux::Template::new(&policy, &prog);
+                let made = palisade_linux::Template::new(&policy, &prog, warm.as_ref());
                 let ok = made.is_ok();
                 let _ = tx.send(made);
                 if ok {

@@ -1,0 +1,394 @@
+//! Warm Python (docs/engine.md, "Warm Python"): a template's zygote that holds a started
+//! interpreter, and the payload side that hands a run's code to a fork of it.
+//!
+//! Guarantees: the zygote starts the interpreter once, before its first run, in network, IPC
+//! and UTS namespaces of its own, and checks it is still single-threaded after the imports; it
+//! never runs any line of a run's code, and never receives it: a run's code, arguments and
+//! environment travel from the supervisor to the payload through a pipe the zygote only passes
+//! on, and the payload reads it after it has entered the run's whole boundary (Landlock,
+//! capabilities, no-new-privs, seccomp: `child::payload_steps`). Not guaranteed: that runs do not
+//! share what the interpreter did at start (modules, their state, the hash seed, the address-space
+//! layout); that is the option's trade-off, written in docs/engine.md.
+
+use crate::child::{Fail, Step};
+use crate::sys;
+use crate::wire::{Reader, WireError, Writer};
+use libc::{c_char, c_int, c_void};
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+
+/// The kind of the message on a warm run's code pipe.
+const KIND_WARM_CODE: u8 = 6;
+
+/// Most bytes of a warm run's code, arguments and environment together.
+pub const MAX_WARM_RUN: usize = 1 << 20;
+
+/// Where a Python's shared library is looked for, by its version (`libpython3.N.so.1.0`).
+const LIBRARY_DIRS: [&str; 6] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/usr/local/lib64",
+];
+
+/// A warm interpreter's configuration: which Python, its shared library, the modules the
+/// zygote imports before its first run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPython {
+    /// The program as runs name it (`/usr/bin/python3`), and its real path.
+    pub python: PathBuf,
+    pub real: PathBuf,
+    /// `libpython3.N.so.1.0` of the same version.
+    pub library: PathBuf,
+    /// Imported in the zygote, in this order.
+    pub modules: Vec<String>,
+}
+
+impl WarmPython {
+    /// `python` (a path, e.g. `/usr/bin/python3`) and the modules to import. Its library is
+    /// found by its version in the usual directories; a Python without one (built without
+    /// `--enable-shared`, or the package not installed) is an error naming what was looked for.
+    pub fn find(python: &Path, modules: &[String]) -> Result<WarmPython, String> {
+        let real = std::fs::canonicalize(python).map_err(|e| {
+            format!(
+                "warm_python.python: {} cannot be resolved ({e}); give the path of a python3",
+                python.display()
+            )
+        })?;
+        let name = real
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let version = name.strip_prefix("python").unwrap_or_default();
+        let ok = version.starts_with("3.")
+            && version[2..].chars().all(|c| c.is_ascii_digit())
+            && version.len() > 2;
+        if !ok {
+            return Err(format!(
+                "warm_python.python: {} is {}, not a python3.N program",
+                python.display(),
+                real.display()
+            ));
+        }
+        let lib = format!("libpython{version}.so.1.0");
+        let library = LIBRARY_DIRS
+            .iter()
+            .map(|d| Path::new(d).join(&lib))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                format!(
+                    "warm_python: no {lib} in {} (install the shared library of {}, e.g. the libpython{version} package)",
+                    LIBRARY_DIRS.join(", "),
+                    real.display()
+                )
+            })?;
+        WarmPython::with_library(python, &real, &library, modules)
+    }
+
+    /// As [`WarmPython::find`], with the library given.
+    pub fn with_library(
+        python: &Path,
+        real: &Path,
+        library: &Path,
+        modules: &[String],
+    ) -> Result<WarmPython, String> {
+        for m in modules {
+            let ok = !m.is_empty()
+                && m.split('.').all(|p| {
+                    !p.is_empty()
+                        && !p.starts_with(|c: char| c.is_ascii_digit())
+                        && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+            if !ok {
+                return Err(format!(
+                    "warm_python.modules: {m:?} is not a module name (dotted identifiers, e.g. json or os.path)"
+                ));
+            }
+        }
+        Ok(WarmPython {
+            python: python.to_owned(),
+            real: real.to_owned(),
+            library: library.to_owned(),
+            modules: modules.to_vec(),
+        })
+    }
+
+    /// Whether a run of `command` goes to the warm interpreter: exactly `PY -c CODE [ARG...]`,
+    /// with PY the template's Python (its path, real path, or their file names).
+    pub fn takes(&self, command: &[String]) -> bool {
+        let Some(prog) = command.first() else {
+            return false;
+        };
+        let names = [&self.python, &self.real];
+        let named = names.iter().any(|p| {
+            p.as_os_str() == prog.as_str() || p.file_name().is_some_and(|n| n == prog.as_str())
+        });
+        named && command.len() >= 3 && command[1] == "-c"
+    }
+}
+
+/// A warm run's code, arguments (`argv[1..]`, `-c` first) and environment, as the payload reads
+/// them from its pipe.
+pub(crate) fn encode_run(argv: &[CString], envp: &[CString]) -> Vec<u8> {
+    let mut w = Writer::new(KIND_WARM_CODE);
+    w.cstrs(argv);
+    w.cstrs(envp);
+    w.into_bytes()
+}
+
+fn decode_run(buf: &[u8]) -> Result<(Vec<CString>, Vec<CString>), WireError> {
+    let (kind, mut r) = Reader::new(buf)?;
+    if kind != KIND_WARM_CODE {
+        return Err(WireError("kind"));
+    }
+    let argv = r.cstrs("warm arguments")?;
+    let envp = r.cstrs("warm environment")?;
+    r.finish()?;
+    if argv.len() < 3 || argv[1].as_bytes() != b"-c" {
+        return Err(WireError("warm arguments (not PY -c CODE)"));
+    }
+    Ok((argv, envp))
+}
+
+/// The interpreter's C API, as far as palisade uses it. Function pointers found by `dlsym` in
+/// the zygote; a fork keeps them valid (same address space layout).
+#[derive(Clone, Copy)]
+pub(crate) struct Py {
+    initialize_ex: unsafe extern "C" fn(c_int),
+    finalize_ex: unsafe extern "C" fn() -> c_int,
+    run_simple: unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int,
+    import: unsafe extern "C" fn(*const c_char) -> *mut c_void,
+    err_clear: unsafe extern "C" fn(),
+    after_fork_child: unsafe extern "C" fn(),
+    sys_set_object: unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int,
+    list_new: unsafe extern "C" fn(isize) -> *mut c_void,
+    list_set_item: unsafe extern "C" fn(*mut c_void, isize, *mut c_void) -> c_int,
+    bytes_from: unsafe extern "C" fn(*const c_char, isize) -> *mut c_void,
+    decode_fs: unsafe extern "C" fn(*const c_char) -> *mut c_void,
+    decref: unsafe extern "C" fn(*mut c_void),
+}
+
+/// Looks a symbol up in `lib`; the caller names the type it has in the C API.
+///
+/// # Safety
+/// `T` must be the function pointer type of the symbol `name` in CPython's C API.
+unsafe fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> Result<T, Fail> {
+    // SAFETY: dlsym on a handle dlopen returned, with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    if p.is_null() {
+        return Err((Step::WarmPython, 1, libc::ENOSYS));
+    }
+    debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: the caller names the symbol's type; a function pointer is pointer-sized.
+    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+/// In the zygote, after the prepared view: its own network, IPC and UTS namespaces, the
+/// interpreter loaded and started, the modules imported; then a check that it is still one
+/// thread. `proc` is the host's `/proc` (the view's shows no process).
+pub(crate) fn start(
+    library: &CStr,
+    python: &CStr,
+    modules: &[CString],
+    proc: c_int,
+) -> Result<Py, Fail> {
+    // Imports run here: they reach no network, no SysV object and no host name of the host's.
+    sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
+        .map_err(|e| (Step::WarmPython, 0, e))?;
+    // SAFETY: dlopen of a path; RTLD_GLOBAL so that extension modules find the C API.
+    let lib = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if lib.is_null() {
+        return Err((Step::WarmPython, 0, libc::ENOENT));
+    }
+    // SAFETY: each type is the one the symbol has in CPython's stable C API.
+    let py = unsafe {
+        Py {
+            initialize_ex: sym(lib, c"Py_InitializeEx")?,
+            finalize_ex: sym(lib, c"Py_FinalizeEx")?,
+            run_simple: sym(lib, c"PyRun_SimpleStringFlags")?,
+            import: sym(lib, c"PyImport_ImportModule")?,
+            err_clear: sym(lib, c"PyErr_Clear")?,
+            after_fork_child: sym(lib, c"PyOS_AfterFork_Child")?,
+            sys_set_object: sym(lib, c"PySys_SetObject")?,
+            list_new: sym(lib, c"PyList_New")?,
+            list_set_item: sym(lib, c"PyList_SetItem")?,
+            bytes_from: sym(lib, c"PyBytes_FromStringAndSize")?,
+            decode_fs: sym(lib, c"PyUnicode_DecodeFSDefault")?,
+            decref: sym(lib, c"Py_DecRef")?,
+        }
+    };
+    // The program name, from which the interpreter finds its prefix and sets sys.executable
+    // (the zygote's own program is palisade's). Deprecated in the C API but present in 3.8–3.13;
+    // without it the compiled-in prefix is used.
+    // SAFETY: the type of Py_SetProgramName; the wide string is leaked, as the API requires it
+    // to live as long as the interpreter.
+    unsafe {
+        if let Ok(set) =
+            sym::<unsafe extern "C" fn(*const libc::wchar_t)>(lib, c"Py_SetProgramName")
+        {
+            let wide: Vec<libc::wchar_t> = python
+                .to_bytes()
+                .iter()
+                .map(|&b| b as libc::wchar_t)
+                .chain(std::iter::once(0))
+                .collect();
+            set(wide.leak().as_ptr());
+        }
+        (py.initialize_ex)(0);
+    }
+    // What every run's start needs, then the configured modules.
+    for (i, m) in [c"os", c"signal"]
+        .into_iter()
+        .chain(modules.iter().map(|m| m.as_c_str()))
+        .enumerate()
+    {
+        // SAFETY: the interpreter is initialised and this thread holds its lock.
+        let got = unsafe { (py.import)(m.as_ptr()) };
+        if got.is_null() {
+            // SAFETY: as above.
+            unsafe { (py.err_clear)() };
+            return Err((Step::WarmImport, i.saturating_sub(2) as u32, libc::ENOENT));
+        }
+        // SAFETY: a new reference we own.
+        unsafe { (py.decref)(got) };
+    }
+    let threads = threads(proc).map_err(|e| (Step::WarmThreads, 0, e))?;
+    if threads != 1 {
+        return Err((Step::WarmThreads, threads, libc::EBUSY));
+    }
+    Ok(py)
+}
+
+/// This process's thread count, from the host's `/proc`.
+fn threads(proc: c_int) -> Result<u32, i32> {
+    let fd = sys::openat(proc, c"self/status", libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+    let mut buf = [0u8; 4096];
+    let n = sys::read_full(fd, &mut buf);
+    sys::close(fd);
+    let text = std::str::from_utf8(&buf[..n?]).map_err(|_| libc::EIO)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or(libc::EIO)
+}
+
+/// What the interpreter runs before a run's code, in a function so that `__main__` gets none of
+/// its names: the run's environment into `os.environ` (the C `environ` is already the run's),
+/// `''` first on `sys.path` (as for `python3 -c`), Python's usual signal dispositions (the
+/// payload steps reset every signal to its default), line buffering on a terminal.
+const BOOTSTRAP: &CStr = c"def _palisade_bootstrap():
+    import os, signal, sys
+    env = sys._palisade_env
+    del sys._palisade_env
+    data = os.environ._data
+    data.clear()
+    for kv in env:
+        k, eq, v = kv.partition(b'=')
+        if eq:
+            data[k] = v
+    sys.path.insert(0, '')
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    for s in (sys.stdout, sys.stderr):
+        if s is not None and s.isatty():
+            s.reconfigure(line_buffering=True)
+_palisade_bootstrap()
+del _palisade_bootstrap
+";
+
+extern "C" {
+    static mut environ: *const *const c_char;
+}
+
+/// The payload's last step, after `child::payload_steps` (it is inside the whole boundary):
+/// reads the run from `code`, says "started" by closing `status`, and runs it as
+/// `python3 -c` would. Never returns.
+pub(crate) fn run(py: &Py, code: c_int, status: c_int) -> ! {
+    let mut buf = vec![0u8; MAX_WARM_RUN + 64];
+    let n = match sys::read_full(code, &mut buf) {
+        Ok(n) if n < buf.len() => n,
+        Ok(_) => fail(status, libc::E2BIG),
+        Err(e) => fail(status, e),
+    };
+    sys::close(code);
+    let (argv, envp) = match decode_run(&buf[..n]) {
+        Ok(v) => v,
+        Err(_) => fail(status, libc::EPROTO),
+    };
+    drop(buf);
+    // The C environment, for the programs the run starts (`subprocess` without `env=`).
+    let env_ptrs: Vec<*const c_char> = envp
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    // SAFETY: single-threaded; the strings and the array live until the process exits (leaked
+    // below by `forget`).
+    unsafe { environ = env_ptrs.as_ptr() };
+    // Started: the init reports the run as running from here on.
+    sys::close(status);
+    // SAFETY: this thread holds the interpreter's lock (it is the copy of the thread that
+    // initialised it, the zygote never released it); every object made here is passed on or
+    // released as the C API says (PyList_SetItem steals its item; PySys_SetObject does not).
+    let code_rc = unsafe {
+        (py.after_fork_child)();
+        let list = |items: &[CString], f: &dyn Fn(&CStr) -> *mut c_void| -> *mut c_void {
+            let l = (py.list_new)(items.len() as isize);
+            for (i, s) in items.iter().enumerate() {
+                (py.list_set_item)(l, i as isize, f(s));
+            }
+            l
+        };
+        let args = list(&argv[1..], &|s| (py.decode_fs)(s.as_ptr()));
+        let mut argv_py = args;
+        // sys.argv is ['-c', ARG...]: the code itself is not in it.
+        let rest: Vec<CString> = std::iter::once(argv[1].clone())
+            .chain(argv[3..].iter().cloned())
+            .collect();
+        (py.decref)(argv_py);
+        argv_py = list(&rest, &|s| (py.decode_fs)(s.as_ptr()));
+        let env = list(&envp, &|s| {
+            (py.bytes_from)(s.as_ptr(), s.to_bytes().len() as isize)
+        });
+        if argv_py.is_null()
+            || env.is_null()
+            || (py.sys_set_object)(c"argv".as_ptr(), argv_py) != 0
+            || (py.sys_set_object)(c"_palisade_env".as_ptr(), env) != 0
+        {
+            sys::exit(1);
+        }
+        (py.decref)(argv_py);
+        (py.decref)(env);
+        if (py.run_simple)(BOOTSTRAP.as_ptr(), std::ptr::null_mut()) != 0 {
+            sys::exit(1);
+        }
+        (py.run_simple)(argv[2].as_ptr(), std::ptr::null_mut())
+    };
+    std::mem::forget((argv, envp, env_ptrs));
+    // SAFETY: as above; after the run's code, as `python3 -c` ends.
+    let fin = unsafe { (py.finalize_ex)() };
+    sys::exit(if code_rc != 0 {
+        1
+    } else if fin < 0 {
+        120
+    } else {
+        0
+    })
+}
+
+/// Before "started": the error goes to the init on `status`, which reports it.
+fn fail(status: c_int, errno: i32) -> ! {
+    crate::child::send(
+        status,
+        crate::child::Msg {
+            kind: crate::child::MSG_EXEC_ERROR,
+            step: 0,
+            index: 0,
+            value: errno,
+        },
+    );
+    sys::exit(127)
+}
