@@ -64,7 +64,7 @@ pub struct McpArgs {
     output_shown: String,
     /// Default output kept per run or exec (stdout plus stderr; a call may ask more, up to the
     /// policy's output limit).
-    #[arg(long = "output-kept", value_name = "SIZE", default_value = "4MiB")]
+    #[arg(long = "output-kept", value_name = "SIZE", default_value = "512KiB")]
     output_kept: String,
     /// Most bytes read back from a sandbox: the files of a run together, or one file.
     #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
@@ -611,6 +611,7 @@ fn schema_of<T: JsonSchema>() -> Arc<serde_json::Map<String, serde_json::Value>>
         .with(|s| s.inline_subschemas = true)
         .into_generator();
     let mut v = gen.into_root_schema_for::<T>().to_value();
+    strip_formats(&mut v);
     if let Some(o) = v.as_object_mut() {
         o.remove("$schema");
         o.remove("title");
@@ -618,6 +619,26 @@ fn schema_of<T: JsonSchema>() -> Arc<serde_json::Map<String, serde_json::Value>>
     match v {
         serde_json::Value::Object(o) => Arc::new(o),
         _ => Arc::new(serde_json::Map::new()),
+    }
+}
+
+/// Drops schemars' `format`s of numbers (`uint64`, `int32`, `double`): not JSON Schema's
+/// vocabulary, and validators in hosts warn about each.
+fn strip_formats(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            if o.get("format").and_then(|f| f.as_str()).is_some_and(|f| {
+                matches!(
+                    f,
+                    "uint64" | "int64" | "uint32" | "int32" | "uint" | "double" | "float"
+                )
+            }) {
+                o.remove("format");
+            }
+            o.values_mut().for_each(strip_formats);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_formats),
+        _ => {}
     }
 }
 
@@ -826,10 +847,18 @@ impl Server {
             allow_net: a.allow_net,
         };
         // Checked before anything is queued or started.
-        self.svc.check_run(&req)?;
+        let top = a.timeout_ms.is_some();
+        let named = |mut e: ServiceError| {
+            if top && e.field.as_deref() == Some("limits.timeout_ms") {
+                e.field = Some("timeout_ms".into());
+                e.message = e.message.replace("limits.timeout_ms", "timeout_ms");
+            }
+            e
+        };
+        self.svc.check_run(&req).map_err(named)?;
         let run = self.svc.run(req);
         let r = tokio::select! {
-            r = with_progress(run, ctx) => r?,
+            r = with_progress(run, ctx) => r.map_err(named)?,
             // Dropping the run kills its sandbox.
             _ = ctx.ct.cancelled() => return Err(cancelled()),
         };
