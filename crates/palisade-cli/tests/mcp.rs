@@ -364,19 +364,23 @@ fn stdio_survives_garbage_and_kills_runs_when_the_client_goes_away() {
     let mut stdin = child.0.stdin.take().unwrap();
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let mut line = String::new();
-    let mut send = |s: &str| {
-        stdin.write_all(s.as_bytes()).unwrap();
-        stdin.write_all(b"\n").unwrap();
+    let send = |w: &mut std::process::ChildStdin, s: &str| {
+        w.write_all(s.as_bytes()).unwrap();
+        w.write_all(b"\n").unwrap();
     };
-    send("this is not json");
-    send("\u{1b}[2J{{{");
-    send(INIT);
+    send(&mut stdin, "this is not json");
+    send(&mut stdin, "\u{1b}[2J{{{");
+    send(&mut stdin, INIT);
     out.read_line(&mut line).unwrap();
     let v: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(v["id"], 1, "{line}");
     assert_eq!(v["result"]["serverInfo"]["name"], "palisade", "{line}");
-    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     send(
+        &mut stdin,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    send(
+        &mut stdin,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_code","arguments":{"command":["echo","alive"]}}}"#,
     );
     line.clear();
@@ -386,9 +390,12 @@ fn stdio_survives_garbage_and_kills_runs_when_the_client_goes_away() {
         v["result"]["structuredContent"]["stdout"]["text"], "alive\n",
         "{line}"
     );
-    send(&format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"run_code","arguments":{{"command":["sh","-c","sleep {marker}"],"timeout_ms":40000}}}}}}"#
-    ));
+    send(
+        &mut stdin,
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"run_code","arguments":{{"command":["sh","-c","sleep {marker}"],"timeout_ms":40000}}}}}}"#
+        ),
+    );
     let t0 = Instant::now();
     while host_pids_with(&marker).is_empty() {
         assert!(
@@ -398,7 +405,6 @@ fn stdio_survives_garbage_and_kills_runs_when_the_client_goes_away() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The client goes away.
-    drop(send);
     drop(stdin);
     let t0 = Instant::now();
     loop {
