@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 venv=${PALISADE_MCP_VENV:-/opt/palisade-ci/mcp-venv}
 [ -x "$venv/bin/python" ] || { echo "$venv is missing: run scripts/mcp-venv.sh" >&2; exit 1; }
 cargo build --release --quiet --bin palisade
-exec "$venv/bin/python" bench/mcp.py "$@"
+exec "$venv/bin/python" bench/mcp_driver.py "$@"

@@ -116,7 +116,7 @@ async def main():
             rows.append(f"| mcp-run-python, stdio | `{case}` | {v['p50_ms']} | {v['p99_ms']} | {v['n']} |")
     md = f"""# `palisade mcp` round trips
 
-`bench/mcp.sh` (driver `bench/mcp.py`): one client of the Python MCP SDK calls each tool {n} times in
+`bench/mcp.sh` (driver `bench/mcp_driver.py`): one client of the Python MCP SDK calls each tool {n} times in
 a row (after 3 warm-up calls) and times the round trip from the call to its result. Release build,
 {res['machine']['cpus']} CPUs, Linux {res['machine']['kernel']}, load average
 {res['machine']['load_at_start']:.1f} at the start (the machine is shared with other builds).
