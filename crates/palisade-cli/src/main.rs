@@ -18,6 +18,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 mod changes;
+mod mcp;
 mod serve;
 
 /// A kernel-enforced sandbox for code nobody has read.
@@ -67,6 +68,10 @@ enum Cmd {
     /// Serve the HTTP API: one-shot runs, batches, sessions, files, a SandboxFusion-compatible
     /// /run_code (docs/server.md). The policy file is the ceiling of every request.
     Serve(Box<serve::ServeArgs>),
+    /// Serve the sandbox as a Model Context Protocol server for agent hosts: run_code and
+    /// sandbox_* tools, on stdio (default) or Streamable HTTP (docs/mcp.md). The policy file is
+    /// the ceiling of every call.
+    Mcp(Box<mcp::McpArgs>),
     /// The server's agent inside a sandbox (not for direct use).
     #[command(name = "__agent", hide = true)]
     Agent,
@@ -313,6 +318,13 @@ fn main() {
         Cmd::Apply(a) => changes::exit(changes::apply(a)),
         Cmd::Discard(a) => changes::exit(changes::discard(a)),
         Cmd::Serve(a) => match serve::main(*a) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("palisade: error: {e:#}");
+                EXIT_SANDBOX_ERROR
+            }
+        },
+        Cmd::Mcp(a) => match mcp::main(*a) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("palisade: error: {e:#}");

@@ -150,30 +150,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    // The file's values are each request's defaults; its `[bounds]` table, or without one the
-    // values themselves, the ceiling.
-    let mut bounds = None;
-    let policy = {
-        let mut b = palisade::Sandbox::builder().command(["true"]);
-        if let Some(p) = &a.policy {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("--policy {}", p.display()))?;
-            let f = palisade::policy::file::PolicyFile::parse(&p.display().to_string(), &text)?;
-            if f.bounds.is_some() {
-                bounds = Some(
-                    f.ceiling()
-                        .with_context(|| format!("--policy {}: [bounds]", p.display()))?,
-                );
-            }
-            b = b.policy_file(&f);
-        }
-        b.build()?.policy().clone()
-    };
-    let ceiling = match bounds {
-        Some(bounds) => Ceiling::with_bounds(policy, bounds),
-        None => Ceiling::new(policy),
-    }
-    .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    let ceiling = ceiling(a.policy.as_deref(), &[])?;
     let listen = Listen::parse(&a.listen)?;
     let token = match &a.token_file {
         Some(p) => {
@@ -223,6 +200,40 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         .build()?;
     rt.block_on(serve(config, listen, token, max_body as usize))?;
     Ok(0)
+}
+
+/// The server's ceiling from `--policy` and `--profile` (shared with `palisade mcp`): the built-in
+/// profiles, then the file; the file's values are each request's defaults, its `[bounds]` table,
+/// or without one the values themselves, the ceiling.
+pub(crate) fn ceiling(
+    policy: Option<&std::path::Path>,
+    profiles: &[String],
+) -> anyhow::Result<Ceiling> {
+    let mut bounds = None;
+    let policy = {
+        let mut b = palisade::Sandbox::builder().command(["true"]);
+        for p in profiles {
+            b = b.profile(p);
+        }
+        if let Some(p) = policy {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("--policy {}", p.display()))?;
+            let f = palisade::policy::file::PolicyFile::parse(&p.display().to_string(), &text)?;
+            if f.bounds.is_some() {
+                bounds = Some(
+                    f.ceiling()
+                        .with_context(|| format!("--policy {}: [bounds]", p.display()))?,
+                );
+            }
+            b = b.policy_file(&f);
+        }
+        b.build()?.policy().clone()
+    };
+    match bounds {
+        Some(bounds) => Ceiling::with_bounds(policy, bounds),
+        None => Ceiling::new(policy),
+    }
+    .map_err(|e| anyhow::anyhow!("--policy: {e}"))
 }
 
 enum Listen {

@@ -1,0 +1,422 @@
+//! `palisade mcp` driven by real MCP clients: the Python SDK's (stdio and Streamable HTTP, the
+//! cases in tests/mcp/client.py) and the MCP Inspector's CLI, plus raw garbage and clients that
+//! go away. Every sandbox is real. The clients come from scripts/mcp-venv.sh (CI's setup runs
+//! it); a missing one fails the test.
+
+mod common;
+
+use common::{host_pids_with, palisade_bin, unique, TempDir};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CLIENT: &str = include_str!("mcp/client.py");
+
+fn venv_python() -> PathBuf {
+    let venv = std::env::var_os("PALISADE_MCP_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/palisade-ci/mcp-venv"));
+    let p = venv.join("bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/mcp-venv.sh (CI's setup does)",
+        p.display()
+    );
+    p
+}
+
+fn inspector() -> PathBuf {
+    let dir = std::env::var_os("PALISADE_MCP_NPM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/palisade-ci/mcp-npm"));
+    let p = dir.join("node_modules/.bin/mcp-inspector");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/mcp-venv.sh (CI's setup does)",
+        p.display()
+    );
+    p
+}
+
+/// Kills and reaps the child on drop.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The client script in a fresh directory, and a host secret the cases try to read.
+struct Client {
+    dir: TempDir,
+    script: PathBuf,
+    secret: PathBuf,
+    secret_text: String,
+}
+
+fn client() -> Client {
+    let dir = TempDir::new("mcp");
+    let script = dir.path().join("client.py");
+    std::fs::write(&script, CLIENT).unwrap();
+    let secret = dir.path().join("host-secret.txt");
+    let secret_text = unique("secret");
+    std::fs::write(&secret, &secret_text).unwrap();
+    Client {
+        dir,
+        script,
+        secret,
+        secret_text,
+    }
+}
+
+impl Client {
+    /// Runs the cases; returns stdout. Fails the test with the client's own traceback.
+    fn run(&self, mode: &str, target: &str, cases: &[&str]) -> String {
+        let out = Command::new(venv_python())
+            .arg(&self.script)
+            .arg(mode)
+            .arg(target)
+            .args(cases)
+            .env("PALISADE_SECRET", &self.secret)
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "the Python MCP client failed ({}):\n{stdout}\n{stderr}",
+            out.status
+        );
+        for c in cases {
+            assert!(
+                stdout.contains(&format!("PASS {c} ")),
+                "case {c} did not pass:\n{stdout}\n{stderr}"
+            );
+        }
+        assert!(!stdout.contains(&self.secret_text) && !stderr.contains(&self.secret_text));
+        stdout
+    }
+}
+
+/// `palisade mcp --listen 127.0.0.1:0 ARGS`, and the URL it printed.
+fn http_server(args: &[&str]) -> (Reap, String) {
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .args(["mcp", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(child.0.stderr.take().unwrap());
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "palisade mcp exited before listening"
+        );
+        if let Some(i) = line.find("http://") {
+            break line[i..].trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    (child, url)
+}
+
+fn wait_gone(marker: &str, what: &str) {
+    let t0 = Instant::now();
+    while !host_pids_with(marker).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{what}: processes survived: {:?}",
+            host_pids_with(marker)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn python_sdk_client_over_stdio_every_case() {
+    let c = client();
+    c.run(
+        "stdio",
+        &palisade_bin().display().to_string(),
+        &[
+            "tools",
+            "run_code",
+            "session",
+            "bad_input",
+            "attacks",
+            "bounded",
+            "big_output",
+            "cancel",
+            "progress",
+            "concurrent",
+        ],
+    );
+}
+
+#[test]
+fn python_sdk_client_over_streamable_http() {
+    let c = client();
+    let (_server, url) = http_server(&[]);
+    c.run(
+        "http",
+        &url,
+        &[
+            "tools",
+            "run_code",
+            "session",
+            "bad_input",
+            "big_output",
+            "cancel",
+            "concurrent",
+        ],
+    );
+}
+
+/// A POST to `url`'s server with the given extra headers; returns the status line.
+fn post(url: &str, headers: &[(&str, &str)], body: &str) -> String {
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines().next().unwrap_or("").to_owned()
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+#[test]
+fn http_checks_origin_and_token_and_refuses_open_addresses() {
+    let (_server, url) = http_server(&[]);
+    assert!(
+        post(&url, &[("Origin", "https://evil.example")], INIT).contains(" 403"),
+        "a foreign Origin is refused"
+    );
+    assert!(post(&url, &[("Origin", "http://localhost:6274")], INIT).contains(" 200"));
+    assert!(post(&url, &[], INIT).contains(" 200"));
+    // Garbage and a client that goes away mid-request: the server keeps serving.
+    for body in ["{not json", "[]", "", "\u{0}\u{1}"] {
+        let st = post(&url, &[], body);
+        assert!(st.contains(" 4"), "{body:?}: {st}");
+    }
+    {
+        let addr = url.trim_start_matches("http://").split('/').next().unwrap();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"jsonrpc\"")
+            .unwrap();
+    }
+    let c = client();
+    c.run("http", &url, &["run_code"]);
+
+    // A token, required on every request.
+    let dir = TempDir::new("mcp-token");
+    let tok = dir.path().join("token");
+    std::fs::write(&tok, "0123456789abcdef0123\n").unwrap();
+    let (_server2, url2) = http_server(&["--token-file", &tok.display().to_string()]);
+    assert!(post(&url2, &[], INIT).contains(" 401"));
+    assert!(post(
+        &url2,
+        &[("Authorization", "Bearer wrong-token-0123456")],
+        INIT
+    )
+    .contains(" 401"));
+    assert!(post(
+        &url2,
+        &[("Authorization", "Bearer 0123456789abcdef0123")],
+        INIT
+    )
+    .contains(" 200"));
+
+    // Off loopback without a token it does not start.
+    let out = Command::new(palisade_bin())
+        .args(["mcp", "--listen", "0.0.0.0:0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--token-file"));
+}
+
+#[test]
+fn inspector_cli_lists_and_calls_tools() {
+    let bin = palisade_bin().display().to_string();
+    let home = TempDir::new("mcp-inspector");
+    let call = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(inspector())
+            .args(["--cli", &bin, "mcp"])
+            .args(args)
+            .env("HOME", home.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the inspector failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let tools = call(&["--method", "tools/list"]);
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 7, "{names:?}");
+    for t in tools["tools"].as_array().unwrap() {
+        assert_eq!(t["outputSchema"]["type"], "object", "{t}");
+        assert_eq!(t["annotations"]["openWorldHint"], false, "{t}");
+    }
+    let r = call(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "run_code",
+        "--tool-arg",
+        "language=python",
+        "--tool-arg",
+        "code=print(6 * 7)",
+    ]);
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(r["structuredContent"]["stdout"]["text"], "42\n", "{r}");
+    // A tool error (isError, not a JSON-RPC error): the inspector says so and exits non-zero.
+    let out = Command::new(inspector())
+        .args(["--cli", &bin, "mcp", "--method", "tools/call"])
+        .args([
+            "--tool-name",
+            "sandbox_exec",
+            "--tool-arg",
+            "sandbox_id=sb-none",
+        ])
+        .args(["--tool-arg", "command=[\"true\"]"])
+        .env("HOME", home.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success() && text.contains("tool_is_error"),
+        "{text}"
+    );
+    // With egress allowed by the policy, the tools that run code say they reach an open world.
+    let dir = TempDir::new("mcp-policy");
+    let pol = dir.path().join("p.toml");
+    std::fs::write(&pol, "[network]\nallow = [\"pypi.org\"]\n").unwrap();
+    let out = Command::new(inspector())
+        .args(["--cli", &bin, "mcp", "--policy", &pol.display().to_string()])
+        .args(["--method", "tools/list"])
+        .env("HOME", home.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for t in v["tools"].as_array().unwrap() {
+        let open = t["annotations"]["openWorldHint"].as_bool().unwrap();
+        let runs =
+            ["run_code", "sandbox_create", "sandbox_exec"].contains(&t["name"].as_str().unwrap());
+        assert_eq!(open, runs, "{t}");
+    }
+}
+
+/// Raw stdio: garbage lines are skipped, a bad request gets a JSON-RPC error, and when the client
+/// goes away (end of input) mid-run, the server kills the run and exits.
+#[test]
+fn stdio_survives_garbage_and_kills_runs_when_the_client_goes_away() {
+    let marker = format!("{}", 900_000_000 + std::process::id());
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .arg("mcp")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut line = String::new();
+    let send = |w: &mut std::process::ChildStdin, s: &str| {
+        w.write_all(s.as_bytes()).unwrap();
+        w.write_all(b"\n").unwrap();
+    };
+    send(&mut stdin, "this is not json");
+    send(&mut stdin, "\u{1b}[2J{{{");
+    send(&mut stdin, INIT);
+    out.read_line(&mut line).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["id"], 1, "{line}");
+    assert_eq!(v["result"]["serverInfo"]["name"], "palisade", "{line}");
+    send(
+        &mut stdin,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    send(
+        &mut stdin,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_code","arguments":{"command":["echo","alive"]}}}"#,
+    );
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        v["result"]["structuredContent"]["stdout"]["text"], "alive\n",
+        "{line}"
+    );
+    send(
+        &mut stdin,
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"run_code","arguments":{{"command":["sh","-c","sleep {marker}"],"timeout_ms":40000}}}}}}"#
+        ),
+    );
+    let t0 = Instant::now();
+    while host_pids_with(&marker).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The client goes away.
+    drop(stdin);
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            assert!(st.success(), "{st}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "palisade mcp did not exit at end of input"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_gone(&marker, "after the client went away");
+}
