@@ -1288,8 +1288,11 @@ pub struct EffectiveIds {
 }
 
 impl EffectiveIds {
-    /// Switches the calling thread's effective uid and gid to `uid`/`gid`. Needs them to be 0
-    /// before (the real and saved ids stay as they are, so the switch back is allowed).
+    /// Switches the calling thread's real and effective uid and gid to `uid`/`gid`. Needs them
+    /// to be 0 before; the saved ids stay 0, so the switch back is allowed. The real ids change
+    /// too: a child that execs at once (the exec engine) must not carry a real id that differs
+    /// from its effective one, which older kernels (6.1, 6.12) treat as a privilege change and
+    /// answer by leaving the exec'd init without capabilities in its namespace.
     pub fn switch(uid: u32, gid: u32) -> SysResult<EffectiveIds> {
         // SAFETY: id queries have no preconditions.
         let (old_uid, old_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -1300,15 +1303,16 @@ impl EffectiveIds {
         let keep = u32::MAX; // -1: leave this id as it is
                              // The gid first: once the effective uid is not 0 the thread has no CAP_SETGID.
                              // SAFETY: changes this thread's effective gid only.
-        check(unsafe { libc::syscall(libc::SYS_setresgid, keep, gid, keep) })?;
+        check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, keep) })?;
         let saved = EffectiveIds {
             uid: old_uid,
             gid: old_gid,
             dumpable,
             pdeath,
         };
-        // SAFETY: changes this thread's effective uid only; on failure `saved` restores the gid.
-        check(unsafe { libc::syscall(libc::SYS_setresuid, keep, uid, keep) })?;
+        // SAFETY: changes this thread's real and effective uid only; on failure `saved` restores
+        // the gid.
+        check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, keep) })?;
         Ok(saved)
     }
 }
@@ -1316,11 +1320,11 @@ impl EffectiveIds {
 impl Drop for EffectiveIds {
     fn drop(&mut self) {
         let keep = u32::MAX;
-        // SAFETY: back to the saved effective ids (allowed: the real and saved uid are still the
-        // old effective uid); the uid first, which gives back CAP_SETGID for the gid.
+        // SAFETY: back to the saved ids (allowed: the saved uid is still the old one); the uid
+        // first, which gives back CAP_SETGID for the gid.
         unsafe {
-            libc::syscall(libc::SYS_setresuid, keep, self.uid, keep);
-            libc::syscall(libc::SYS_setresgid, keep, self.gid, keep);
+            libc::syscall(libc::SYS_setresuid, self.uid, self.uid, keep);
+            libc::syscall(libc::SYS_setresgid, self.gid, self.gid, keep);
         }
         let _ = prctl(libc::PR_SET_DUMPABLE, self.dumpable);
         if self.pdeath != 0 {
