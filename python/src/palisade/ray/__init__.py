@@ -203,12 +203,15 @@ class NodePool:
     TOML of the servers' policy (each request's defaults and ceiling, docs/server.md).
     ``listen``: ``"unix"`` (a private socket) or ``"tcp"`` (a loopback port, for clients on the
     node such as veRL's SandboxFusion reward path: see :meth:`run_code_url`). ``nodes``: node ids
-    to use (default: every alive node). The servers use ``PALISADE_BIN`` as each node's
+    to use (default: every alive node). ``shutdown_grace``: how long running sandboxes may
+    finish when a node's server is stopped (the pool shut down, or the node's raylet gone). The
+    servers use ``PALISADE_BIN`` as each node's
     environment has it, else ``palisade`` on its ``PATH``."""
 
     def __init__(self, concurrency_per_node: int = 4, *, server_policy: Optional[str] = None,
                  listen: str = "unix", server_args: Iterable[str] = (), max_queue: int = 64,
-                 nodes: Optional[Iterable[str]] = None, ready_timeout: float = 120.0):
+                 nodes: Optional[Iterable[str]] = None, ready_timeout: float = 120.0,
+                 shutdown_grace: float = 10.0):
         if not isinstance(concurrency_per_node, int) or concurrency_per_node < 1:
             raise ValueError(f"concurrency_per_node: {concurrency_per_node!r}: give an integer >= 1")
         if listen not in ("unix", "tcp"):
@@ -233,7 +236,7 @@ class NodePool:
                 max_restarts=0,
                 max_task_retries=0,
             ).remote(concurrency_per_node, max_queue, server_policy, listen, list(server_args),
-                     ready_timeout)
+                     ready_timeout, shutdown_grace)
         self._nodes: dict[str, _Node] = {}
         for node_id, actor in actors.items():
             try:

@@ -142,12 +142,16 @@ class PalisadeNode:
     """Ray actor body (``palisade.ray`` wraps it with ``ray.remote``): one per node."""
 
     def __init__(self, concurrency: int, max_queue: int, server_policy: Optional[str],
-                 listen: str, server_args: list, ready_timeout: float):
+                 listen: str, server_args: list, ready_timeout: float, shutdown_grace: float):
         import ray  # the actor runs inside a Ray worker
 
         self.node_id = ray.get_runtime_context().get_node_id()
+        # The worker's parent is the node's raylet: when it dies the worker is re-parented but
+        # lives on, still reachable by the driver; the watchdog then stops taking work.
+        self._parent = os.getppid()
         self.hostname = socket.gethostname()
         self.concurrency = concurrency
+        self._grace = shutdown_grace
         self.refusal: Optional[str] = None
         self.doctor: Any = None
         self.address: Optional[str] = None
@@ -165,7 +169,7 @@ class PalisadeNode:
         self._dir = tempfile.mkdtemp(prefix="palisade-ray-")
         os.chmod(self._dir, 0o700)
         argv = [binary, "serve", "--max-concurrency", str(concurrency),
-                "--max-queue", str(max_queue), "--shutdown-grace", "5s"]
+                "--max-queue", str(max_queue), "--shutdown-grace", f"{int(shutdown_grace * 1000)}ms"]
         if server_policy is not None:
             pf = os.path.join(self._dir, "policy.toml")
             with open(pf, "w") as f:
@@ -202,6 +206,8 @@ class PalisadeNode:
                     client = Client(self.address)
                     if client.get("/readyz", timeout=5).status == 200:
                         self._client = client
+                        threading.Thread(target=self._watch, name="palisade-raylet-watch",
+                                         daemon=True).start()
                         break
                 except OSError:
                     pass
@@ -211,6 +217,17 @@ class PalisadeNode:
                                 + self._server.log()[-2000:].strip())
                 return
             time.sleep(0.05)
+
+    def _watch(self) -> None:
+        while self._server is not None and not self._server.exited():
+            if os.getppid() != self._parent:
+                # The raylet is gone: this node is no longer part of the cluster. Take no new
+                # run, and let the server wind down the running ones itself (its shutdown grace).
+                self.refusal = (f"this node's raylet (pid {self._parent}) is gone; "
+                                "its palisade serve was stopped")
+                self._server.stop(self._grace)
+                return
+            time.sleep(0.2)
 
     def info(self) -> dict:
         return {
@@ -223,6 +240,7 @@ class PalisadeNode:
             "address": self.address,
             "concurrency": self.concurrency,
             "pid": os.getpid(),
+            "parent_pid": self._parent,
             "server_pid": self._server.proc.pid if self._server and self._server.proc else None,
         }
 
@@ -270,7 +288,7 @@ class PalisadeNode:
 
     def stop(self) -> bool:
         if self._server is not None:
-            self._server.stop(5)
+            self._server.stop(self._grace)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
         self.refusal = self.refusal or "stopped"
