@@ -43,8 +43,8 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     os.environ["PALISADE_BIN"] = palisade_bin()
-    # The nodes' workers import palisade.ray from this checkout.
-    src = str(ROOT / "python/src")
+    # The nodes' workers import palisade.ray (and the examples the tests run) from this checkout.
+    src = str(ROOT / "python/src") + os.pathsep + str(ROOT / "python/examples")
     os.environ["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
     # Ray's own directory: per run (root's and the test user's runs must not share /tmp/ray),
     # short (Ray's unix sockets live there).
