@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates the Python environment the Ray tests and benchmark run in (python/tests/ray,
-# bench/ray.sh): Ray from PyPI at a pinned version, pytest, httpx-free (palisade.ray talks to each
-# node's server with the standard library), and palisade's own Python package installed editable
-# from this checkout's python/. Idempotent; readable by the unprivileged test user.
+# bench/ray.sh): Ray from PyPI at a pinned version, and pytest. palisade.ray itself is not
+# installed: the tests and the benchmark put this checkout's python/src on PYTHONPATH (the Ray
+# workers inherit it), and it talks to each node's server with the standard library only.
+# Idempotent; readable by the unprivileged test user.
 # Usage: scripts/ray-venv.sh [DIR] (default /opt/palisade-ci/ray-venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
