@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin palisade
 scripts/ray-venv.sh >/dev/null
-PYTHONPATH="$PWD/python/src${PYTHONPATH:+:$PYTHONPATH}" exec /opt/palisade-ci/ray-venv/bin/python bench/ray.py "$@"
+PYTHONPATH="$PWD/python/src${PYTHONPATH:+:$PYTHONPATH}" exec /opt/palisade-ci/ray-venv/bin/python bench/ray_bench.py "$@"

@@ -1,4 +1,4 @@
-"""bench/ray.sh: run_batch over a local Ray cluster vs the node's server called directly.
+"""bench/ray.sh (named ray_bench.py: a ray.py here would shadow Ray itself): run_batch over a local Ray cluster vs the node's server called directly.
 
 Rows, each `true` started directly by the server (POST /v1/run {"command": ["true"]}), the same
 number of slots (C sandboxes at once per node):
