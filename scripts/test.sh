@@ -18,9 +18,16 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 # The test internet (network namespaces with HTTP, TLS and DNS test servers) for the egress tests;
-# both runs use it, and it comes down at the end whatever happens.
-scripts/testnet.sh up
-trap 'scripts/testnet.sh down' EXIT
+# both runs use it, and it comes down at the end whatever happens, unless it was up before (another
+# run on this machine is using it).
+if ip netns list 2>/dev/null | grep -qw palisade-tn; then
+    scripts/testnet.sh extras
+    testnet_down=true
+else
+    scripts/testnet.sh up
+    testnet_down='scripts/testnet.sh down'
+fi
+trap "$testnet_down" EXIT
 
 echo "== tests as root"
 cargo build --workspace --quiet  # the binaries the tests spawn: palisade and palisade-probe
@@ -33,7 +40,7 @@ echo "== tests as $TEST_USER (unprivileged)"
 target/debug/palisade cgroup-delegate --user "$TEST_USER"
 # Build once as root, then run the same test binaries as the test user from a directory it can read.
 stage=$(mktemp -d /tmp/palisade-stage.XXXXXX)
-trap 'rm -rf "$stage"; scripts/testnet.sh down' EXIT
+trap 'rm -rf "$stage"; '"$testnet_down" EXIT
 chmod 755 "$stage"
 cargo test --workspace --no-run --message-format=json 2>/dev/null \
     | python3 -c '
@@ -58,4 +65,34 @@ while read -r exe; do
     (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
         PALISADE_BIN="$stage/palisade" PALISADE_PROBE="$stage/palisade-probe" "$b" --quiet) || status=1
 done < "$stage/tests.txt"
+
+# The Python SDK and its executors (python/tests) against the real server, as root and as the
+# test user, in the venv scripts/python-venv.sh makes (.ci/setup); mypy --strict on the package.
+venv=${PALISADE_PYTHON_VENV:-/opt/palisade-ci/python-venv}
+[ -x "$venv/bin/pytest" ] || { echo "no $venv/bin/pytest: run scripts/python-venv.sh (.ci/setup does)" >&2; exit 1; }
+scripts/python-venv.sh "$venv"
+echo "== mypy --strict python/src/palisade"
+"$venv/bin/mypy" --strict --cache-dir "$stage/mypy-cache" python/src/palisade || status=1
+echo "== python/tests as root"
+PALISADE_BIN="$PWD/target/debug/palisade" "$venv/bin/pytest" -q -p no:cacheprovider python/tests --rootdir python \
+    --ignore=python/tests/ray || status=1
+cp -r python/tests "$stage/python-tests"
+cp -r python/src "$stage/python-src"
+chmod -R a+rX "$stage/python-tests" "$stage/python-src"
+echo "== python/tests as $TEST_USER"
+(cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
+    PALISADE_BIN="$stage/palisade" "$venv/bin/pytest" -q -p no:cacheprovider "$stage/python-tests" --rootdir "$stage/python-tests" \
+    --ignore="$stage/python-tests/ray") || status=1
+
+# palisade.ray on a real local Ray cluster (python/tests/ray), in the venv scripts/ray-venv.sh
+# makes (.ci/setup), with this checkout's python/src on the path, as root and as the test user.
+ray_venv=${PALISADE_RAY_VENV:-/opt/palisade-ci/ray-venv}
+[ -x "$ray_venv/bin/python" ] || { echo "no $ray_venv/bin/python: run scripts/ray-venv.sh (.ci/setup does)" >&2; exit 1; }
+echo "== python/tests/ray as root"
+PALISADE_BIN="$PWD/target/debug/palisade" PYTHONPATH="$PWD/python/src" "$ray_venv/bin/python" -m pytest -q \
+    -p no:cacheprovider python/tests/ray --rootdir python || status=1
+echo "== python/tests/ray as $TEST_USER"
+(cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
+    PALISADE_BIN="$stage/palisade" PYTHONPATH="$stage/python-src" "$ray_venv/bin/python" -m pytest -q \
+    -p no:cacheprovider "$stage/python-tests/ray" --rootdir "$stage/python-tests") || status=1
 exit $status

@@ -334,6 +334,15 @@ fn router(app: App) -> Router {
             "/v1/sandboxes/{id}/files/{*path}",
             get(get_file).put(put_file).delete(remove_file),
         )
+        .route(
+            "/v1/sandboxes/{id}/contexts",
+            post(create_context).get(list_contexts),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{ctx}",
+            axum::routing::delete(delete_context),
+        )
+        .route("/v1/sandboxes/{id}/run_code", post(run_cell))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_doc))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), auth));
@@ -669,6 +678,33 @@ async fn remove_file(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+async fn create_context(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Res<Response> {
+    let req: api::ContextRequest = decode(&app, body).await?;
+    let c = app.svc.create_context(&id, req).await?;
+    Ok((StatusCode::CREATED, axum::Json(c)).into_response())
+}
+
+async fn list_contexts(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
+    Ok(json(&app.svc.list_contexts(&id).await?))
+}
+
+async fn delete_context(
+    State(app): State<App>,
+    Path((id, ctx)): Path<(String, String)>,
+) -> Res<Response> {
+    app.svc.delete_context(&id, &ctx).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn run_cell(State(app): State<App>, Path(id): Path<String>, body: Body) -> Res<Response> {
+    let req: api::CellRequest = decode(&app, body).await?;
+    Ok(json(&app.svc.run_cell(&id, req).await?))
+}
+
 /// The OpenAPI 3.1 document, generated from the request and response types.
 pub fn openapi() -> String {
     use schemars::JsonSchema;
@@ -692,6 +728,11 @@ pub fn openapi() -> String {
     let exec_ev = r(g.subschema_for::<api::ExecEvent>());
     let sig = r(g.subschema_for::<api::SignalRequest>());
     let listing = r(g.subschema_for::<api::Listing>());
+    let ctx_req = r(g.subschema_for::<api::ContextRequest>());
+    let ctx_info = r(g.subschema_for::<api::ContextInfo>());
+    let ctx_list = r(g.subschema_for::<Vec<api::ContextInfo>>());
+    let cell_req = r(g.subschema_for::<api::CellRequest>());
+    let cell_res = r(g.subschema_for::<api::CellResult>());
     let err = r(g.subschema_for::<ErrorBody>());
     let _ = api::Content::schema_name();
     let defs = g.take_definitions(true);
@@ -720,6 +761,7 @@ pub fn openapi() -> String {
     let id = serde_json::json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
     let exec = serde_json::json!({"name": "exec", "in": "path", "required": true, "schema": {"type": "integer"}});
     let path = serde_json::json!({"name": "path", "in": "path", "required": true, "schema": {"type": "string"}});
+    let ctx = serde_json::json!({"name": "ctx", "in": "path", "required": true, "schema": {"type": "string"}});
     let doc = serde_json::json!({
         "openapi": "3.1.0",
         "info": {"title": "palisade serve", "version": env!("CARGO_PKG_VERSION"), "description": "Run code nobody has read behind a kernel-enforced boundary (docs/server.md)."},
@@ -762,6 +804,13 @@ pub fn openapi() -> String {
                 "get": {"summary": "A tar of a directory, made inside: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed)", "responses": with(serde_json::json!({"200": {"description": "The archive", "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
                 "put": {"summary": "Unpack a tar under a directory, inside: regular files and directories with relative names only, checked whole first", "requestBody": {"content": {"application/x-tar": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Unpacked"}}))}
             },
+            "/v1/sandboxes/{id}/contexts": {
+                "parameters": [id],
+                "post": {"summary": "A new context of the code interpreter (a persistent interpreter, started at its first cell)", "requestBody": body(&ctx_req), "responses": with(serde_json::json!({"201": ok(&ctx_info, "application/json")}))},
+                "get": {"summary": "The session's contexts", "responses": with(serde_json::json!({"200": ok(&ctx_list, "application/json")}))}
+            },
+            "/v1/sandboxes/{id}/contexts/{ctx}": {"parameters": [id, ctx], "delete": {"summary": "End a context and its interpreter", "responses": with(serde_json::json!({"204": {"description": "Ended"}}))}},
+            "/v1/sandboxes/{id}/run_code": {"parameters": [id], "post": {"summary": "Evaluate a cell in a context: stdout, stderr, the last expression's value, the error as name/value/traceback", "requestBody": body(&cell_req), "responses": with(serde_json::json!({"200": ok(&cell_res, "application/json")}))}},
             "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/readyz": {"get": {"summary": "Taking work", "security": [], "responses": {"200": {"description": "ready"}, "503": {"description": "shutting down"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},

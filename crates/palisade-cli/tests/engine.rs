@@ -842,6 +842,15 @@ fn a_templates_runs_reach_an_allowed_host_through_their_own_proxy() {
             !testnet::seen(&m).is_empty(),
             "the test host never saw run {i}'s request"
         );
-        assert_eq!(rep.network.allowed, 1, "{:?}", rep.network);
+        // The run's own proxy decided it: the connection, and the request on it, each allowed.
+        assert_eq!(rep.network.denied, 0, "{:?}", rep.network);
+        assert!(
+            rep.network.events.iter().any(|e| e
+                .request
+                .as_ref()
+                .is_some_and(|q| q.path.contains(&m) && q.status == Some(200))),
+            "{:?}",
+            rep.network
+        );
     }
 }

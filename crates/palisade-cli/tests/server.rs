@@ -1790,3 +1790,134 @@ print(json.dumps(out))
         "{j}"
     );
 }
+
+/// The code interpreter: a context keeps its variables from cell to cell; a cell answers its
+/// output, its last value and its error (name, value, traceback); its bounds (cell size, output,
+/// time, contexts) hold; an interpreter that is killed or exits loses its state and starts anew;
+/// the cell's code stays inside the boundary (it cannot read the host's files).
+#[test]
+fn the_code_interpreter_keeps_state_and_bounds_what_it_spends() {
+    let s = Server::start(POLICY, &[]);
+    let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cell = |body: Value| s.post(&format!("/v1/sandboxes/{id}/run_code"), &body);
+    let j = cell(
+        json!({"code": "import os\nx = 41\nprint('out')\nos.system('echo child >&2')\nx + 1"}),
+    )
+    .json();
+    assert_eq!(j["status"], "ok", "{j}");
+    assert_eq!(j["value"], "42");
+    assert_eq!(j["stdout"]["data"], "out\n");
+    assert_eq!(j["stderr"]["data"], "child\n");
+    assert_eq!(j["context"], "default");
+    assert_eq!(j["execution_count"], 1);
+    assert_eq!(j["restarted"], true);
+    let j = cell(json!({"code": "x"})).json();
+    assert_eq!(
+        (j["value"].as_str(), j["restarted"].as_bool()),
+        (Some("41"), Some(false)),
+        "{j}"
+    );
+    let j = cell(json!({"code": "def f():\n    raise ValueError('bad')\nf()"})).json();
+    assert_eq!(j["status"], "error");
+    assert_eq!(j["error"]["name"], "ValueError");
+    assert_eq!(j["error"]["value"], "bad");
+    let tb = j["error"]["traceback"].as_str().unwrap();
+    assert!(
+        tb.contains("<cell-3>") && tb.contains("in f") && !tb.contains("_cell("),
+        "{tb}"
+    );
+    // The host's files are not there for the cell.
+    let secret = s.dir.path().join("secret");
+    std::fs::write(&secret, "host-secret").unwrap();
+    let j =
+        cell(json!({"code": format!("open({:?}).read()", secret.display().to_string())})).json();
+    assert_eq!(j["error"]["name"], "FileNotFoundError", "{j}");
+    // Output past the cap is cut and marked.
+    let j = cell(json!({"code": "print('y' * 10000)", "output_bytes": 100})).json();
+    assert_eq!(j["stdout"]["bytes"], 100, "{j}");
+    assert_eq!(j["stdout"]["truncated"], true);
+    // Past its timeout the interpreter is killed; the next cell starts a new one.
+    let j = cell(json!({"code": "import time; time.sleep(60)", "timeout_ms": 300})).json();
+    assert_eq!(j["status"], "timeout", "{j}");
+    assert_eq!(j["error"]["name"], "TimeoutError");
+    let j = cell(json!({"code": "'x' in dir()"})).json();
+    assert_eq!(
+        (j["value"].as_str(), j["restarted"].as_bool()),
+        (Some("False"), Some(true)),
+        "{j}"
+    );
+    let j = cell(json!({"code": "import os; os._exit(3)"})).json();
+    assert_eq!(j["status"], "exited", "{j}");
+    assert!(
+        j["error"]["value"]
+            .as_str()
+            .unwrap()
+            .contains("exit code 3"),
+        "{j}"
+    );
+    // Bounds and bad input: each a 4xx naming the field.
+    let big = "#".repeat((1 << 20) + 1);
+    let r = cell(json!({"code": big}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("code"))
+    );
+    let r = cell(json!({"code": "1", "language": "ruby"}));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (400, Some("unknown-language"))
+    );
+    let r = cell(json!({"code": "1", "timeout_ms": 10_000_000}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("timeout_ms"))
+    );
+    let r = cell(json!({"code": "1", "context": "nope"}));
+    assert_eq!(r.status, 404);
+    let r = cell(json!({"code": "1", "bogus": 1}));
+    assert_eq!(r.status, 400);
+    // Contexts: each its own interpreter, at most eight.
+    let c = s.post(
+        &format!("/v1/sandboxes/{id}/contexts"),
+        &json!({"cwd": "../x"}),
+    );
+    assert_eq!(
+        (c.status, c.json()["error"]["field"].as_str()),
+        (400, Some("cwd"))
+    );
+    s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["mkdir", "sub"]}),
+    );
+    let c = s.post(
+        &format!("/v1/sandboxes/{id}/contexts"),
+        &json!({"cwd": "sub"}),
+    );
+    assert_eq!(c.status, 201, "{:?}", c.json());
+    let ctx = c.json()["id"].as_str().unwrap().to_owned();
+    let j = cell(json!({"code": "import os; os.getcwd()", "context": ctx})).json();
+    assert_eq!(j["value"], "'/workspace/sub'", "{j}");
+    for _ in 0..6 {
+        assert_eq!(
+            s.post(&format!("/v1/sandboxes/{id}/contexts"), &json!({}))
+                .status,
+            201
+        );
+    }
+    let r = s.post(&format!("/v1/sandboxes/{id}/contexts"), &json!({}));
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    let r = s.req("DELETE", &format!("/v1/sandboxes/{id}/contexts/{ctx}"), b"");
+    assert_eq!(r.status, 204);
+    assert_eq!(cell(json!({"code": "1", "context": ctx})).status, 404);
+    let list = s.get(&format!("/v1/sandboxes/{id}/contexts")).json();
+    assert_eq!(list.as_array().unwrap().len(), 7, "{list}");
+    // The session's end takes its interpreters with it.
+    assert_eq!(
+        s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").status,
+        200
+    );
+    assert_eq!(cell(json!({"code": "1"})).status, 410);
+}

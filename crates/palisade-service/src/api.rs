@@ -430,3 +430,105 @@ pub struct ErrorBody {
     /// What went wrong.
     pub error: crate::ServiceError,
 }
+
+/// `POST /v1/sandboxes/{id}/contexts`: a context of the code interpreter, a persistent
+/// interpreter whose variables live from one cell to the next.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ContextRequest {
+    /// The language of its cells: `python` (the only one so far).
+    #[serde(default)]
+    pub language: Option<String>,
+    /// Its working directory, relative to the session's.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Variables for its interpreter, on top of the session's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A context of the code interpreter.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ContextInfo {
+    /// Its id (`default` for the one cells run in when they name none).
+    pub id: String,
+    /// The language of its cells.
+    pub language: String,
+    /// Its working directory, relative to the session's (empty: the session's).
+    pub cwd: String,
+    /// Cells evaluated in it so far.
+    pub cells: u64,
+    /// Whether its interpreter is running (one starts at the next cell otherwise).
+    pub alive: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/run_code`: one cell for the code interpreter.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CellRequest {
+    /// The source of the cell (at most 1 MiB). The value of its last expression is returned.
+    pub code: String,
+    /// The context to run it in (default: the session's `default` context, made on first use).
+    #[serde(default)]
+    pub context: Option<String>,
+    /// The language: `python`.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// Wall-clock limit of the cell, in milliseconds (at most the ceiling's timeout); past it the
+    /// interpreter is killed and the context starts afresh at its next cell.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// stdout plus stderr kept, in bytes (default 1 MiB, at most the ceiling's output limit);
+    /// also the most kept of the value and of the traceback.
+    #[serde(default)]
+    pub output_bytes: Option<u64>,
+}
+
+/// How a cell ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CellStatus {
+    /// It ran to its end.
+    Ok,
+    /// It raised: see `error`.
+    Error,
+    /// It ran past its timeout; the interpreter was killed (the context's state is lost).
+    Timeout,
+    /// The interpreter ended during the cell (exit, signal, memory ceiling); the state is lost.
+    Exited,
+}
+
+/// An error a cell raised.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CellError {
+    /// The exception's type name (`ZeroDivisionError`).
+    pub name: String,
+    /// Its message.
+    pub value: String,
+    /// The formatted traceback, from the cell's own frames.
+    pub traceback: String,
+}
+
+/// The answer to `POST /v1/sandboxes/{id}/run_code`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CellResult {
+    /// The context it ran in.
+    pub context: String,
+    /// Its number in the context's current interpreter (1 after a fresh start).
+    pub execution_count: u64,
+    /// How it ended.
+    pub status: CellStatus,
+    /// What it (and the processes it started) wrote to stdout.
+    pub stdout: Data,
+    /// What it wrote to stderr.
+    pub stderr: Data,
+    /// `repr()` of its last expression, when that was an expression whose value is not `None`.
+    pub value: Option<String>,
+    /// The error it raised.
+    pub error: Option<CellError>,
+    /// Wall-clock time of the cell, in milliseconds.
+    pub wall_time_ms: f64,
+    /// A new interpreter was started for this cell (the first, or after a timeout or an exit).
+    pub restarted: bool,
+}

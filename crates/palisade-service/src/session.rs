@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+mod interp;
+
 /// Events of a streamed exec.
 pub type ExecStream = tokio::sync::mpsc::Receiver<ExecEvent>;
 
@@ -53,6 +55,8 @@ pub(crate) struct Session {
     /// Execs running now (all modes).
     running: Mutex<Vec<u64>>,
     wake: tokio::sync::Notify,
+    /// The code interpreter's contexts.
+    contexts: interp::Contexts,
 }
 
 /// A background exec.
@@ -273,6 +277,7 @@ impl Service {
             count: AtomicU64::new(0),
             running: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
+            contexts: interp::Contexts::default(),
         });
         {
             let mut keys = self

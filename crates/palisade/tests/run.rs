@@ -18,11 +18,27 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 #[derive(Debug, PartialEq, Eq)]
 struct Held {
     fds: usize,
-    threads: usize,
+    /// The library's threads (all named `palisade-*`): the test harness starts and ends threads
+    /// of its own for the next tests at any moment, which a count of all would see.
+    threads: Vec<String>,
     children: Vec<u32>,
     cgroups: Vec<String>,
     mounts: usize,
     temp_dirs: usize,
+}
+
+/// The names of this process's threads, sorted.
+fn thread_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|r| {
+            r.flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 fn held() -> Held {
@@ -77,7 +93,10 @@ fn held() -> Held {
         .unwrap_or(0);
     Held {
         fds: count("/proc/self/fd"),
-        threads: count("/proc/self/task"),
+        threads: thread_names()
+            .into_iter()
+            .filter(|n| n.starts_with("palisade-"))
+            .collect(),
         children,
         cgroups,
         mounts: std::fs::read_to_string("/proc/self/mountinfo")
@@ -97,7 +116,21 @@ fn assert_back_to(before: &Held) {
             return;
         }
         if t0.elapsed() > Duration::from_secs(20) {
-            panic!("left behind: before {before:?}, after {now:?}");
+            let fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+                .map(|r| {
+                    r.flatten()
+                        .map(|e| {
+                            let to = std::fs::read_link(e.path()).unwrap_or_default();
+                            format!("{}->{}", e.file_name().to_string_lossy(), to.display())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!(
+                "left behind: before {before:?}, after {now:?} (all threads now: {:?}; descriptors \
+                 now: {fds:?})",
+                thread_names()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -117,8 +150,12 @@ fn two_hundred_runs_from_tokio_half_cancelled_leave_nothing_behind() {
         .command(["/bin/sh", "-c", "echo done"])
         .build()
         .unwrap();
-    // Warm up what is opened once per process (e.g. the cgroup detection's caches).
+    // Warm up what is opened once per process, and once per sandbox value (each keeps the cgroup
+    // hierarchy it found, and the engine it resolved, for its later runs).
     assert_eq!(short.output().report.status, Status::Ok);
+    let mut warm = long.start(Io::default());
+    warm.kill();
+    assert_eq!(warm.wait().status, Status::Cancelled);
     // 200 runs at once hold a few descriptors each: raise the soft limit to the hard one, as a
     // server running that many would.
     // SAFETY: getrlimit/setrlimit on this process with a valid rlimit struct.
@@ -128,6 +165,14 @@ fn two_hundred_runs_from_tokio_half_cancelled_leave_nothing_behind() {
         l.rlim_cur = l.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &l);
     }
+    // And tokio's own process-wide state: built with its `signal` feature (as in a workspace
+    // build, where the CLI enables it), a first runtime opens a self-pipe kept for the process.
+    drop(
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
     let before = held();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)

@@ -1,0 +1,499 @@
+//! The stateful code interpreter of a session: contexts, each a persistent Python process inside
+//! the session's sandbox (an exec of the session, under its boundary and its cgroup), that
+//! evaluates cells one at a time and keeps its variables between them. A cell answers its stdout,
+//! stderr, the value of its last expression and its error as `name`/`value`/`traceback`.
+//!
+//! Everything a context spends is bounded: the size of a cell ([`MAX_CELL_BYTES`]), its output
+//! (the request's `output_bytes`, at most the ceiling's output limit), its wall time (the
+//! request's `timeout_ms`, at most the ceiling's timeout; past it the interpreter is killed and
+//! the context starts afresh at its next cell), the contexts of a session ([`MAX_CONTEXTS`]), and
+//! the line the interpreter answers with (read with a cap, checked as JSON). The interpreter is
+//! inside the boundary, so its answer is the code's own word, never trusted further than that.
+
+use super::Session;
+use crate::api::{
+    CellError, CellRequest, CellResult, CellStatus, ContextInfo, ContextRequest, Data,
+};
+use crate::client::Exit;
+use crate::proto;
+use crate::{Service, ServiceError};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+/// The driver the interpreter runs (`python3 -u -c DRIVER`).
+const DRIVER: &str = include_str!("interp.py");
+/// Largest cell, in bytes of source.
+pub const MAX_CELL_BYTES: usize = 1 << 20;
+/// Most contexts a session holds at once.
+pub const MAX_CONTEXTS: usize = 8;
+/// Default output kept per cell (stdout and stderr together), when the ceiling allows it.
+const DEFAULT_CELL_OUTPUT: u64 = 1 << 20;
+/// The languages a context may be of.
+const LANGUAGES: &str = "python";
+/// The id of the context a cell runs in when it names none.
+const DEFAULT_CONTEXT: &str = "default";
+/// How much of the interpreter's own stderr (outside cells: its start-up) is kept for messages.
+const STDERR_KEPT: usize = 4 << 10;
+
+/// The contexts of one session.
+#[derive(Default)]
+pub(crate) struct Contexts {
+    map: Mutex<HashMap<String, Arc<Context>>>,
+    next: AtomicU64,
+}
+
+struct Context {
+    id: String,
+    cwd: String,
+    env: Vec<(String, String)>,
+    /// The interpreter, when one is running; held for the length of a cell (one at a time).
+    proc: tokio::sync::Mutex<Option<Proc>>,
+    /// Cells evaluated by the current interpreter.
+    count: AtomicU64,
+    /// Cells evaluated in all.
+    total: AtomicU64,
+    /// The interpreter's exec id while one runs (0: none), for a delete during a cell.
+    exec: AtomicU64,
+}
+
+/// A running interpreter.
+struct Proc {
+    exec: u64,
+    stdin: tokio::net::unix::pipe::Sender,
+    stdout: tokio::io::BufReader<tokio::net::unix::pipe::Receiver>,
+    /// What it wrote to its own stderr outside cells (start-up errors), the first few KiB.
+    stderr: Arc<Mutex<Vec<u8>>>,
+    exit: tokio::sync::oneshot::Receiver<Exit>,
+}
+
+/// The interpreter's answer for one cell (checked against this shape; unknown fields refused).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Answer {
+    stdout: String,
+    stdout_truncated: bool,
+    stderr: String,
+    stderr_truncated: bool,
+    value: Option<String>,
+    error: Option<CellError>,
+}
+
+impl Context {
+    fn info(&self, alive: bool) -> ContextInfo {
+        ContextInfo {
+            id: self.id.clone(),
+            language: LANGUAGES.into(),
+            cwd: self.cwd.clone(),
+            cells: self.total.load(Ordering::Relaxed),
+            alive,
+        }
+    }
+}
+
+fn check_language(l: Option<&str>, field: &str) -> Result<(), ServiceError> {
+    match l {
+        None | Some("python") | Some("python3") | Some("py") => Ok(()),
+        Some(other) => Err(ServiceError {
+            code: "unknown-language",
+            ..ServiceError::invalid(field, other, LANGUAGES)
+        }),
+    }
+}
+
+impl Service {
+    /// `POST /v1/sandboxes/{id}/contexts`: a new context (an interpreter starts at its first cell).
+    pub async fn create_context(
+        &self,
+        id: &str,
+        req: ContextRequest,
+    ) -> Result<ContextInfo, ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        check_language(req.language.as_deref(), "language")?;
+        let ctx = new_context(&s, None, &req)?;
+        Ok(ctx.info(false))
+    }
+
+    /// `GET /v1/sandboxes/{id}/contexts`.
+    pub async fn list_contexts(&self, id: &str) -> Result<Vec<ContextInfo>, ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        let all: Vec<Arc<Context>> = s
+            .contexts
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut v = Vec::new();
+        for c in all {
+            let alive = match c.proc.try_lock() {
+                Ok(g) => g.is_some(),
+                // A cell is running in it.
+                Err(_) => true,
+            };
+            v.push(c.info(alive));
+        }
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(v)
+    }
+
+    /// `DELETE /v1/sandboxes/{id}/contexts/{ctx}`: ends its interpreter (a running cell with it).
+    pub async fn delete_context(&self, id: &str, ctx: &str) -> Result<(), ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        let c = s
+            .contexts
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(ctx)
+            .ok_or_else(|| ServiceError::not_found("context", ctx))?;
+        // A cell running in it holds the lock: its interpreter is killed by its exec id, and
+        // the cell, seeing its context gone from the map, drops what is left.
+        let exec = c.exec.swap(0, Ordering::SeqCst);
+        if exec != 0 {
+            let _ = s.conn.signal(exec, 9).await;
+        }
+        if let Ok(mut g) = c.proc.try_lock() {
+            g.take();
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/run_code`: evaluates one cell in a context (the `default` one
+    /// when the request names none), starting its interpreter first when none runs.
+    pub async fn run_cell(&self, id: &str, req: CellRequest) -> Result<CellResult, ServiceError> {
+        let s = self.session(id)?;
+        s.touch();
+        check_language(req.language.as_deref(), "language")?;
+        if req.code.len() > MAX_CELL_BYTES {
+            return Err(ServiceError::invalid(
+                "code",
+                format!("{} bytes", req.code.len()),
+                format!("at most {MAX_CELL_BYTES} bytes of source"),
+            ));
+        }
+        let c = self.inner.config.ceiling.policy().limits;
+        let timeout = req.timeout_ms.unwrap_or(c.timeout_ms);
+        if timeout == 0 {
+            return Err(ServiceError::invalid(
+                "timeout_ms",
+                "0",
+                format!("between 1 and {}", c.timeout_ms),
+            ));
+        }
+        if timeout > c.timeout_ms {
+            return Err(ServiceError::ceiling("timeout_ms", timeout, c.timeout_ms));
+        }
+        let cap = req
+            .output_bytes
+            .unwrap_or(DEFAULT_CELL_OUTPUT.min(c.output_bytes));
+        if cap == 0 || cap > c.output_bytes {
+            return Err(ServiceError::ceiling("output_bytes", cap, c.output_bytes));
+        }
+        let ctx = match req.context.as_deref() {
+            None => {
+                let known = s
+                    .contexts
+                    .map
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(DEFAULT_CONTEXT)
+                    .cloned();
+                match known {
+                    Some(c) => c,
+                    None => new_context(&s, Some(DEFAULT_CONTEXT), &ContextRequest::default())?,
+                }
+            }
+            Some(name) => s
+                .contexts
+                .map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ServiceError::not_found("context", name))?,
+        };
+        let Ok(mut guard) = ctx.proc.try_lock() else {
+            return Err(ServiceError::conflict(
+                "context",
+                format!(
+                    "a cell is running in context {}; contexts run one cell at a time",
+                    ctx.id
+                ),
+            ));
+        };
+        let restarted = guard.is_none();
+        if guard.is_none() {
+            let p = self.start_interpreter(&s, &ctx).await?;
+            ctx.exec.store(p.exec, Ordering::SeqCst);
+            *guard = Some(p);
+            ctx.count.store(0, Ordering::Relaxed);
+        }
+        let exec = guard.as_ref().map(|p| p.exec).unwrap_or_default();
+        // A running cell keeps the session from going idle, like a running exec.
+        s.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(exec);
+        let t0 = Instant::now();
+        let line = {
+            let p = guard.as_mut().expect("started above");
+            let mut req_line =
+                serde_json::to_vec(&serde_json::json!({"code": req.code, "output": cap}))
+                    .map_err(|e| ServiceError::internal(format!("encoding a cell: {e}")))?;
+            req_line.push(b'\n');
+            // The answer holds the output, the value and the traceback (each at most `cap`
+            // bytes, JSON-escaped at most six times larger) and a little more.
+            let max_line = cap.saturating_mul(3 * 6).saturating_add(64 << 10);
+            tokio::time::timeout(
+                Duration::from_millis(timeout),
+                exchange(p, &req_line, max_line),
+            )
+            .await
+        };
+        s.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|x| *x != exec);
+        s.touch();
+        s.wake.notify_waiters();
+        let wall_time_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let n = ctx.count.fetch_add(1, Ordering::Relaxed) + 1;
+        ctx.total.fetch_add(1, Ordering::Relaxed);
+        let base = CellResult {
+            context: ctx.id.clone(),
+            execution_count: n,
+            status: CellStatus::Ok,
+            stdout: Data::new(Vec::new(), false),
+            stderr: Data::new(Vec::new(), false),
+            value: None,
+            error: None,
+            wall_time_ms,
+            restarted,
+        };
+        let deleted = !s
+            .contexts
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&ctx.id);
+        let out = match line {
+            Ok(Ok(a)) => {
+                let status = if a.error.is_some() {
+                    CellStatus::Error
+                } else {
+                    CellStatus::Ok
+                };
+                CellResult {
+                    status,
+                    stdout: Data::new(a.stdout.into_bytes(), a.stdout_truncated),
+                    stderr: Data::new(a.stderr.into_bytes(), a.stderr_truncated),
+                    value: a.value,
+                    error: a.error,
+                    ..base
+                }
+            }
+            Ok(Err(why)) => {
+                // The interpreter ended (os._exit, a signal, the OOM killer) or broke the
+                // protocol: the context's state is gone; its next cell starts afresh.
+                let p = guard.take().expect("started above");
+                let _ = s.conn.signal(p.exec, 9).await;
+                let detail = end_detail(p).await;
+                CellResult {
+                    status: CellStatus::Exited,
+                    error: Some(CellError {
+                        name: "InterpreterExited".into(),
+                        value: format!("{why}{detail}; the context's state is lost and its next cell starts a new interpreter"),
+                        traceback: String::new(),
+                    }),
+                    ..base
+                }
+            }
+            Err(_) => {
+                let p = guard.take().expect("started above");
+                let _ = s.conn.signal(p.exec, 9).await;
+                CellResult {
+                    status: CellStatus::Timeout,
+                    error: Some(CellError {
+                        name: "TimeoutError".into(),
+                        value: format!("the cell ran past its timeout of {timeout} ms and its interpreter was killed; the context's state is lost and its next cell starts a new interpreter"),
+                        traceback: String::new(),
+                    }),
+                    ..base
+                }
+            }
+        };
+        if deleted {
+            if let Some(p) = guard.take() {
+                let _ = s.conn.signal(p.exec, 9).await;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn start_interpreter(
+        &self,
+        s: &Arc<Session>,
+        ctx: &Context,
+    ) -> Result<Proc, ServiceError> {
+        let argv = vec![
+            "python3".to_string(),
+            "-u".into(),
+            "-c".into(),
+            DRIVER.into(),
+        ];
+        let mut env = s.env.clone();
+        for (k, v) in &ctx.env {
+            env.retain(|(n, _)| n != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let e = match s.conn.exec(argv, env, ctx.cwd.clone()).await {
+            Ok(Ok(e)) => e,
+            Ok(Err((code, message))) => return Err(crate::run::exec_error(&code, &message)),
+            Err(e) => {
+                return Err(ServiceError::gone(
+                    &s.id,
+                    &format!("its agent is gone ({})", e.0),
+                ))
+            }
+        };
+        s.count.fetch_add(1, Ordering::Relaxed);
+        self.inner.metrics.exec();
+        let crate::client::Exec {
+            id,
+            stdin,
+            stdout,
+            mut stderr,
+            exit,
+            ..
+        } = e;
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let k2 = kept.clone();
+        // Drains the interpreter's own stderr (so it never blocks on it), keeping the first KiB.
+        tokio::spawn(async move {
+            let mut b = vec![0u8; 8 << 10];
+            while let Ok(n) = stderr.read(&mut b).await {
+                if n == 0 {
+                    break;
+                }
+                let mut k = k2.lock().unwrap_or_else(|p| p.into_inner());
+                let room = STDERR_KEPT.saturating_sub(k.len());
+                k.extend_from_slice(&b[..n.min(room)]);
+            }
+        });
+        let Some(stdin) = stdin else {
+            return Err(ServiceError::internal("the interpreter has no stdin"));
+        };
+        Ok(Proc {
+            exec: id,
+            stdin,
+            stdout: tokio::io::BufReader::with_capacity(64 << 10, stdout),
+            stderr: kept,
+            exit,
+        })
+    }
+}
+
+fn new_context(
+    s: &Arc<Session>,
+    name: Option<&str>,
+    req: &ContextRequest,
+) -> Result<Arc<Context>, ServiceError> {
+    let cwd = match &req.cwd {
+        None => String::new(),
+        Some(p) => {
+            proto::check_path(p).map_err(|e| ServiceError::invalid("cwd", p.as_str(), e))?;
+            p.clone()
+        }
+    };
+    let mut env = Vec::new();
+    for (k, v) in &req.env {
+        palisade::policy::EnvVar::new(k, v)
+            .map_err(|e| ServiceError::invalid(format!("env.{k}"), k.as_str(), e.to_string()))?;
+        env.push((k.clone(), v.clone()));
+    }
+    let mut map = s.contexts.map.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = name {
+        if let Some(c) = map.get(n) {
+            return Ok(c.clone());
+        }
+    }
+    if map.len() >= MAX_CONTEXTS {
+        return Err(ServiceError::conflict(
+            "contexts",
+            format!(
+                "the session already holds its maximum of {MAX_CONTEXTS} contexts; delete one first"
+            ),
+        ));
+    }
+    let id = match name {
+        Some(n) => n.to_owned(),
+        None => format!(
+            "ctx-{}",
+            s.contexts.next.fetch_add(1, Ordering::Relaxed) + 1
+        ),
+    };
+    let c = Arc::new(Context {
+        id: id.clone(),
+        cwd,
+        env,
+        proc: tokio::sync::Mutex::new(None),
+        count: AtomicU64::new(0),
+        total: AtomicU64::new(0),
+        exec: AtomicU64::new(0),
+    });
+    map.insert(id, c.clone());
+    Ok(c)
+}
+
+/// Sends one cell and reads its answer: one line of at most `max_line` bytes, JSON of the
+/// answer's shape. An error says why the interpreter is no longer usable.
+async fn exchange(p: &mut Proc, req: &[u8], max_line: u64) -> Result<Answer, String> {
+    p.stdin
+        .write_all(req)
+        .await
+        .map_err(|e| format!("the interpreter does not read its input ({e})"))?;
+    let mut line = Vec::new();
+    let n = (&mut p.stdout)
+        .take(max_line + 1)
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| format!("reading the interpreter's answer: {e}"))?;
+    if n == 0 {
+        return Err("the interpreter exited".into());
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(if n as u64 > max_line {
+            format!("the interpreter's answer is longer than {max_line} bytes")
+        } else {
+            "the interpreter exited".into()
+        });
+    }
+    let a: Answer = serde_json::from_slice(&line)
+        .map_err(|e| format!("the interpreter's answer is not of the protocol ({e})"))?;
+    Ok(a)
+}
+
+/// How the interpreter ended, for the message: its exit code or signal and its first stderr.
+async fn end_detail(p: Proc) -> String {
+    let exit = tokio::time::timeout(Duration::from_secs(2), p.exit).await;
+    let mut s = match exit {
+        Ok(Ok(Exit { code: Some(c), .. })) => format!(" (exit code {c})"),
+        Ok(Ok(Exit {
+            signal: Some(g), ..
+        })) => format!(" (killed by signal {g})"),
+        _ => String::new(),
+    };
+    let kept = p.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if !kept.is_empty() {
+        s.push_str(": ");
+        s.push_str(&crate::shorten(&String::from_utf8_lossy(&kept), 1000));
+    }
+    s
+}

@@ -1,0 +1,223 @@
+"""What the server answers, as typed objects. Each keeps the server's JSON in ``raw``; a run's
+``report`` is palisade's full report (docs/report.md), unchanged."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _data(d: Any) -> tuple[bytes, bool]:
+    if not isinstance(d, dict):
+        return b"", False
+    text = str(d.get("data", ""))
+    raw = base64.b64decode(text) if d.get("encoding") == "base64" else text.encode()
+    return raw, bool(d.get("truncated", False))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a run (compile, or a session's command)."""
+
+    status: str
+    exit_code: int | None
+    signal: int | None
+    wall_time_ms: float
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    truncated: bool
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def stdout(self) -> str:
+        """stdout as text (bytes that are not UTF-8 replaced)."""
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """stderr as text."""
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        """It exited 0."""
+        return self.status == "ok"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Stage:
+        out, t1 = _data(d.get("stdout"))
+        err, t2 = _data(d.get("stderr"))
+        return cls(
+            status=str(d.get("status")),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            wall_time_ms=float(d.get("wall_time_ms") or 0.0),
+            stdout_bytes=out,
+            stderr_bytes=err,
+            truncated=t1 or t2,
+            raw=d,
+        )
+
+
+#: E2B's name for a session command's result.
+CommandResult = Stage
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The result of a one-shot run (``palisade.run``, a line of ``run_batch``).
+
+    ``status`` is one of ``ok``, ``exit``, ``signal``, ``timeout``, ``cpu-timeout``, ``oom``,
+    ``output-limit``, ``policy-denied``, ``sandbox-error``; ``sandbox-error`` is never the
+    program's own result (``error`` says what failed)."""
+
+    status: str
+    exit_code: int | None
+    signal: int | None
+    wall_time_ms: float
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    truncated: bool
+    compile: Stage | None
+    files: dict[str, bytes]
+    file_errors: dict[str, str]
+    error: dict[str, Any] | None
+    report: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def limits_hit(self) -> list[str]:
+        """The limits that ended the run (``timeout``, ``cpu-timeout``, ``oom``,
+        ``output-limit``), from the status and the report."""
+        hit = []
+        if self.status in ("timeout", "cpu-timeout", "oom", "output-limit"):
+            hit.append(self.status)
+        if self.report.get("oom_kills") and "oom" not in hit:
+            hit.append("oom")
+        if self.report.get("output_truncated") and "output-limit" not in hit:
+            hit.append("output-limit")
+        return hit
+
+    @property
+    def denied_egress(self) -> list[dict[str, Any]]:
+        """Connections the egress proxy refused: the report's ``network.events`` whose
+        ``decision`` is not ``allowed``."""
+        net = self.report.get("network") or {}
+        return [
+            e
+            for e in net.get("events") or []
+            if isinstance(e, dict) and e.get("decision") != "allowed"
+        ]
+
+    @property
+    def refused_calls(self) -> list[dict[str, Any]]:
+        """System calls the seccomp filter refused (the report's ``denied_syscalls``)."""
+        return [c for c in self.report.get("denied_syscalls") or [] if isinstance(c, dict)]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunResult:
+        out, t1 = _data(d.get("stdout"))
+        err, t2 = _data(d.get("stderr"))
+        comp = d.get("compile")
+        return cls(
+            status=str(d.get("status")),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            wall_time_ms=float(d.get("wall_time_ms") or 0.0),
+            stdout_bytes=out,
+            stderr_bytes=err,
+            truncated=t1 or t2,
+            compile=Stage.from_json(comp) if isinstance(comp, dict) else None,
+            files={k: _data(v)[0] for k, v in (d.get("files") or {}).items()},
+            file_errors=dict(d.get("file_errors") or {}),
+            error=d.get("error"),
+            report=d.get("report") or {},
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ExecutionError:
+    """An error a cell raised: its type's name, its message, its traceback."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The result of ``run_code``: a cell evaluated in a persistent interpreter.
+
+    ``status``: ``ok``, ``error`` (see ``error``), ``timeout`` or ``exited`` (the interpreter
+    was killed or ended; the context's variables are lost)."""
+
+    context: str
+    execution_count: int
+    status: str
+    stdout: str
+    stderr: str
+    text: str | None
+    error: ExecutionError | None
+    wall_time_ms: float
+    restarted: bool
+    truncated: bool
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def value(self) -> str | None:
+        """``repr()`` of the cell's last expression (E2B calls it ``text``)."""
+        return self.text
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Execution:
+        out, t1 = _data(d.get("stdout"))
+        err, t2 = _data(d.get("stderr"))
+        e = d.get("error")
+        return cls(
+            context=str(d.get("context")),
+            execution_count=int(d.get("execution_count") or 0),
+            status=str(d.get("status")),
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            text=d.get("value"),
+            error=ExecutionError(str(e.get("name")), str(e.get("value")), str(e.get("traceback")))
+            if isinstance(e, dict)
+            else None,
+            wall_time_ms=float(d.get("wall_time_ms") or 0.0),
+            restarted=bool(d.get("restarted")),
+            truncated=t1 or t2,
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """An entry of a directory listing."""
+
+    name: str
+    type: str
+    size: int | None
+    raw: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Context:
+    """A context of the code interpreter."""
+
+    id: str
+    language: str
+    cwd: str
