@@ -67,12 +67,14 @@ while read -r exe; do
 done < "$stage/tests.txt"
 
 # The Python SDK and its executors (python/tests) against the real server, as root and as the
-# test user, in the venv scripts/python-venv.sh makes (.ci/setup); mypy --strict on the package.
+# test user, in the venv scripts/python-venv.sh makes (.ci/setup); mypy --strict on the package
+# (with python/pyproject.toml's [tool.mypy]: mypy looks for one from the working directory up).
 venv=${PALISADE_PYTHON_VENV:-/opt/palisade-ci/python-venv}
 [ -x "$venv/bin/pytest" ] || { echo "no $venv/bin/pytest: run scripts/python-venv.sh (.ci/setup does)" >&2; exit 1; }
 scripts/python-venv.sh "$venv"
 echo "== mypy --strict python/src/palisade"
-"$venv/bin/mypy" --strict --cache-dir "$stage/mypy-cache" python/src/palisade || status=1
+"$venv/bin/mypy" --strict --config-file python/pyproject.toml --cache-dir "$stage/mypy-cache" \
+    python/src/palisade || status=1
 echo "== python/tests as root"
 PALISADE_BIN="$PWD/target/debug/palisade" "$venv/bin/pytest" -q -p no:cacheprovider python/tests --rootdir python \
     --ignore=python/tests/ray || status=1

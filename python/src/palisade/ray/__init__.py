@@ -35,7 +35,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -75,9 +75,9 @@ class Policy:
     ``cpus``. ``allow_net``: egress allow rules (each one of the servers' own). ``env``:
     variables set inside."""
 
-    limits: dict = field(default_factory=dict)
-    allow_net: tuple = ()
-    env: dict = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
+    allow_net: Sequence[str] = ()  # kept as a tuple
+    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.limits, dict):
@@ -90,9 +90,9 @@ class Policy:
         if isinstance(self.allow_net, str) or not all(isinstance(a, str) for a in self.allow_net):
             raise ValueError(f"policy.allow_net: {self.allow_net!r}: give a list of host rules")
         object.__setattr__(self, "allow_net", tuple(self.allow_net))
-        for k, v in self.env.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise ValueError(f"policy.env.{k}: {v!r}: give string names and values")
+        for name, value in self.env.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ValueError(f"policy.env.{name}: {value!r}: give string names and values")
 
     @classmethod
     def of(cls, p: Any) -> "Policy":
@@ -107,13 +107,13 @@ class Policy:
             return cls(**p)
         raise TypeError(f"policy: {p!r}: give a palisade.ray.Policy or a dict")
 
-    def request(self, item: Any, where: str) -> dict:
+    def request(self, item: Any, where: str) -> dict[str, Any]:
         """The request for ``item`` (a request dict, or an argv list) with this policy on it. An
         item may add limits the policy leaves open, never change one it sets."""
         if isinstance(item, (list, tuple)):
             if not item or not all(isinstance(a, str) for a in item):
                 raise ValueError(f"{where}: {item!r}: give a non-empty argv of strings or a request dict")
-            req: dict = {"command": list(item)}
+            req: dict[str, Any] = {"command": list(item)}
         elif isinstance(item, dict):
             req = json.loads(json.dumps(item))  # a copy, and only JSON in it
         else:
@@ -130,10 +130,10 @@ class Policy:
             req["allow_net"] = list(self.allow_net)
         if self.env:
             env = req.setdefault("env", {})
-            for k, v in self.env.items():
-                if k in env and env[k] != v:
-                    raise ValueError(f"{where}.env.{k}: {env[k]!r}: the policy sets it to {v!r}")
-                env[k] = v
+            for name, value in self.env.items():
+                if name in env and env[name] != value:
+                    raise ValueError(f"{where}.env.{name}: {env[name]!r}: the policy sets it to {value!r}")
+                env[name] = value
         return req
 
 
@@ -148,7 +148,7 @@ class Result:
     status: str
     node_id: Optional[str]
     attempts: int
-    response: dict
+    response: dict[str, Any]
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -163,11 +163,11 @@ class Result:
         return _text(self.response.get("stderr"))
 
     @property
-    def error(self) -> Optional[dict]:
+    def error(self) -> Optional[dict[str, Any]]:
         return self.response.get("error")
 
     @property
-    def report(self) -> Optional[dict]:
+    def report(self) -> Optional[dict[str, Any]]:
         return self.response.get("report")
 
 
@@ -175,7 +175,10 @@ def _text(d: Any) -> str:
     if not d:
         return ""
     if d.get("encoding") == "utf-8":
-        return d["data"]
+        data = d["data"]
+        if not isinstance(data, str):
+            raise ValueError(f"output data: {data!r}: the server gave no string for utf-8 text")
+        return data
     import base64
     return base64.b64decode(d["data"]).decode("utf-8", "replace")
 
@@ -187,7 +190,7 @@ _Actor = ray.remote(PalisadeNode)
 class _Node:
     node_id: str
     actor: Any
-    info: dict
+    info: dict[str, Any]
     cap: int
     load: int = 0
     usable: bool = True
@@ -225,7 +228,8 @@ class NodePool:
             alive = wanted
         if not alive:
             raise NoNodeAvailable("the Ray cluster has no alive node")
-        actors = {}
+        # Ray's annotations give a handle's methods no ``.remote``: the handles are Any here.
+        actors: dict[str, Any] = {}
         for node_id in alive:
             actors[node_id] = _Actor.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
@@ -240,7 +244,7 @@ class NodePool:
         self._nodes: dict[str, _Node] = {}
         for node_id, actor in actors.items():
             try:
-                info = ray.get(actor.info.remote(), timeout=ready_timeout + 60)
+                info: dict[str, Any] = ray.get(actor.info.remote(), timeout=ready_timeout + 60)
             except _GONE as e:
                 info = {"state": "gone", "reason": f"its actor died at start: {e}"}
             node = _Node(node_id, actor, info, concurrency_per_node)
@@ -249,9 +253,9 @@ class NodePool:
                 node.reason = info.get("reason")
             self._nodes[node_id] = node
 
-    def nodes(self) -> list:
+    def nodes(self) -> list[dict[str, Any]]:
         """Each node: ``node_id``, ``state`` (``ready``, ``refusing``, ``gone``), ``reason``."""
-        out = []
+        out: list[dict[str, Any]] = []
         for n in self._nodes.values():
             state = n.info.get("state", "gone") if n.usable else (
                 "refusing" if n.info.get("state") == "refusing" else "gone")
@@ -299,7 +303,8 @@ class NodePool:
             cands = [n for n in cands if n.node_id == node_id]
             if not cands:
                 n = self._nodes.get(node_id)
-                raise NodeRefused(f"node {node_id}: " + (n.reason if n else "not in this pool"))
+                raise NodeRefused(f"node {node_id}: " + (
+                    (n.reason or "it takes no work") if n else "not in this pool"))
         if not cands:
             raise NoNodeAvailable(self._reasons())
         node = min(cands, key=lambda n: n.load)
@@ -341,9 +346,10 @@ class NodePool:
         self.shutdown()
 
 
-def _call(node: _Node, method: str, path: str, body: Optional[bytes] = None) -> dict:
+def _call(node: _Node, method: str, path: str,
+          body: Optional[bytes] = None) -> dict[str, Any]:
     try:
-        out = ray.get(node.actor.call.remote(method, path, body))
+        out: dict[str, Any] = ray.get(node.actor.call.remote(method, path, body))
     except _GONE as e:
         node.usable = False
         node.reason = f"its actor is gone: {type(e).__name__}"
@@ -360,13 +366,14 @@ class Session:
     it. If that node goes away the session is gone (:class:`SessionLost`), never re-created
     elsewhere behind the caller's back."""
 
-    def __init__(self, node: _Node, created: dict):
+    def __init__(self, node: _Node, created: dict[str, Any]):
         self._node = node
         self.id: str = created["id"]
         self.created = created
         self.node_id = node.node_id
 
-    def _json(self, method: str, path: str, obj: Any = None, ok: tuple = (200,)) -> Any:
+    def _json(self, method: str, path: str, obj: Any = None,
+              ok: tuple[int, ...] = (200,)) -> Any:
         body = None if obj is None else json.dumps(obj).encode()
         out = _call(self._node, method, f"/v1/sandboxes/{self.id}{path}", body)
         if out["status"] not in ok:
@@ -374,9 +381,12 @@ class Session:
                                f"{out['body'][:2000].decode('utf-8', 'replace')}")
         return json.loads(out["body"]) if out["body"] else None
 
-    def exec(self, command: list, **fields: Any) -> dict:
+    def exec(self, command: Sequence[str], **fields: Any) -> dict[str, Any]:
         """Runs ``command`` in the session and waits: the stage (``exit_code``, ``stdout``...)."""
-        return self._json("POST", "/exec", dict(fields, command=list(command)))
+        stage = self._json("POST", "/exec", dict(fields, command=list(command)))
+        if not isinstance(stage, dict):
+            raise RuntimeError(f"session {self.id}/exec: the answer is not a JSON object: {stage!r:.2000}")
+        return stage
 
     def write_file(self, path: str, data: bytes) -> None:
         out = _call(self._node, "PUT", f"/v1/sandboxes/{self.id}/files/{path}", data)
@@ -389,7 +399,10 @@ class Session:
         if out["status"] != 200:
             raise RuntimeError(f"session {self.id}: reading {path}: HTTP {out['status']}: "
                                f"{out['body'][:2000].decode('utf-8', 'replace')}")
-        return out["body"]
+        body = out["body"]
+        if not isinstance(body, bytes):
+            raise RuntimeError(f"session {self.id}: reading {path}: the node gave {type(body).__name__}, not bytes")
+        return body
 
     def close(self) -> Any:
         """Destroys the session: its final report."""
@@ -405,8 +418,12 @@ class Session:
             pass
 
 
+# An item waiting to be sent: (index, request, attempts so far).
+_Job = tuple[int, dict[str, Any], int]
+
+
 class _Batch:
-    def __init__(self, pool: NodePool, items: Iterator, policy: Policy, idempotent: bool,
+    def __init__(self, pool: NodePool, items: Iterator[Any], policy: Policy, idempotent: bool,
                  ordered: bool, window: Optional[int]):
         self.pool = pool
         self.items = items
@@ -417,12 +434,12 @@ class _Batch:
         self.window = window if window is not None else max(256, 8 * slots)
         self.next_index = 0          # the next item to read
         self.exhausted = False
-        self.retry: collections.deque = collections.deque()  # (index, request, attempts)
-        self.inflight: dict = {}     # ref -> (index, request, attempts, node)
-        self.done: dict = {}         # index -> Result (ordered mode's buffer)
+        self.retry: collections.deque[_Job] = collections.deque()
+        self.inflight: dict[Any, tuple[int, dict[str, Any], int, _Node]] = {}  # by object ref
+        self.done: dict[int, Result] = {}  # ordered mode's buffer
         self.next_out = 0
 
-    def _take(self) -> Optional[tuple]:
+    def _take(self) -> Optional[_Job]:
         if self.retry:
             return self.retry.popleft()
         if self.exhausted:
@@ -455,11 +472,11 @@ class _Batch:
             node.load += 1
             self.inflight[ref] = (i, req, attempts + 1, node)
 
-    def _finish(self, r: Result) -> list:
+    def _finish(self, r: Result) -> list[Result]:
         if not self.ordered:
             return [r]
         self.done[r.index] = r
-        out = []
+        out: list[Result] = []
         while self.next_out in self.done:
             out.append(self.done.pop(self.next_out))
             self.next_out += 1

@@ -34,7 +34,7 @@ class _UnixConnection(http.client.HTTPConnection):
 class Response:
     status: int
     body: bytes
-    headers: dict
+    headers: dict[str, str]
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -58,7 +58,7 @@ class Client:
         self.address = address
 
     def request(self, method: str, path: str, body: Optional[bytes] = None,
-                timeout: float = 600.0, headers: Optional[dict] = None) -> Response:
+                timeout: float = 600.0, headers: Optional[dict[str, str]] = None) -> Response:
         if self._unix is not None:
             conn: http.client.HTTPConnection = _UnixConnection(self._unix, timeout)
         else:

@@ -84,14 +84,14 @@ def _set_pdeathsig() -> None:
 class _Server:
     """One ``palisade serve`` child, its log tail and its address."""
 
-    def __init__(self, argv: list, env: dict):
+    def __init__(self, argv: list[str], env: dict[str, str]):
         self._argv = argv
         self._env = env
         self._log = bytearray()
         self._lock = threading.Lock()
         self._started = threading.Event()
         self._exited = threading.Event()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
         self.error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._keep, name="palisade-serve", daemon=True)
         self._thread.start()
@@ -142,7 +142,7 @@ class PalisadeNode:
     """Ray actor body (``palisade.ray`` wraps it with ``ray.remote``): one per node."""
 
     def __init__(self, concurrency: int, max_queue: int, server_policy: Optional[str],
-                 listen: str, server_args: list, ready_timeout: float, shutdown_grace: float):
+                 listen: str, server_args: list[str], ready_timeout: float, shutdown_grace: float):
         import ray  # the actor runs inside a Ray worker
 
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -229,7 +229,7 @@ class PalisadeNode:
                 return
             time.sleep(0.2)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
             "hostname": self.hostname,
@@ -253,7 +253,7 @@ class PalisadeNode:
             return self.refusal
         return None
 
-    def run(self, request: dict) -> dict:
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
         """One ``POST /v1/run``. ``outcome``: ``done`` (the server answered: a result or a refusal
         of this request), ``retry`` (nothing was started: busy, shutting down, or the node
         refuses), ``lost`` (the exchange broke after the request was sent: it may have run)."""
@@ -273,7 +273,7 @@ class PalisadeNode:
         return _classify(r.status, r.body, r.headers)
 
     def call(self, method: str, path: str, body: Optional[bytes] = None,
-             timeout: float = 24 * 3600) -> dict:
+             timeout: float = 24 * 3600) -> dict[str, Any]:
         """Any other call (sessions, languages, metrics): the HTTP status and body as they are."""
         reason = self._gone()
         if reason:
@@ -308,7 +308,7 @@ def _listen_address(log: str) -> Optional[str]:
     return rest[:end].strip('"')
 
 
-def _classify(status: int, body: bytes, headers: dict) -> dict:
+def _classify(status: int, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
     try:
         j = json.loads(body) if body else {}
     except ValueError:
