@@ -80,7 +80,10 @@ PALISADE_BIN="$PWD/target/debug/palisade" "$venv/bin/pytest" -q -p no:cacheprovi
     --ignore=python/tests/ray || status=1
 cp -r python/tests "$stage/python-tests"
 cp -r python/src "$stage/python-src"
-chmod -R a+rX "$stage/python-tests" "$stage/python-src"
+# python/tests/ray finds python/src and python/examples from its own path: laid out as here.
+mkdir -p "$stage/python"
+cp -r python/src python/tests python/examples "$stage/python/"
+chmod -R a+rX "$stage/python-tests" "$stage/python-src" "$stage/python"
 echo "== python/tests as $TEST_USER"
 (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
     PALISADE_BIN="$stage/palisade" "$venv/bin/pytest" -q -p no:cacheprovider "$stage/python-tests" --rootdir "$stage/python-tests" \
@@ -95,6 +98,6 @@ PALISADE_BIN="$PWD/target/debug/palisade" PYTHONPATH="$PWD/python/src" "$ray_ven
     -p no:cacheprovider python/tests/ray --rootdir python || status=1
 echo "== python/tests/ray as $TEST_USER"
 (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
-    PALISADE_BIN="$stage/palisade" PYTHONPATH="$stage/python-src" "$ray_venv/bin/python" -m pytest -q \
-    -p no:cacheprovider "$stage/python-tests/ray" --rootdir "$stage/python-tests") || status=1
+    PALISADE_BIN="$stage/palisade" PYTHONPATH="$stage/python/src" "$ray_venv/bin/python" -m pytest -q \
+    -p no:cacheprovider "$stage/python/tests/ray" --rootdir "$stage/python") || status=1
 exit $status
