@@ -67,19 +67,37 @@ while read -r exe; do
 done < "$stage/tests.txt"
 
 # The Python SDK and its executors (python/tests) against the real server, as root and as the
-# test user, in the venv scripts/python-venv.sh makes (.ci/setup); mypy --strict on the package.
+# test user, in the venv scripts/python-venv.sh makes (.ci/setup); mypy --strict on the package
+# (with python/pyproject.toml's [tool.mypy]: mypy looks for one from the working directory up).
 venv=${PALISADE_PYTHON_VENV:-/opt/palisade-ci/python-venv}
 [ -x "$venv/bin/pytest" ] || { echo "no $venv/bin/pytest: run scripts/python-venv.sh (.ci/setup does)" >&2; exit 1; }
 scripts/python-venv.sh "$venv"
 echo "== mypy --strict python/src/palisade"
-"$venv/bin/mypy" --strict --cache-dir "$stage/mypy-cache" python/src/palisade || status=1
+"$venv/bin/mypy" --strict --config-file python/pyproject.toml --cache-dir "$stage/mypy-cache" \
+    python/src/palisade || status=1
 echo "== python/tests as root"
 PALISADE_BIN="$PWD/target/debug/palisade" "$venv/bin/pytest" -q -p no:cacheprovider python/tests --rootdir python \
-    || status=1
+    --ignore=python/tests/ray || status=1
 cp -r python/tests "$stage/python-tests"
-chmod -R a+rX "$stage/python-tests"
+cp -r python/src "$stage/python-src"
+# python/tests/ray finds python/src and python/examples from its own path: laid out as here.
+mkdir -p "$stage/python"
+cp -r python/src python/tests python/examples "$stage/python/"
+chmod -R a+rX "$stage/python-tests" "$stage/python-src" "$stage/python"
 echo "== python/tests as $TEST_USER"
 (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
-    PALISADE_BIN="$stage/palisade" "$venv/bin/pytest" -q -p no:cacheprovider "$stage/python-tests" --rootdir "$stage/python-tests") \
-    || status=1
+    PALISADE_BIN="$stage/palisade" "$venv/bin/pytest" -q -p no:cacheprovider "$stage/python-tests" --rootdir "$stage/python-tests" \
+    --ignore="$stage/python-tests/ray") || status=1
+
+# palisade.ray on a real local Ray cluster (python/tests/ray), in the venv scripts/ray-venv.sh
+# makes (.ci/setup), with this checkout's python/src on the path, as root and as the test user.
+ray_venv=${PALISADE_RAY_VENV:-/opt/palisade-ci/ray-venv}
+[ -x "$ray_venv/bin/python" ] || { echo "no $ray_venv/bin/python: run scripts/ray-venv.sh (.ci/setup does)" >&2; exit 1; }
+echo "== python/tests/ray as root"
+PALISADE_BIN="$PWD/target/debug/palisade" PYTHONPATH="$PWD/python/src" "$ray_venv/bin/python" -m pytest -q \
+    -p no:cacheprovider python/tests/ray --rootdir python || status=1
+echo "== python/tests/ray as $TEST_USER"
+(cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
+    PALISADE_BIN="$stage/palisade" PYTHONPATH="$stage/python/src" "$ray_venv/bin/python" -m pytest -q \
+    -p no:cacheprovider "$stage/python/tests/ray" --rootdir "$stage/python") || status=1
 exit $status

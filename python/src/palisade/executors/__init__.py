@@ -1,3 +1,3 @@
 """Drop-in executors for agent frameworks, each behind its optional extra:
 ``palisade.executors.smolagents`` (``pip install 'palisade-sandbox[smolagents]'``),
-``.deepagents``, ``.openai_agents``, ``.autogen``."""
+``.deepagents``, ``.autogen``."""
