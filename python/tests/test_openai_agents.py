@@ -156,6 +156,9 @@ def test_what_palisade_does_not_support_is_refused(client: palisade.Client) -> N
                 await s.exec("id", user="nobody")
             with pytest.raises(ConfigurationError, match="another user"):
                 await s.read(Path("x.txt"), user="nobody")
+            assert not s.supports_pty()
+            with pytest.raises(ConfigurationError, match="PTY sessions are not supported"):
+                await s.pty_exec_start("sh")
             # A symbolic link cannot go into a palisade archive: refused, not lost.
             assert (await s.exec("ln -s x.txt link")).exit_code == 0
             with pytest.raises(WorkspaceArchiveReadError) as e:

@@ -41,6 +41,7 @@ from agents.sandbox.manifest import Manifest
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
 from agents.sandbox.session.dependencies import Dependencies
 from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.pty_types import PtyExecUpdate
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
 from agents.sandbox.session.sandbox_session import SandboxSession
 from agents.sandbox.session.sandbox_session_state import SandboxSessionState
@@ -218,6 +219,33 @@ class PalisadeSandboxSession(BaseSandboxSession):
                 retryable=False,
             )
         return ExecResult(stdout=r.stdout_bytes, stderr=r.stderr_bytes, exit_code=code)
+
+    async def pty_exec_start(
+        self,
+        *command: str | Path,
+        timeout: float | None = None,
+        shell: bool | list[str] = True,
+        user: str | User | None = None,
+        tty: bool = False,
+        yield_time_s: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> PtyExecUpdate:
+        _unsupported(
+            "PTY sessions are not supported (supports_pty() is False): palisade runs one-shot "
+            "commands; use exec()",
+            "exec",
+            command=[str(c) for c in command],
+        )
+
+    async def pty_write_stdin(
+        self,
+        *,
+        session_id: int,
+        chars: str,
+        yield_time_s: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> PtyExecUpdate:
+        _unsupported("PTY sessions are not supported (supports_pty() is False)", "exec", session_id=session_id)
 
     async def running(self) -> bool:
         try:
