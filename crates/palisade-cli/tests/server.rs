@@ -260,7 +260,13 @@ fn held(pid: u32) -> Held {
                 .and_then(|x| x.parse::<u32>().ok())
                 == Some(pid)
             {
-                children += 1;
+                // A template's zygote is held on purpose (at most --templates of them, each
+                // checked by the template tests); a sandbox is anything else.
+                let zygote = std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"palisade-zygote\0"));
+                if !zygote {
+                    children += 1;
+                }
             }
         }
     }
@@ -559,8 +565,8 @@ fn every_endpoint_answers() {
 
     let m = String::from_utf8(s.get("/metrics").body).unwrap();
     for needle in [
-        "palisade_runs_total{status=\"ok\"}",
-        "palisade_runs_total{status=\"oom\"} 1",
+        "palisade_runs_total{status=\"ok\",engine=\"template\"}",
+        "palisade_runs_total{status=\"oom\",engine=\"template\"} 1",
         "palisade_run_seconds_bucket",
         "palisade_queue_depth 0",
         "palisade_sessions 0",
@@ -822,7 +828,14 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
         (403, Some("ttl_s"))
     );
     // Nothing ran for any of them.
-    assert_eq!(s.metric("palisade_runs_total{status=\"ok\"}"), 0);
+    assert_eq!(
+        s.metric("palisade_runs_total{status=\"ok\",engine=\"template\"}"),
+        0
+    );
+    assert_eq!(
+        s.metric("palisade_runs_total{status=\"ok\",engine=\"exec\"}"),
+        0
+    );
     assert_nothing_held(pid);
 }
 
