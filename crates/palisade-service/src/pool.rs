@@ -262,36 +262,52 @@ impl Service {
         base.env = c.ceiling.policy().env.clone();
         let key = template_key(&base, warm)?;
         let t = &self.inner.templates;
-        let mut dead = None;
+        let dead: Vec<Prepared>;
+        let mut failed = false;
         {
             let mut held = t.held.lock().unwrap_or_else(|p| p.into_inner());
+            // Every template whose zygote is gone is dropped (and its zygote reaped), this
+            // run's or not; the next run that needs one prepares it again.
+            let (gone, kept): (Vec<Prepared>, Vec<Prepared>) = std::mem::take(&mut *held)
+                .into_iter()
+                .partition(|p| matches!(&p.slot, Slot::Ready(tp) if !tp.is_alive()));
+            *held = kept;
+            if !gone.is_empty() {
+                t.died.fetch_add(gone.len() as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    templates = gone.len(),
+                    "a template's zygote is gone: its template is dropped and prepared again at its next run"
+                );
+            }
+            dead = gone;
             if let Some(i) = held.iter().position(|p| p.key == key) {
                 let p = held.remove(i);
                 match &p.slot {
-                    Slot::Ready(tp) if tp.is_alive() => {
+                    Slot::Ready(tp) => {
                         let tp = Template::clone(tp);
                         held.push(p);
                         t.hits.fetch_add(1, Ordering::Relaxed);
+                        drop(held);
+                        if !dead.is_empty() {
+                            tokio::task::spawn_blocking(move || drop(dead));
+                        }
                         return Some(tp);
-                    }
-                    Slot::Ready(_) => {
-                        t.died.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("a template's zygote is gone: preparing it again");
-                        dead = Some(p);
                     }
                     Slot::Failed { retry } if Instant::now() < *retry => {
                         held.push(p);
-                        t.misses.fetch_add(1, Ordering::Relaxed);
-                        return None;
+                        failed = true;
                     }
                     Slot::Failed { .. } => {}
                 }
             }
         }
-        if let Some(d) = dead {
-            let _ = tokio::task::spawn_blocking(move || drop(d)).await;
+        if !dead.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || drop(dead)).await;
         }
         t.misses.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            return None;
+        }
         if !t
             .building
             .lock()

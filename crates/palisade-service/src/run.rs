@@ -129,6 +129,11 @@ impl Held {
         }
     }
 
+    /// The OOM kills its cgroup has counted so far (see [`Run::oom_kills`]).
+    pub(crate) fn oom_kills(&self) -> Option<u64> {
+        self.run.as_ref().and_then(|r| r.oom_kills())
+    }
+
     pub(crate) fn kill(&self) {
         if let Some(r) = &self.run {
             r.kill();
@@ -857,6 +862,8 @@ pub(crate) fn stage_of(c: &Captured) -> Stage {
             .exit
             .map(|e| e.wall_ms)
             .unwrap_or(c.wall.as_secs_f64() * 1000.0),
+        cpu_time_ms: c.exit.and_then(|e| e.cpu_ms),
+        oom_kills: None,
         stdout: Data::new(c.stdout.clone(), c.output_hit),
         stderr: Data::new(c.stderr.clone(), c.output_hit),
     }
