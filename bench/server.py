@@ -33,10 +33,11 @@ def free_port():
     return p
 
 
-def start_server(port, concurrency, pool=0):
+def start_server(port, concurrency, pool=0, extra=()):
     log = tempfile.TemporaryFile()
     p = subprocess.Popen([benchlib.PALISADE, "serve", "--listen", f"127.0.0.1:{port}",
-                          "--max-concurrency", str(concurrency), "--max-queue", "4096", "--pool", str(pool)],
+                          "--max-concurrency", str(concurrency), "--max-queue", "4096", "--pool", str(pool),
+                          *extra],
                          stdout=subprocess.DEVNULL, stderr=log)
     t0 = time.time()
     while time.time() - t0 < 30:
@@ -52,7 +53,7 @@ def start_server(port, concurrency, pool=0):
     raise SystemExit("palisade serve did not start: " + log.read().decode(errors="replace"))
 
 
-def load(port, body, clients, total, max_seconds):
+def load(port, body, clients, total, max_seconds, path="/v1/run"):
     """`clients` threads share `total` requests; returns latencies (s), wall time, statuses."""
     data = json.dumps(body).encode()
     lat, statuses, lock = [], {}, threading.Lock()
@@ -67,7 +68,7 @@ def load(port, body, clients, total, max_seconds):
                     return
                 left[0] -= 1
             t = time.perf_counter()
-            c.request("POST", "/v1/run", body=data, headers={"Content-Type": "application/json"})
+            c.request("POST", path, body=data, headers={"Content-Type": "application/json"})
             r = c.getresponse()
             out = json.loads(r.read())
             dt = time.perf_counter() - t
@@ -107,11 +108,61 @@ def row(name, clients, lat, wall, statuses):
             "mean_ms": statistics.mean(lat) * 1000, "statuses": statuses}
 
 
+ENGINES = [("cold", ["--templates", "0"]), ("template", []), ("warm-python", ["--warm-python"])]
+ENGINE_PAYLOADS = [("/v1/run", {"language": "python", "code": "print(1)"}),
+                   ("/run_code", {"language": "python", "code": "print(1)"})]
+
+
+def engines(a):
+    """Cold vs template vs warm Python for Python print(1), 1 and 2 clients."""
+    cpus = os.cpu_count() or 1
+    rows = []
+    n = 10 if a.quick else 200
+    for engine, extra in ENGINES:
+        port = free_port()
+        server = start_server(port, 2 * cpus, 0, extra)
+        try:
+            for path, body in ENGINE_PAYLOADS:
+                load(port, body, 2, 6, 60, path)  # warm up
+                for c in (1, 2):
+                    lat, wall, st = load(port, body, c, n, 120, path)
+                    r = row("python print(1)", c, lat, wall, st)
+                    r.update({"via": path, "engine": engine})
+                    rows.append(r)
+                    print(f"{engine:<12} {path:<9} clients {c}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms  {st}", flush=True)
+        finally:
+            server.terminate()
+            server.wait()
+    if a.quick:
+        return
+    meta = benchlib.host_meta()
+    meta.update({"date": benchlib.now_utc(), "max_concurrency": 2 * cpus})
+    with open(os.path.join(a.out, "server-engines.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    lines = ["# `palisade serve`: cold, template and warm-Python runs", "",
+             f"{meta['date']}; {cpus} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
+             "Python `print(1)` as `language`+`code`, closed-loop clients on loopback (bench/server.sh --engines). "
+             "cold: `--templates 0` (the exec engine, through the agent); template: the default (`--templates 8`: "
+             "the agent in a sandbox from a template); warm-python: `--warm-python` (`python3 -c`, forked from "
+             "the warm interpreter, no agent).", "",
+             "| engine | via | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['engine']} | {r['via']} | {r['clients']} | {r['requests']} | "
+                     f"{r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+    with open(os.path.join(a.out, "server-engines.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few requests per row, no files written")
+    ap.add_argument("--engines", action="store_true",
+                    help="only cold vs template vs warm Python (docs/benchmarks/server-engines.*)")
     ap.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "benchmarks"))
     a = ap.parse_args()
+    if a.engines:
+        engines(a)
+        return
     clients_list = [1, 4] if a.quick else [1, 4, 16, 32, 64]
     per_client = 3 if a.quick else 60
     cap = 20 if a.quick else 60

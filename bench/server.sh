@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Server benchmark: requests/s and p50/p99 latency of `palisade serve` for `true` and a small Python
 # snippet (started directly, and through the in-sandbox agent), 1 to 64 concurrent clients on
-# loopback, beside a loop of `palisade run`. Usage: bench/server.sh [--quick] [--out DIR]
-# Results: docs/benchmarks/server.{json,md} (not with --quick).
+# loopback, beside a loop of `palisade run`. Usage: bench/server.sh [--quick] [--engines] [--out DIR]
+# Results: docs/benchmarks/server.{json,md} (not with --quick); with --engines, cold vs template vs
+# warm Python for Python print(1) on /v1/run and /run_code: docs/benchmarks/server-engines.{json,md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin palisade

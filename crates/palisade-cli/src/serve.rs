@@ -64,6 +64,25 @@ pub struct ServeArgs {
     /// How long a pooled sandbox may wait before it is replaced.
     #[arg(long = "pool-max-age", value_name = "DURATION", default_value = "60s")]
     pool_max_age: String,
+    /// Keep at most N prepared templates, one per effective policy (least recently used dropped
+    /// first; each holds a zygote process): runs start from them instead of cold. 0: every run
+    /// starts cold.
+    #[arg(long = "templates", value_name = "N", default_value_t = 8)]
+    templates: usize,
+    /// Run Python code without files to write or fetch as `python3 -c CODE`, forked from a
+    /// started interpreter inside each run's own boundary (docs/engine.md, "Warm Python": what
+    /// every run then shares). Off by default.
+    #[arg(long = "warm-python")]
+    warm_python: bool,
+    /// Modules the warm interpreter imports before its first run, e.g. json,re (import nothing
+    /// that reads a secret: every run inherits their state).
+    #[arg(
+        long = "warm-python-modules",
+        value_name = "A,B",
+        value_delimiter = ',',
+        requires = "warm_python"
+    )]
+    warm_python_modules: Vec<String>,
     /// At SIGTERM, how long running work may finish before it is killed.
     #[arg(
         long = "shutdown-grace",
@@ -188,6 +207,34 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         palisade::policy::parse_duration("--shutdown-grace", &a.shutdown_grace)?;
     config.pool_size = a.pool;
     config.pool_max_age = palisade::policy::parse_duration("--pool-max-age", &a.pool_max_age)?;
+    config.templates = a.templates;
+    if a.warm_python {
+        anyhow::ensure!(
+            a.templates > 0,
+            "--warm-python needs templates: --templates 0 turns them off"
+        );
+        for m in &a.warm_python_modules {
+            let ok = !m.is_empty()
+                && m.split('.').all(|p| {
+                    p.chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+            anyhow::ensure!(
+                ok,
+                "--warm-python-modules: {:?} is not a module name (dotted Python identifiers, e.g. json,os.path)",
+                m
+            );
+        }
+        // Checked now: a Python without its shared library cannot be warm.
+        palisade::WarmPython::find(
+            &palisade_service::lang::python_path(),
+            &a.warm_python_modules,
+        )
+        .map_err(|e| anyhow::anyhow!("--warm-python: {e}"))?;
+        config.warm_python = Some(a.warm_python_modules.clone());
+    }
     let max_body = palisade::policy::parse_size("--max-body", &a.max_body)?;
     anyhow::ensure!(
         max_body <= 1 << 30,
@@ -267,6 +314,9 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let svc = Service::new(config);
     svc.start_pool();
+    svc.prepare_templates()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.message, e.accepted.unwrap_or_default()))?;
     let app = App {
         svc: svc.clone(),
         token,

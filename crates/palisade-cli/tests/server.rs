@@ -260,7 +260,13 @@ fn held(pid: u32) -> Held {
                 .and_then(|x| x.parse::<u32>().ok())
                 == Some(pid)
             {
-                children += 1;
+                // A template's zygote is held on purpose (at most --templates of them, each
+                // checked by the template tests); a sandbox is anything else.
+                let zygote = std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"palisade-zygote\0"));
+                if !zygote {
+                    children += 1;
+                }
             }
         }
     }
@@ -559,8 +565,8 @@ fn every_endpoint_answers() {
 
     let m = String::from_utf8(s.get("/metrics").body).unwrap();
     for needle in [
-        "palisade_runs_total{status=\"ok\"}",
-        "palisade_runs_total{status=\"oom\"} 1",
+        "palisade_runs_total{status=\"ok\",engine=\"template\"}",
+        "palisade_runs_total{status=\"oom\",engine=\"template\"} 1",
         "palisade_run_seconds_bucket",
         "palisade_queue_depth 0",
         "palisade_sessions 0",
@@ -822,7 +828,14 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
         (403, Some("ttl_s"))
     );
     // Nothing ran for any of them.
-    assert_eq!(s.metric("palisade_runs_total{status=\"ok\"}"), 0);
+    assert_eq!(
+        s.metric("palisade_runs_total{status=\"ok\",engine=\"template\"}"),
+        0
+    );
+    assert_eq!(
+        s.metric("palisade_runs_total{status=\"ok\",engine=\"exec\"}"),
+        0
+    );
     assert_nothing_held(pid);
 }
 
@@ -1920,4 +1933,278 @@ fn the_code_interpreter_keeps_state_and_bounds_what_it_spends() {
         200
     );
     assert_eq!(cell(json!({"code": "1"})).status, 410);
+}
+
+/// The zygotes of `pid`'s templates: its children whose command line is a zygote's.
+fn zygotes_of(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        let parent = after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|x| x.parse::<u32>().ok());
+        let zygote = std::fs::read(format!("/proc/{p}/cmdline"))
+            .is_ok_and(|c| c.starts_with(b"palisade-zygote\0"));
+        if parent == Some(pid) && zygote {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// Python that attacks from inside: a host file, a write outside, a host the server does not
+/// allow; prints one word per attack.
+fn attack_code(secret: &Path, outside: &Path) -> String {
+    format!(
+        "import urllib.request\n\
+         try:\n    open({secret:?}).read(); print('READ')\nexcept OSError:\n    print('no-read')\n\
+         try:\n    open({outside:?}, 'w').write('x'); print('WROTE')\nexcept OSError:\n    print('no-write')\n\
+         try:\n    urllib.request.urlopen('http://denied.example/', timeout=5); print('CONNECTED')\nexcept Exception:\n    print('no-net')\n",
+        secret = secret.display().to_string(),
+        outside = outside.display().to_string(),
+    )
+}
+
+/// Runs through templates (plain and warm Python, direct and through the agent) hold the same
+/// boundary as cold runs, and report which engine made their sandbox; the metrics count runs by
+/// engine.
+#[test]
+fn runs_through_templates_hold_the_boundary() {
+    let s = Server::start(
+        "[limits]\nmemory = \"512MiB\"\ntimeout = \"60s\"\n[network]\nallow = [\"pypi.org\"]\n",
+        &["--warm-python", "--warm-python-modules", "json"],
+    );
+    let secret = s.dir.path().join("secret");
+    std::fs::write(&secret, "host secret").unwrap();
+    let outside = s.dir.path().join("written-from-inside");
+    let code = attack_code(&secret, &outside);
+    let runs = [
+        // Python code without files: python3 -c CODE, forked from the warm interpreter.
+        (
+            json!({"language": "python", "code": code, "allow_net": ["pypi.org"]}),
+            "template-warm",
+        ),
+        // A command: a plain template.
+        (
+            json!({"command": ["python3", "-c", code], "allow_net": ["pypi.org"]}),
+            "template",
+        ),
+        // With a file to write: the agent, in a sandbox from a template.
+        (
+            json!({"language": "python", "code": code, "files": {"data.txt": "x"}, "allow_net": ["pypi.org"]}),
+            "template",
+        ),
+    ];
+    for (req, engine) in &runs {
+        let j = s.post("/v1/run", req).json();
+        assert_eq!(j["status"], "ok", "{j}");
+        assert_eq!(j["stdout"]["data"], "no-read\nno-write\nno-net\n", "{j}");
+        assert_eq!(j["report"]["engine"], *engine, "{j}");
+        assert!(
+            j["report"]["network"]["denied"].as_u64().unwrap() >= 1,
+            "{j}"
+        );
+    }
+    assert!(!outside.exists(), "a run wrote outside its sandbox");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret");
+    // Control: the same code on the host reads the secret (the attack is real).
+    let host = Command::new("python3")
+        .args([
+            "-c",
+            &format!("print(open({:?}).read())", secret.display().to_string()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&host.stdout), "host secret\n");
+    assert_eq!(
+        s.metric("palisade_runs_total{status=\"ok\",engine=\"template-warm\"}"),
+        1
+    );
+    assert_eq!(
+        s.metric("palisade_runs_total{status=\"ok\",engine=\"template\"}"),
+        2
+    );
+    // Without templates every run starts cold (the exec engine).
+    let cold = Server::start(POLICY, &["--templates", "0"]);
+    let j = cold
+        .post(
+            "/v1/run",
+            &json!({"language": "python", "code": "print(1)"}),
+        )
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["report"]["engine"].as_str()),
+        (Some("ok"), Some("exec")),
+        "{j}"
+    );
+    assert!(zygotes_of(cold.pid()).is_empty());
+    assert_nothing_held(s.pid());
+}
+
+/// Two runs of one template share nothing: a file, a process, a variable (of the request, and one
+/// set in the interpreter) of run N are not visible to run N+1, for warm and plain templates.
+#[test]
+fn runs_of_one_template_share_nothing() {
+    let s = Server::start(POLICY, &["--warm-python"]);
+    let leave = "import os, subprocess\n\
+        open('/tmp/left', 'w').write('x'); open('left', 'w').write('x')\n\
+        subprocess.Popen(['setsid', 'sleep', '1000'], start_new_session=True)\n\
+        os.environ['SET_INSIDE'] = '1'\n\
+        print(os.environ.get('K'), len([p for p in os.listdir('/proc') if p.isdigit()]) >= 3)\n";
+    let look = "import os\n\
+        procs = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]\n\
+        print(os.path.exists('/tmp/left'), os.path.exists('left'), any(c.split(bytes(1))[0] == b'sleep' for c in procs), os.environ.get('K'), os.environ.get('SET_INSIDE'))\n";
+    for (how, engine) in [("language", "template-warm"), ("command", "template")] {
+        let req = |code: &str, env: Value| {
+            if how == "language" {
+                json!({"language": "python", "code": code, "env": env})
+            } else {
+                json!({"command": ["python3", "-c", code], "env": env})
+            }
+        };
+        let j = s.post("/v1/run", &req(leave, json!({"K": "v"}))).json();
+        assert_eq!(
+            (j["stdout"]["data"].as_str(), j["report"]["engine"].as_str()),
+            (Some("v True\n"), Some(engine)),
+            "{j}"
+        );
+        let j = s.post("/v1/run", &req(look, json!({}))).json();
+        assert_eq!(
+            (j["stdout"]["data"].as_str(), j["report"]["engine"].as_str()),
+            (Some("False False False None None\n"), Some(engine)),
+            "{j}"
+        );
+    }
+    assert_nothing_held(s.pid());
+}
+
+/// At most --templates templates are kept (the least recently used goes first, its zygote with
+/// it); a template whose zygote died is dropped and prepared again, and its runs go on.
+#[test]
+fn templates_are_bounded_and_a_dead_zygote_is_replaced() {
+    let s = Server::start(POLICY, &["--templates", "2"]);
+    let run = |mib: u64| {
+        s.post(
+            "/v1/run",
+            &json!({"command": ["sh", "-c", "echo ok"], "limits": {"memory_bytes": mib << 20}}),
+        )
+        .json()
+    };
+    for mib in [100, 110, 120, 130] {
+        let j = run(mib);
+        assert_eq!(
+            (j["stdout"]["data"].as_str(), j["report"]["engine"].as_str()),
+            (Some("ok\n"), Some("template")),
+            "{j}"
+        );
+        assert_eq!(j["report"]["limits"]["memory_bytes"], mib << 20, "{j}");
+    }
+    assert_eq!(s.metric("palisade_templates"), 2);
+    assert!(s.metric("palisade_templates_evicted_total") >= 2);
+    wait_until("evicted zygotes are gone", || {
+        zygotes_of(s.pid()).len() == 2
+    });
+    // The most recent one is kept: another run of it prepares nothing.
+    let built = s.metric("palisade_templates_built_total");
+    assert_eq!(run(130)["report"]["engine"], "template");
+    assert_eq!(s.metric("palisade_templates_built_total"), built);
+    // Kill every zygote: the next run finds its template dead, drops it and prepares another.
+    let zygotes = zygotes_of(s.pid());
+    assert_eq!(zygotes.len(), 2);
+    for z in &zygotes {
+        let _ = Command::new("kill")
+            .args(["-KILL", &z.to_string()])
+            .status();
+    }
+    wait_until("the zygotes are dead", || {
+        zygotes.iter().all(|z| {
+            std::fs::read_to_string(format!("/proc/{z}/stat"))
+                .map_or(true, |st| st.contains(") Z "))
+        })
+    });
+    let j = run(130);
+    assert_eq!(
+        (j["stdout"]["data"].as_str(), j["report"]["engine"].as_str()),
+        (Some("ok\n"), Some("template")),
+        "{j}"
+    );
+    assert!(s.metric("palisade_templates_died_total") >= 1);
+    assert_eq!(s.metric("palisade_templates_built_total"), built + 1);
+    assert_nothing_held(s.pid());
+}
+
+/// Each exec of a session reports its own CPU time and whether the OOM killer killed it; an exec
+/// past the session's memory ceiling is `oom`, and the session goes on.
+#[test]
+fn a_sessions_execs_report_their_own_oom_and_cpu() {
+    let s = Server::start(POLICY, &[]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20}}),
+        )
+        .json();
+    let id = info["id"].as_str().unwrap().to_owned();
+    let exec = |cmd: Value| {
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": cmd}),
+        )
+        .json()
+    };
+    let j = exec(json!([
+        "python3",
+        "-c",
+        "x = bytearray(400 << 20)\nx[::4096] = b'x' * len(x[::4096])\n"
+    ]));
+    assert_eq!(
+        (j["status"].as_str(), j["signal"].as_i64()),
+        (Some("oom"), Some(9)),
+        "{j}"
+    );
+    assert!(j["oom_kills"].as_u64().unwrap() >= 1, "{j}");
+    // The next exec in the same session works and counts no kill of its own.
+    let j = exec(json!(["sh", "-c", "echo still here"]));
+    assert_eq!(
+        (
+            j["status"].as_str(),
+            j["stdout"]["data"].as_str(),
+            j["oom_kills"].as_u64()
+        ),
+        (Some("ok"), Some("still here\n"), Some(0)),
+        "{j}"
+    );
+    // An exec that spins until it has used 300 ms of CPU (by its own clock) reports at least
+    // that (less one clock tick); a child it waited for is counted too.
+    let spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n";
+    let j = exec(json!(["python3", "-c", spin]));
+    assert_eq!(j["status"], "ok", "{j}");
+    assert!(j["cpu_time_ms"].as_f64().unwrap() >= 290.0, "{j}");
+    let j = exec(json!(["sh", "-c", format!("python3 -c '{spin}'; true")]));
+    assert!(j["cpu_time_ms"].as_f64().unwrap() >= 290.0, "{j}");
+    // A background exec's result has them too.
+    let bg = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["python3", "-c", spin], "mode": "background"}),
+        )
+        .json();
+    let n = bg["id"].as_u64().unwrap();
+    let mut r = Value::Null;
+    wait_until("the background exec ends", || {
+        r = s.get(&format!("/v1/sandboxes/{id}/exec/{n}")).json();
+        !r["result"].is_null()
+    });
+    assert!(r["result"]["cpu_time_ms"].as_f64().unwrap() >= 290.0, "{r}");
+    assert_eq!(r["result"]["oom_kills"], 0, "{r}");
+    let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
+    assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
+    assert_nothing_held(s.pid());
 }

@@ -348,6 +348,12 @@ impl Template {
         }
     }
 
+    /// Whether the zygote is still there to start runs (its pidfd not yet readable: a zygote
+    /// killed or ended makes every later start fail, so a caller holding templates drops it).
+    pub fn alive(&self) -> bool {
+        !sys::readable_within(self._zygote_pidfd.as_raw_fd(), 0)
+    }
+
     /// The ids of every run of this template, and their host mapping.
     pub fn ids(&self) -> Ids {
         self.ids

@@ -469,6 +469,7 @@ impl Agent {
         drop((in_w, out_r, err_r));
         let (out, execs) = (self.out.clone(), self.execs.clone());
         std::thread::spawn(move || {
+            let cpu_ms = exit_cpu_ms(pid);
             let st = child.wait();
             execs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             // An exec ends with its program: what it left running in its process group goes
@@ -485,6 +486,7 @@ impl Agent {
                 code,
                 signal,
                 wall_ms: t0.elapsed().as_secs_f64() * 1000.0,
+                cpu_ms,
             };
             let frame = proto::encode(&ev, &[]);
             let _ = out
@@ -512,6 +514,33 @@ impl Agent {
         rustix::process::kill_process_group(pid, sig)?;
         Ok(())
     }
+}
+
+/// CPU time of the exec's program `pid` once it has ended, before it is reaped: its own (all its
+/// threads) and its waited-for children's (`utime`, `stime`, `cutime`, `cstime` of its
+/// `/proc/PID/stat`, which a zombie still has), in milliseconds. Processes it left to others
+/// (orphans, reaped by the sandbox's init) are not in it. `None` if it cannot be read.
+fn exit_cpu_ms(pid: i32) -> Option<f64> {
+    let p = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::waitid(
+        rustix::process::WaitId::Pid(p),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+    )
+    .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if f.len() < 4 {
+        return None;
+    }
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    Some(f.iter().sum::<u64>() as f64 * 1000.0 / hz as f64)
 }
 
 /// A file to write: its mode and content.

@@ -224,6 +224,16 @@ pub struct Stage {
     pub signal: Option<i32>,
     /// Wall-clock time of the stage, in milliseconds.
     pub wall_time_ms: f64,
+    /// CPU time (user and system) of the program and of the processes it waited for, in
+    /// milliseconds (processes it left running and that were killed at its end are not in it);
+    /// `null` when unknown.
+    #[serde(default)]
+    pub cpu_time_ms: Option<f64>,
+    /// In a session: OOM kills the session's cgroup counted while this exec ran. The cgroup is
+    /// the session's, so with other execs running at the same time a kill counted here may have
+    /// been of one of theirs. `null` outside sessions.
+    #[serde(default)]
+    pub oom_kills: Option<u64>,
     /// Standard output.
     pub stdout: Data,
     /// Standard error.

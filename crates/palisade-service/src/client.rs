@@ -37,6 +37,9 @@ pub struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub wall_ms: f64,
+    /// CPU time of the program and the descendants it waited for, as the agent read it (a
+    /// figure from inside the sandbox: checked finite and not negative, else `None`).
+    pub cpu_ms: Option<f64>,
 }
 
 /// The agent is gone or spoke out of protocol.
@@ -346,6 +349,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
             code,
             signal,
             wall_ms,
+            cpu_ms,
         } => {
             if let Some(tx) = sh
                 .exits
@@ -357,6 +361,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                     code,
                     signal,
                     wall_ms,
+                    cpu_ms: cpu_ms.filter(|c| c.is_finite() && *c >= 0.0),
                 });
             }
         }

@@ -182,6 +182,8 @@ pub fn from_run(r: &RunResult) -> RunCodeResponse {
             exit_code: r.exit_code,
             signal: r.signal,
             wall_time_ms: r.wall_time_ms,
+            cpu_time_ms: None,
+            oom_kills: None,
             stdout: r.stdout.clone(),
             stderr: r.stderr.clone(),
         }))
@@ -261,6 +263,8 @@ mod tests {
             exit_code: code,
             signal,
             wall_time_ms: 1500.0,
+            cpu_time_ms: None,
+            oom_kills: None,
             stdout: api::Data::new(b"x".to_vec(), false),
             stderr: api::Data::default(),
         };

@@ -104,6 +104,16 @@ pub fn available() -> Vec<Lang> {
         .collect()
 }
 
+/// The `python3` a run of the `python` language finds first in the sandbox's `PATH` (the warm
+/// interpreter is that one).
+pub fn python_path() -> std::path::PathBuf {
+    SEARCH
+        .iter()
+        .map(|d| std::path::Path::new(d).join("python3"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| "/usr/bin/python3".into())
+}
+
 /// Finds `name` among `langs` (by name or alias).
 pub fn find<'a>(langs: &'a [Lang], name: &str) -> Option<&'a Lang> {
     langs

@@ -65,6 +65,12 @@ pub struct Config {
     pub pool_size: usize,
     /// How long a pooled sandbox may wait before it is replaced.
     pub pool_max_age: Duration,
+    /// Prepared templates kept, one per effective policy (least recently used dropped first;
+    /// 0: every run starts cold).
+    pub templates: usize,
+    /// Warm Python (`None`: off): the modules its interpreter imports. Runs of `python` code
+    /// without files to write or fetch then run as `python3 -c CODE`, forked from it.
+    pub warm_python: Option<Vec<String>>,
 }
 
 impl Config {
@@ -82,6 +88,8 @@ impl Config {
             shutdown_grace: Duration::from_secs(10),
             pool_size: 0,
             pool_max_age: Duration::from_secs(60),
+            templates: 8,
+            warm_python: None,
         }
     }
 }
@@ -113,6 +121,7 @@ struct Inner {
     stopping: AtomicBool,
     sessions: session::Registry,
     pool: pool::Pool,
+    templates: pool::Templates,
 }
 
 /// A place in the queue; dropping it gives the place back.
@@ -167,6 +176,7 @@ impl Service {
                 stopping: AtomicBool::new(false),
                 sessions: session::Registry::default(),
                 pool: pool::Pool::default(),
+                templates: pool::Templates::default(),
             }),
         }
     }
@@ -237,6 +247,13 @@ impl Service {
             pool_hits: self.inner.pool.hits.load(Ordering::Relaxed),
             pool_misses: self.inner.pool.misses.load(Ordering::Relaxed),
             pool_started: self.inner.pool.started.load(Ordering::Relaxed),
+            templates_max: c.templates,
+            templates: self.inner.templates.len(),
+            template_hits: self.inner.templates.hits.load(Ordering::Relaxed),
+            template_misses: self.inner.templates.misses.load(Ordering::Relaxed),
+            templates_built: self.inner.templates.built.load(Ordering::Relaxed),
+            templates_evicted: self.inner.templates.evicted.load(Ordering::Relaxed),
+            templates_died: self.inner.templates.died.load(Ordering::Relaxed),
         })
     }
 
@@ -280,6 +297,9 @@ impl Service {
         }
         self.destroy_all_sessions().await;
         self.inner.pool.drain();
+        // The templates' zygotes last: every run of them is over by now.
+        let svc = self.clone();
+        let _ = tokio::task::spawn_blocking(move || svc.inner.templates.clear()).await;
         self.inner.slots.close();
     }
 

@@ -9,10 +9,14 @@ const BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
+/// The engines a run's report may name (`engine`), and `none` for a run without a report (it
+/// never started).
+const ENGINES: [&str; 5] = ["template", "template-warm", "exec", "in-process", "none"];
+
 /// The service's counters.
 #[derive(Default)]
 pub struct Metrics {
-    by_status: [AtomicU64; RunStatus::ALL.len()],
+    by_status: [[AtomicU64; ENGINES.len()]; RunStatus::ALL.len()],
     buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -36,6 +40,14 @@ pub struct Gauges {
     pub pool_hits: u64,
     pub pool_misses: u64,
     pub pool_started: u64,
+    /// Templates kept at most (`--templates`), held now, and their counters.
+    pub templates_max: usize,
+    pub templates: usize,
+    pub template_hits: u64,
+    pub template_misses: u64,
+    pub templates_built: u64,
+    pub templates_evicted: u64,
+    pub templates_died: u64,
 }
 
 impl Metrics {
@@ -45,7 +57,11 @@ impl Metrics {
             .iter()
             .position(|s| *s == status)
             .expect("every status is listed");
-        self.by_status[i].fetch_add(1, Ordering::Relaxed);
+        let engine = report
+            .and_then(|r| r["engine"].as_str())
+            .and_then(|e| ENGINES.iter().position(|k| *k == e))
+            .unwrap_or(ENGINES.len() - 1);
+        self.by_status[i][engine].fetch_add(1, Ordering::Relaxed);
         for (b, ub) in self.buckets.iter().zip(BUCKETS) {
             if secs <= ub {
                 b.fetch_add(1, Ordering::Relaxed);
@@ -92,14 +108,16 @@ impl Metrics {
     pub fn render(&self, g: &Gauges) -> String {
         let mut s = String::new();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        s.push_str("# HELP palisade_runs_total Runs ended, by status.\n# TYPE palisade_runs_total counter\n");
-        for (st, c) in RunStatus::ALL.iter().zip(&self.by_status) {
-            let _ = writeln!(
-                s,
-                "palisade_runs_total{{status=\"{}\"}} {}",
-                st.name(),
-                get(c)
-            );
+        s.push_str("# HELP palisade_runs_total Runs ended, by status and by the engine that made their sandbox.\n# TYPE palisade_runs_total counter\n");
+        for (st, row) in RunStatus::ALL.iter().zip(&self.by_status) {
+            for (engine, c) in ENGINES.iter().zip(row) {
+                let _ = writeln!(
+                    s,
+                    "palisade_runs_total{{status=\"{}\",engine=\"{engine}\"}} {}",
+                    st.name(),
+                    get(c)
+                );
+            }
         }
         s.push_str("# HELP palisade_run_seconds Time from admission to answer of a run.\n# TYPE palisade_run_seconds histogram\n");
         for (ub, b) in BUCKETS.iter().zip(&self.buckets) {
@@ -214,6 +232,48 @@ impl Metrics {
             "palisade_pool_started_total",
             "Sandboxes started for the pool (its refill rate).",
             g.pool_started,
+        );
+        gauge(
+            &mut s,
+            "palisade_templates_max",
+            "Prepared templates kept at most (0: every run starts cold).",
+            g.templates_max as u64,
+        );
+        gauge(
+            &mut s,
+            "palisade_templates",
+            "Prepared templates (each a zygote) held now.",
+            g.templates as u64,
+        );
+        counter(
+            &mut s,
+            "palisade_template_hits_total",
+            "Runs that started from a template already prepared.",
+            g.template_hits,
+        );
+        counter(
+            &mut s,
+            "palisade_template_misses_total",
+            "Runs a template could take that found none ready.",
+            g.template_misses,
+        );
+        counter(
+            &mut s,
+            "palisade_templates_built_total",
+            "Templates prepared.",
+            g.templates_built,
+        );
+        counter(
+            &mut s,
+            "palisade_templates_evicted_total",
+            "Templates dropped as the least recently used.",
+            g.templates_evicted,
+        );
+        counter(
+            &mut s,
+            "palisade_templates_died_total",
+            "Templates dropped because their zygote was gone.",
+            g.templates_died,
         );
         s
     }

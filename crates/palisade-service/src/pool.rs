@@ -7,9 +7,9 @@
 
 use crate::client::AgentConn;
 use crate::run::Held;
-use crate::{proto, Service};
+use crate::{proto, Service, ServiceError};
 use palisade::policy::Policy;
-use palisade::{Io, Sandbox, Stdin};
+use palisade::{Io, Sandbox, Stdin, Template};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -151,5 +151,229 @@ impl Service {
             }
             svc.inner.pool.filling.store(false, Ordering::SeqCst);
         });
+    }
+}
+
+/// Prepared templates, one per effective policy, at most `templates` of them (the least recently
+/// used is dropped first: each holds a zygote, a process with the prepared view, and with warm
+/// Python a started interpreter). A run whose sandbox a template can make starts from the
+/// template of its policy: its own command and variables, the rest (limits, egress, binds) the
+/// template's, which is why they are the key. A template whose zygote is gone is dropped and
+/// prepared again at the next run that needs it.
+#[derive(Default)]
+pub(crate) struct Templates {
+    /// Least recently used first.
+    held: Mutex<Vec<Prepared>>,
+    /// Keys being prepared now: a run that needs one of these meanwhile starts cold.
+    building: Mutex<std::collections::HashSet<String>>,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub built: AtomicU64,
+    pub evicted: AtomicU64,
+    pub died: AtomicU64,
+}
+
+enum Slot {
+    Ready(Box<Template>),
+    /// Preparing it failed (e.g. no init program): runs of the key start cold until `retry`.
+    Failed {
+        retry: Instant,
+    },
+}
+
+struct Prepared {
+    key: String,
+    slot: Slot,
+}
+
+/// How long a key whose template could not be prepared starts its runs cold before trying again.
+const RETRY_FAILED: Duration = Duration::from_secs(30);
+
+impl Templates {
+    pub(crate) fn len(&self) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|p| matches!(p.slot, Slot::Ready(_)))
+            .count()
+    }
+
+    /// Drops every template (their zygotes end; runs already started are not affected). Blocks
+    /// while each zygote is reaped: call it off the async threads.
+    pub(crate) fn clear(&self) {
+        let all: Vec<Prepared> =
+            std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(all);
+    }
+}
+
+/// The key of a template: the policy it is prepared with, as text (the whole policy but the
+/// command and the request's own variables, which each run sets), and whether it is warm.
+pub(crate) fn template_key(policy: &Policy, warm: bool) -> Option<String> {
+    let j = serde_json::to_string(policy).ok()?;
+    Some(format!("{}{j}", if warm { "warm:" } else { "plain:" }))
+}
+
+/// Whether a template can make `policy`'s sandbox: not a workspace (one run's own from the first
+/// step), not TLS inspection (a CA of the run's own in the view's `/etc`).
+pub(crate) fn template_takes(policy: &Policy) -> bool {
+    !matches!(policy.scratch, palisade::policy::Scratch::Workspace { .. })
+        && !policy.network.inspects_any()
+}
+
+impl Service {
+    /// Prepares, ahead of the first request, the template of a default one-shot run (a `python`
+    /// run with nothing of its own, warm with warm Python on). With warm Python on, an
+    /// interpreter that cannot be started (a module that does not import) is an error here,
+    /// rather than every Python run falling back to a cold start.
+    pub async fn prepare_templates(&self) -> Result<(), ServiceError> {
+        let c = &self.inner.config;
+        if c.templates == 0 || !self.inner.langs.iter().any(|l| l.name == "python") {
+            return Ok(());
+        }
+        let req = crate::api::RunRequest {
+            language: Some("python".into()),
+            code: Some("pass".into()),
+            ..Default::default()
+        };
+        let plan = self.plan(&req, "")?;
+        let got = self.template_for(plan.policy(), plan.is_warm()).await;
+        if got.is_none() && c.warm_python.is_some() {
+            return Err(ServiceError::invalid(
+                "warm_python",
+                c.warm_python.clone().unwrap_or_default().join(","),
+                "a Python whose interpreter starts and imports these modules in a template (the server's log says why it did not)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The template for `policy` (its command and variables are ignored: each run gives its own),
+    /// prepared now if there is none; `None` when templates are off, the policy cannot take one,
+    /// or one is being prepared by another run (the caller then starts cold).
+    pub(crate) async fn template_for(&self, policy: &Policy, warm: bool) -> Option<Template> {
+        let c = &self.inner.config;
+        if c.templates == 0 || !template_takes(policy) || (warm && c.warm_python.is_none()) {
+            return None;
+        }
+        let mut base = policy.clone();
+        base.command = vec!["true".into()];
+        base.env = c.ceiling.policy().env.clone();
+        let key = template_key(&base, warm)?;
+        let t = &self.inner.templates;
+        let dead: Vec<Prepared>;
+        let mut failed = false;
+        {
+            let mut held = t.held.lock().unwrap_or_else(|p| p.into_inner());
+            // Every template whose zygote is gone is dropped (and its zygote reaped), this
+            // run's or not; the next run that needs one prepares it again.
+            let (gone, kept): (Vec<Prepared>, Vec<Prepared>) = std::mem::take(&mut *held)
+                .into_iter()
+                .partition(|p| matches!(&p.slot, Slot::Ready(tp) if !tp.is_alive()));
+            *held = kept;
+            if !gone.is_empty() {
+                t.died.fetch_add(gone.len() as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    templates = gone.len(),
+                    "a template's zygote is gone: its template is dropped and prepared again at its next run"
+                );
+            }
+            dead = gone;
+            if let Some(i) = held.iter().position(|p| p.key == key) {
+                let p = held.remove(i);
+                match &p.slot {
+                    Slot::Ready(tp) => {
+                        let tp = Template::clone(tp);
+                        held.push(p);
+                        t.hits.fetch_add(1, Ordering::Relaxed);
+                        drop(held);
+                        if !dead.is_empty() {
+                            tokio::task::spawn_blocking(move || drop(dead));
+                        }
+                        return Some(tp);
+                    }
+                    Slot::Failed { retry } if Instant::now() < *retry => {
+                        held.push(p);
+                        failed = true;
+                    }
+                    Slot::Failed { .. } => {}
+                }
+            }
+        }
+        if !dead.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || drop(dead)).await;
+        }
+        t.misses.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            return None;
+        }
+        if !t
+            .building
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone())
+        {
+            return None;
+        }
+        let warm_python = if warm { c.warm_python.clone() } else { None };
+        let made = tokio::task::spawn_blocking(move || -> Result<Template, String> {
+            let sandbox = Sandbox::from_policy(base).map_err(|e| e.to_string())?;
+            match warm_python {
+                Some(modules) => {
+                    let wp = palisade::WarmPython::find(&crate::lang::python_path(), &modules)?;
+                    sandbox.prepare_warm_python(wp).map_err(|e| e.to_string())
+                }
+                None => sandbox.prepare().map_err(|e| e.to_string()),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err("preparing the template panicked".into()));
+        t.building
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        let (slot, got) = match made {
+            Ok(tp) => {
+                t.built.fetch_add(1, Ordering::Relaxed);
+                (Slot::Ready(Box::new(tp.clone())), Some(tp))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = crate::shorten(&e, 500),
+                    warm,
+                    "a template could not be prepared: its runs start cold"
+                );
+                (
+                    Slot::Failed {
+                        retry: Instant::now() + RETRY_FAILED,
+                    },
+                    None,
+                )
+            }
+        };
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            tokio::task::spawn_blocking(move || drop((slot, got)));
+            return None;
+        }
+        let evicted: Vec<Prepared> = {
+            let mut held = t.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.retain(|p| p.key != key);
+            held.push(Prepared { key, slot });
+            let over = held.len().saturating_sub(c.templates);
+            held.drain(..over).collect()
+        };
+        if !evicted.is_empty() {
+            t.evicted.fetch_add(
+                evicted
+                    .iter()
+                    .filter(|p| matches!(p.slot, Slot::Ready(_)))
+                    .count() as u64,
+                Ordering::Relaxed,
+            );
+            // A zygote is reaped as its template drops: not on an async thread.
+            tokio::task::spawn_blocking(move || drop(evicted));
+        }
+        got
     }
 }

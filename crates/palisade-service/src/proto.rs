@@ -113,6 +113,10 @@ pub enum Event {
         code: Option<i32>,
         signal: Option<i32>,
         wall_ms: f64,
+        /// CPU time (user and system) of the exec's program and of the descendants it waited
+        /// for, in milliseconds, as the agent read it before reaping the program.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_ms: Option<f64>,
     },
 }
 

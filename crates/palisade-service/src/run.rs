@@ -11,7 +11,7 @@ use crate::client::{AgentConn, Exec, Exit};
 use crate::proto::{self, Request};
 use crate::{Service, ServiceError};
 use palisade::policy::{Bind, Policy};
-use palisade::{Io, Run, Sandbox, Status, Stdin};
+use palisade::{Io, Run, Sandbox, Status, Stdin, Template};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +32,10 @@ pub(crate) const DIRECT_MIN_FILES: u64 = 4;
 pub(crate) const AGENT_MIN_FILES: u64 = 32;
 /// Most files a request may fetch.
 const MAX_FETCH: usize = 256;
+/// Largest Python code (with its arguments) that warm Python runs as `python3 -c CODE`; larger
+/// code is written to its file and runs cold (a template's request and a warm run's code pipe
+/// are bounded: 160 KiB and the warm run's own bound).
+const WARM_CODE_MAX: usize = 64 << 10;
 /// Most files a request may write.
 const MAX_FILES: usize = 4096;
 
@@ -56,6 +60,10 @@ pub(crate) struct Plan {
     direct: bool,
     /// The sandbox would be the warm pool's: the ceiling's limits, no egress, no variables.
     poolable: bool,
+    /// The request's own variables (a template run gets them with its command).
+    run_env: Vec<(String, String)>,
+    /// `python3 -c CODE`: a run for the warm-Python template.
+    warm: bool,
 }
 
 /// A running sandbox held by the service: registered for shutdown, killed and cleaned up off the
@@ -71,6 +79,28 @@ impl Held {
         let run = tokio::task::spawn_blocking(move || sandbox.start(io))
             .await
             .expect("starting a run does not panic");
+        Held::hold(svc, run)
+    }
+
+    /// A run of `template`: `argv` and `env` are the run's own, the rest the template's.
+    pub(crate) async fn start_template(
+        svc: &Service,
+        template: Template,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        io: Io,
+    ) -> Held {
+        let run = tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            template.start(argv, &env, io)
+        })
+        .await
+        .expect("starting a run does not panic");
+        Held::hold(svc, run)
+    }
+
+    fn hold(svc: &Service, run: Run) -> Held {
         let key = svc.register(run.killer());
         Held {
             svc: svc.clone(),
@@ -97,6 +127,11 @@ impl Held {
         if let Ok(a) = a {
             let _ = a.readable().await;
         }
+    }
+
+    /// The OOM kills its cgroup has counted so far (see [`Run::oom_kills`]).
+    pub(crate) fn oom_kills(&self) -> Option<u64> {
+        self.run.as_ref().and_then(|r| r.oom_kills())
     }
 
     pub(crate) fn kill(&self) {
@@ -136,6 +171,16 @@ impl Drop for Held {
             }
         }
         self.svc.unregister(self.key);
+    }
+}
+
+impl Plan {
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub(crate) fn is_warm(&self) -> bool {
+        self.warm
     }
 }
 
@@ -218,6 +263,7 @@ impl Service {
             timeout: Duration::from_millis(limits.timeout_ms),
             output: limits.output_bytes,
         };
+        let mut warm = false;
         let (argv, compile, code_file) = match (&req.command, &req.language, &req.code) {
             (Some(cmd), None, None) => {
                 if cmd.is_empty() || cmd[0].is_empty() {
@@ -278,34 +324,51 @@ impl Service {
                         format!("another path: `code` is written to {}", lang.file),
                     ));
                 }
-                let mut argv: Vec<String> = lang.run.iter().map(|s| s.to_string()).collect();
-                argv.extend(req.args.iter().cloned());
-                let compile = match (lang.compile, &req.compile) {
-                    (Some(c), s) => {
-                        let mut p = stage_limits(
-                            s.as_ref().unwrap_or(&api::StageLimits::default()),
-                            "compile",
-                        )?;
-                        p.argv = c.iter().map(|s| s.to_string()).collect();
-                        Some(p)
-                    }
-                    (None, Some(_)) => {
-                        return Err(ServiceError::invalid(
-                            f("compile"),
-                            "set",
-                            format!(
+                // Warm Python takes `python3 -c CODE`: code that needs no file of its own (no
+                // files to write or fetch) and fits in an argument runs so; other code is written
+                // to the language's file as without it.
+                let as_arg = self.inner.config.warm_python.is_some()
+                    && lang.name == "python"
+                    && req.files.is_empty()
+                    && req.fetch.is_empty()
+                    && !code.contains('\0')
+                    && code.len() + req.args.iter().map(|a| a.len() + 1).sum::<usize>()
+                        <= WARM_CODE_MAX;
+                if as_arg {
+                    let mut argv = vec!["python3".to_string(), "-c".into(), code.clone()];
+                    argv.extend(req.args.iter().cloned());
+                    warm = true;
+                    (argv, None, None)
+                } else {
+                    let mut argv: Vec<String> = lang.run.iter().map(|s| s.to_string()).collect();
+                    argv.extend(req.args.iter().cloned());
+                    let compile = match (lang.compile, &req.compile) {
+                        (Some(c), s) => {
+                            let mut p = stage_limits(
+                                s.as_ref().unwrap_or(&api::StageLimits::default()),
+                                "compile",
+                            )?;
+                            p.argv = c.iter().map(|s| s.to_string()).collect();
+                            Some(p)
+                        }
+                        (None, Some(_)) => {
+                            return Err(ServiceError::invalid(
+                                f("compile"),
+                                "set",
+                                format!(
                                 "a compile stage only for compiled languages; {} is interpreted",
                                 lang.name
                             ),
-                        ))
-                    }
-                    (None, None) => None,
-                };
-                (
-                    argv,
-                    compile,
-                    Some((lang.file.to_string(), code.as_bytes().to_vec())),
-                )
+                            ))
+                        }
+                        (None, None) => None,
+                    };
+                    (
+                        argv,
+                        compile,
+                        Some((lang.file.to_string(), code.as_bytes().to_vec())),
+                    )
+                }
             }
             (None, Some(_), None) => {
                 return Err(ServiceError::invalid(
@@ -403,6 +466,12 @@ impl Service {
         };
         Ok(Plan {
             poolable,
+            run_env: req
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            warm,
             policy,
             stdin,
             files,
@@ -444,7 +513,13 @@ impl Service {
                 stream_buffer: None,
                 ..Io::default()
             };
-            let held = Held::start(self, sandbox, io).await;
+            let held = match self.template_for(&plan.policy, plan.warm).await {
+                Some(t) => {
+                    Held::start_template(self, t, plan.policy.command.clone(), plan.run_env, io)
+                        .await
+                }
+                None => Held::start(self, sandbox, io).await,
+            };
             let out = held.finish().await;
             return direct_result(out);
         }
@@ -462,7 +537,13 @@ impl Service {
                     stream_buffer: None,
                     ..Io::default()
                 };
-                let mut held = Held::start(self, sandbox, io).await;
+                let mut held = match self.template_for(&plan.policy, false).await {
+                    Some(t) => {
+                        let argv = plan.policy.command.clone();
+                        Held::start_template(self, t, argv, plan.run_env.clone(), io).await
+                    }
+                    None => Held::start(self, sandbox, io).await,
+                };
                 let Some(sock) = held.run_mut().take_stdin() else {
                     let out = held.finish().await;
                     return direct_result(out);
@@ -781,6 +862,8 @@ pub(crate) fn stage_of(c: &Captured) -> Stage {
             .exit
             .map(|e| e.wall_ms)
             .unwrap_or(c.wall.as_secs_f64() * 1000.0),
+        cpu_time_ms: c.exit.and_then(|e| e.cpu_ms),
+        oom_kills: None,
         stdout: Data::new(c.stdout.clone(), c.output_hit),
         stderr: Data::new(c.stderr.clone(), c.output_hit),
     }

@@ -66,6 +66,11 @@ struct Bg {
 }
 
 impl Session {
+    /// The OOM kills the session's cgroup has counted so far.
+    async fn oom_kills(&self) -> Option<u64> {
+        self.held.lock().await.as_ref().and_then(|h| h.oom_kills())
+    }
+
     fn touch(&self) {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
@@ -443,11 +448,10 @@ impl Service {
     /// `POST /v1/sandboxes/{id}/exec` in `sync` mode: runs and answers when it ends.
     pub async fn exec(&self, id: &str, req: api::ExecRequest) -> Result<Stage, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        let e = self.start_exec(&s, argv, env, cwd).await?;
+        let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let c = capture(&s.conn, e, stdin, timeout, cap, None).await;
-        self.exec_ended(&s, eid, &c).await;
-        Ok(stage_of(&c))
+        Ok(self.exec_ended(&s, eid, &c, oom0).await)
     }
 
     /// `stream` and `sse` modes: the exec's events as they come. Dropping the stream kills the exec.
@@ -457,7 +461,7 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecStream, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        let e = self.start_exec(&s, argv, env, cwd).await?;
+        let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let (tx, rx) = tokio::sync::mpsc::channel::<ExecEvent>(16);
         let (ctx, mut crx) = tokio::sync::mpsc::channel::<(bool, Vec<u8>)>(16);
@@ -489,12 +493,8 @@ impl Service {
             let c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
             drop(ctx);
             let _ = fwd.await;
-            svc.exec_ended(&s, eid, &c).await;
-            let _ = tx
-                .send(ExecEvent::Exit {
-                    result: stage_of(&c),
-                })
-                .await;
+            let result = svc.exec_ended(&s, eid, &c, oom0).await;
+            let _ = tx.send(ExecEvent::Exit { result }).await;
         });
         Ok(rx)
     }
@@ -506,7 +506,7 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecInfo, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        let mut e = self.start_exec(&s, argv, env, cwd).await?;
+        let (mut e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let pipe = Arc::new(tokio::sync::Mutex::new(e.stdin.take()));
         if !stdin.is_empty() {
@@ -525,14 +525,14 @@ impl Service {
         let s2 = s.clone();
         tokio::spawn(async move {
             let c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
-            svc.exec_ended(&s2, eid, &c).await;
+            let result = svc.exec_ended(&s2, eid, &c, oom0).await;
             if let Some(bg) = s2
                 .execs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get_mut(&eid)
             {
-                bg.result = Some(stage_of(&c));
+                bg.result = Some(result);
                 bg.stdin = None;
             }
         });
@@ -699,7 +699,9 @@ impl Service {
         argv: Vec<String>,
         env: Vec<(String, String)>,
         cwd: String,
-    ) -> Result<crate::client::Exec, ServiceError> {
+    ) -> Result<(crate::client::Exec, Option<u64>), ServiceError> {
+        // The session cgroup's OOM kills before the exec, for the exec's own count.
+        let oom0 = s.oom_kills().await;
         match s.conn.exec(argv, env, cwd).await {
             Ok(Ok(e)) => {
                 s.count.fetch_add(1, Ordering::Relaxed);
@@ -708,7 +710,7 @@ impl Service {
                     .unwrap_or_else(|p| p.into_inner())
                     .push(e.id);
                 self.inner.metrics.exec();
-                Ok(e)
+                Ok((e, oom0))
             }
             Ok(Err((code, message))) => Err(exec_error(&code, &message)),
             Err(e) => Err(ServiceError::gone(
@@ -718,7 +720,26 @@ impl Service {
         }
     }
 
-    async fn exec_ended(&self, s: &Arc<Session>, eid: u64, c: &crate::run::Captured) {
+    /// An exec ended: its result, with the OOM kills the session's cgroup counted since `oom0`
+    /// (read before it started). A program killed by `SIGKILL` that the server did not send
+    /// (not its deadline, nor its output cap) while the cgroup counted a kill died of memory:
+    /// `oom`. The OOM killer counts its kill as it sends it, before the program can be seen to
+    /// end, so the count read after the end holds it.
+    async fn exec_ended(
+        &self,
+        s: &Arc<Session>,
+        eid: u64,
+        c: &crate::run::Captured,
+        oom0: Option<u64>,
+    ) -> Stage {
+        let mut stage = stage_of(c);
+        if let (Some(a), Some(b)) = (oom0, s.oom_kills().await) {
+            let n = b.saturating_sub(a);
+            stage.oom_kills = Some(n);
+            if n > 0 && stage.status == api::RunStatus::Signal && stage.signal == Some(9) {
+                stage.status = api::RunStatus::Oom;
+            }
+        }
         s.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -730,6 +751,7 @@ impl Service {
             self.remove_session(&s.id, "an exec could not be stopped through its agent")
                 .await;
         }
+        stage
     }
 
     /// `PUT /v1/sandboxes/{id}/files/{path}`.

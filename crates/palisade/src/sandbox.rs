@@ -14,7 +14,6 @@ use palisade_linux::host::SignalSource;
 use palisade_linux::{CpuWatch, Killer, OutputQueue, Received, SetupError, Watch};
 use palisade_policy::Degradable;
 use palisade_policy::{Policy, PolicyError, Scratch};
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
@@ -199,6 +198,9 @@ struct Shared {
     done: Condvar,
     /// Readable once the report is ready; `None` for a run over before it started.
     done_fd: Option<OwnedFd>,
+    /// The run's cgroup while the run goes on (for [`Run::oom_kills`]); taken by the run's
+    /// thread for the report and removed.
+    cgroup: Mutex<Option<Box<dyn RunCgroup>>>,
 }
 
 /// Sent by the run's thread once the sandbox is started (or failed to start).
@@ -286,6 +288,18 @@ impl Run {
             Some(Received::Timeout) => Chunk::Timeout,
             Some(Received::Closed) | None => Chunk::End,
         }
+    }
+
+    /// The OOM kills the run's cgroup has counted so far, read from the kernel now (a session's
+    /// server reads it around each exec); `None` before the cgroup exists, after the run is over
+    /// (the report has the total), or without a cgroup (waived with `allow_degraded`).
+    pub fn oom_kills(&self) -> Option<u64> {
+        self.shared
+            .cgroup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.stats().oom_kills)
     }
 
     /// The write end of the payload's stdin ([`Stdin::Pipe`]), once.
@@ -450,6 +464,7 @@ impl Sandbox {
             report: Mutex::new(None),
             done: Condvar::new(),
             done_fd: Some(done_fd),
+            cgroup: Mutex::new(None),
         });
         let (tx, rx) = std::sync::mpsc::sync_channel::<Started>(1);
         let sandbox = self.clone();
@@ -462,7 +477,7 @@ impl Sandbox {
                 // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
                 // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
                 let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    sandbox.supervise(io, policy, &spawner, &out, &tx)
+                    sandbox.supervise(io, policy, &spawner, &out, &tx, &sh.cgroup)
                 }))
                 .unwrap_or_else(|p| {
                     out.close();
@@ -477,6 +492,8 @@ impl Sandbox {
                     };
                     Report::from_error(&e, Duration::ZERO, None, limits)
                 });
+                // A run that failed after its cgroup was made: removed here, as the run ends.
+                drop(sh.cgroup.lock().unwrap_or_else(|p| p.into_inner()).take());
                 *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
                 sh.done.notify_all();
                 if let Some(fd) = &sh.done_fd {
@@ -510,6 +527,7 @@ impl Sandbox {
         spawner: &Spawner,
         output: &OutputQueue,
         started: &std::sync::mpsc::SyncSender<Started>,
+        cgroup: &Mutex<Option<Box<dyn RunCgroup>>>,
     ) -> Report {
         let tell = |k: Option<Killer>, s: Option<File>| {
             let _ = started.send(Started {
@@ -607,7 +625,6 @@ impl Sandbox {
         };
         // The run's cgroup is made while init builds the view (palisade_linux::BeforeStart): init
         // then moves itself in through the v1 `tasks` files (cheap), or, on v2, is moved.
-        let cgroup: RefCell<Option<Box<dyn RunCgroup>>> = RefCell::new(None);
         let prepare = |pid: i32| -> std::io::Result<Vec<std::fs::File>> {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
@@ -623,7 +640,7 @@ impl Sandbox {
             if files.is_empty() {
                 c.join(pid).map_err(std::io::Error::other)?;
             }
-            *cgroup.borrow_mut() = Some(c);
+            *cgroup.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
             Ok(files)
         };
         // What the proxy needs before the sandbox exists: the run's CA (its key stays in this
@@ -730,11 +747,18 @@ impl Sandbox {
         let landlock = running.landlock().clone();
         let protection = running.protection().clone();
         // The CPU-time limit, over every process of the sandbox, from the cgroup's accounting.
-        let used = || cgroup.borrow().as_ref().and_then(|c| c.cpu_used());
+        let used = || {
+            cgroup
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(|c| c.cpu_used())
+        };
         // The quota actually written, not the one asked for: a host without a cpu controller for
         // palisade applies none, and the budget can then drain on every CPU at once.
         let quota = cgroup
-            .borrow()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .and_then(|c| c.cpu_quota_us())
             .map(|q| q as f64 / palisade_cgroup::CPU_PERIOD_US as f64);
@@ -767,7 +791,7 @@ impl Sandbox {
         // First, before anything else the supervisor does for the report, so that nothing that
         // could fail on the way (the proxy's log, a short supply of memory) can leave it armed.
         let disarmed = palisade_linux::host::disarm_all(&protection);
-        let mut cgroup = cgroup.into_inner();
+        let mut cgroup = cgroup.lock().unwrap_or_else(|p| p.into_inner()).take();
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
         if let Some(c) = cgroup.as_mut() {
             let _ = c.remove();
@@ -1092,6 +1116,12 @@ impl Template {
             .start_with(io, Some(policy), Spawner::Template(self.inner.clone()))
     }
 
+    /// Whether the template's zygote is still there: once it is gone (killed, or ended with an
+    /// error), every [`Template::start`] fails with a sandbox error; prepare a new template.
+    pub fn is_alive(&self) -> bool {
+        self.inner.engine.alive()
+    }
+
     /// The sandbox this template was prepared from.
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
@@ -1145,6 +1175,7 @@ fn failed_run(sandbox: &Sandbox, e: &SetupError) -> Run {
             report: Mutex::new(None),
             done: Condvar::new(),
             done_fd: None,
+            cgroup: Mutex::new(None),
         }),
         thread: None,
         output: None,
