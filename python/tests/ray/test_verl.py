@@ -18,12 +18,22 @@ VENV = os.environ.get("PALISADE_VERL_VENV", "/opt/palisade-ci/verl-venv")
 SLOTS = 2
 
 
-def _metric(pool, node_id, name):
+def _metric(pool, node_id, name, **labels):
+    """The sum of the metric `name` over its lines that carry every one of `labels` (a counter
+    is split by more labels than a test names, e.g. runs by status and engine)."""
     out = ray.get(pool.actor(node_id).call.remote("GET", "/metrics"))
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    found, total = False, 0.0
     for line in out["body"].decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in the metrics")
+        if not (line.startswith(name + " ") or line.startswith(name + "{")):
+            continue
+        head = line.rsplit(" ", 1)[0]
+        if all(w in head for w in want):
+            found = True
+            total += float(line.rsplit(" ", 1)[1])
+    if not found:
+        raise AssertionError(f"{name} {labels} not in the metrics")
+    return total
 
 
 def test_verls_reward_path_scores_through_a_nodes_run_code_within_its_rate_limit(cluster):
@@ -47,7 +57,7 @@ def test_verls_reward_path_scores_through_a_nodes_run_code_within_its_rate_limit
         assert got == [[True, True, True], [False, False, False], [-2, -2, -2]] * 4, got
         # veRL's semaphore held its requests to the node's slots: none met a full server.
         assert _metric(pool, node, "palisade_rejected_busy_total") == 0
-        assert _metric(pool, node, 'palisade_runs_total{status="ok"}') >= 4 * 3 * 2
+        assert _metric(pool, node, "palisade_runs_total", status="ok") >= 4 * 3 * 2
         # Control: without veRL's limit the same client oversubscribes the node and gets 429s
         # (veRL's client reports them as API errors, -1), so the check above can fail.
         slow = "import time\ntime.sleep(2)\nprint(3)\n"
