@@ -286,8 +286,10 @@ fn cpu_of_processes_killed_at_the_timeout_is_accounted() {
     let _cpu = serial();
     let marker = unique("palisade-killed-burner");
     let sampler = CpuSampler::start(&marker, 1);
+    // The CPU-time limit well above the deadline (by default it equals it, and a burner with a
+    // core of its own, plus the shell, can reach it first: a cpu-timeout, not the timeout).
     let r = run(
-        &["--timeout", "2s", "--json", "-"],
+        &["--timeout", "2s", "--cpu-time", "60s", "--json", "-"],
         &[
             "/bin/sh",
             "-c",
@@ -316,8 +318,9 @@ fn the_deadline_holds_while_output_never_stops() {
     // The supervisor is woken by output all the time; the deadline must still be checked (were it
     // not, the loop would never end). Never before the deadline; how soon after is a benchmark's.
     let _cpu = serial();
+    // The CPU-time limit (by default the deadline) well above it: the loop keeps a core busy.
     let r = run(
-        &["--timeout", "1s", "--json", "-"],
+        &["--timeout", "1s", "--cpu-time", "60s", "--json", "-"],
         &["/bin/sh", "-c", "while :; do echo x; done"],
     );
     let j = r.report();
