@@ -18,9 +18,10 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 # The test internet (network namespaces with HTTP, TLS and DNS test servers) for the egress tests;
-# both runs use it, and it comes down at the end whatever happens, unless it was up before (another
-# run on this machine is using it).
-if ip netns list 2>/dev/null | grep -qw palisade-tn; then
+# both runs use it, and it comes down at the end whatever happens, unless it was up and serving
+# before (another run on this machine is using it). A namespace left behind without its servers (a
+# killed run, a restored machine) is rebuilt: `up` takes the remains down first.
+if scripts/testnet.sh status >/dev/null 2>&1; then
     scripts/testnet.sh extras
     testnet_down=true
 else
