@@ -107,6 +107,11 @@ pub fn main(a: McpArgs) -> anyhow::Result<i32> {
     config.max_fetch_bytes = palisade::policy::parse_size("--max-fetch", &a.max_fetch)?;
     config.session_ttl = palisade::policy::parse_duration("--session-ttl", &a.session_ttl)?;
     config.session_idle = palisade::policy::parse_duration("--session-idle", &a.session_idle)?;
+    anyhow::ensure!(
+        (1..=10_000).contains(&a.max_sessions),
+        "--max-sessions {}: from 1 to 10000 (each sandbox holds processes and a cgroup)",
+        a.max_sessions
+    );
     config.max_sessions = a.max_sessions;
     // Nobody reads what runs after the client went away.
     config.shutdown_grace = Duration::ZERO;
@@ -155,9 +160,17 @@ pub fn main(a: McpArgs) -> anyhow::Result<i32> {
         );
     }
     for o in &a.allow_origin {
+        // An Origin header is scheme://host[:port] and nothing more: a value with a path, query,
+        // user or blank would never match one, so it is a mistake worth naming.
+        let rest = o
+            .strip_prefix("http://")
+            .or_else(|| o.strip_prefix("https://"));
         anyhow::ensure!(
-            o.starts_with("http://") || o.starts_with("https://"),
-            "--allow-origin {o}: expected an origin with its scheme, e.g. https://app.example.com:443"
+            rest.is_some_and(|r| !r.is_empty()
+                && !r.contains(['/', '?', '#', '@'])
+                && !r.chars().any(|c| c.is_whitespace() || c.is_control())),
+            "--allow-origin {}: expected an origin, scheme://host[:port] with nothing after it, e.g. https://app.example.com:443",
+            palisade::policy::untrusted::escape(o, 200)
         );
     }
     palisade_service::raise_open_files();

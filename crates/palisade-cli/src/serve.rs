@@ -21,6 +21,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Options of `palisade serve`.
+/// The largest `--max-queue` accepted.
+const MAX_QUEUE: usize = 100_000;
+/// The largest `--max-sessions` accepted.
+const MAX_SESSIONS: usize = 10_000;
+/// The largest `--pool` accepted.
+const MAX_POOL: usize = 256;
+/// The largest `--templates` accepted.
+const MAX_TEMPLATES: usize = 256;
+
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Where to listen: HOST:PORT, or unix:PATH for a unix socket (created, mode 0600, removed at
@@ -38,7 +47,7 @@ pub struct ServeArgs {
     /// Sandboxes that run at once (default: twice the CPUs).
     #[arg(long = "max-concurrency", value_name = "N")]
     max_concurrency: Option<usize>,
-    /// Requests that may wait for a slot; past that, 429 with Retry-After.
+    /// Requests that may wait for a slot; past that, 429 with Retry-After (at most 100000).
     #[arg(long = "max-queue", value_name = "N", default_value_t = 64)]
     max_queue: usize,
     /// Largest request body, e.g. 16MiB.
@@ -54,11 +63,12 @@ pub struct ServeArgs {
     /// Default idle timeout of a session, e.g. 10m.
     #[arg(long = "session-idle", value_name = "DURATION", default_value = "10m")]
     session_idle: String,
-    /// Sessions alive at once.
+    /// Sessions alive at once (1 to 10000).
     #[arg(long = "max-sessions", value_name = "N", default_value_t = 64)]
     max_sessions: usize,
     /// Keep N sandboxes started ahead for runs with the default policy (the ceiling's limits, no
-    /// egress, no variables of their own), each used by one run (default: no pool).
+    /// egress, no variables of their own), each used by one run; at most 256 (default: no
+    /// pool).
     #[arg(long = "pool", value_name = "N", default_value_t = 0)]
     pool: usize,
     /// How long a pooled sandbox may wait before it is replaced.
@@ -66,7 +76,7 @@ pub struct ServeArgs {
     pool_max_age: String,
     /// Keep at most N prepared templates, one per effective policy (least recently used dropped
     /// first; each holds a zygote process): runs start from them instead of cold. 0: every run
-    /// starts cold.
+    /// starts cold; at most 256.
     #[arg(long = "templates", value_name = "N", default_value_t = 8)]
     templates: usize,
     /// Run Python code without files to write or fetch as `python3 -c CODE`, forked from a
@@ -198,15 +208,37 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         anyhow::ensure!(n >= 1, "--max-concurrency {n}: at least 1");
         config.max_concurrency = n;
     }
+    // Each of these is memory, processes or cgroups the server holds on its clients' behalf: a
+    // value past its bound is refused here rather than found when the host runs out.
+    anyhow::ensure!(
+        a.max_queue <= MAX_QUEUE,
+        "--max-queue {}: at most {MAX_QUEUE} (each waiting request holds its body in memory)",
+        a.max_queue
+    );
     config.max_queue = a.max_queue;
     config.max_fetch_bytes = palisade::policy::parse_size("--max-fetch", &a.max_fetch)?;
     config.session_ttl = palisade::policy::parse_duration("--session-ttl", &a.session_ttl)?;
     config.session_idle = palisade::policy::parse_duration("--session-idle", &a.session_idle)?;
+    anyhow::ensure!(
+        (1..=MAX_SESSIONS).contains(&a.max_sessions),
+        "--max-sessions {}: from 1 to {MAX_SESSIONS} (each session holds a sandbox: processes and a cgroup)",
+        a.max_sessions
+    );
     config.max_sessions = a.max_sessions;
     config.shutdown_grace =
         palisade::policy::parse_duration("--shutdown-grace", &a.shutdown_grace)?;
+    anyhow::ensure!(
+        a.pool <= MAX_POOL,
+        "--pool {}: from 0 (off) to {MAX_POOL} (each pooled sandbox holds processes and a cgroup while it waits)",
+        a.pool
+    );
     config.pool_size = a.pool;
     config.pool_max_age = palisade::policy::parse_duration("--pool-max-age", &a.pool_max_age)?;
+    anyhow::ensure!(
+        a.templates <= MAX_TEMPLATES,
+        "--templates {}: from 0 (off) to {MAX_TEMPLATES} (each template holds a zygote process, and clients choose the policies that make new ones)",
+        a.templates
+    );
     config.templates = a.templates;
     if a.warm_python {
         anyhow::ensure!(

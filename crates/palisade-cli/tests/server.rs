@@ -2208,3 +2208,49 @@ fn a_sessions_execs_report_their_own_oom_and_cpu() {
     assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
     assert_nothing_held(s.pid());
 }
+
+/// Flags whose value would have the server hold unbounded memory, processes or cgroups for its
+/// clients, or that could never take effect, are refused before anything starts: a non-zero exit,
+/// the flag and its bound named, no socket created.
+#[test]
+fn server_flags_past_their_bounds_are_refused_by_name() {
+    let dir = TempDir::new("serve-flags");
+    let sock = dir.path().join("s.sock");
+    let listen = format!("unix:{}", sock.display());
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("serve", &["--max-queue", "100001"], "at most 100000"),
+        ("serve", &["--max-sessions", "0"], "from 1 to 10000"),
+        ("serve", &["--pool", "257"], "from 0 (off) to 256"),
+        ("serve", &["--templates", "100000"], "from 0 (off) to 256"),
+        ("mcp", &["--max-sessions", "0"], "from 1 to 10000"),
+        (
+            "mcp",
+            &["--allow-origin", "http://app.example/path"],
+            "scheme://host[:port]",
+        ),
+        (
+            "mcp",
+            &["--allow-origin", "https://"],
+            "scheme://host[:port]",
+        ),
+    ];
+    for (cmd, flags, bound) in cases {
+        let mut c = Command::new(palisade_bin());
+        c.arg(cmd);
+        if *cmd == "serve" {
+            c.args(["--listen", &listen]);
+        }
+        let out = c
+            .args(*flags)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{cmd} {flags:?}: {err}");
+        assert!(
+            err.contains(flags[0]) && err.contains(flags[1]) && err.contains(bound),
+            "{cmd} {flags:?}: {err}"
+        );
+        assert!(!sock.exists(), "{cmd} {flags:?} created its socket");
+    }
+}
