@@ -141,15 +141,7 @@ pub fn main(a: McpArgs) -> anyhow::Result<i32> {
                 listen.is_some(),
                 "--token-file: only with --listen (stdio has no one else to keep out)"
             );
-            let t = std::fs::read_to_string(p)
-                .with_context(|| format!("--token-file {}", p.display()))?;
-            let t = t.trim().to_owned();
-            anyhow::ensure!(
-                t.len() >= 16 && !t.chars().any(char::is_whitespace),
-                "--token-file {}: the token must be one line of at least 16 characters without spaces",
-                p.display()
-            );
-            Some(Arc::<str>::from(t))
+            Some(crate::serve::read_token(p)?)
         }
         None => None,
     };

@@ -169,6 +169,26 @@ fn json<T: serde::Serialize>(v: &T) -> Response {
     axum::Json(v).into_response()
 }
 
+/// Reads a bearer token from `--token-file` (of `serve` and `mcp`): one line of at least 16
+/// characters without spaces, read through a bound so that a wrong path (a device, a large file)
+/// is an error rather than a hang.
+pub fn read_token(p: &std::path::Path) -> anyhow::Result<Arc<str>> {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    std::fs::File::open(p)
+        .and_then(|f| f.take(4097).read_to_end(&mut raw))
+        .with_context(|| format!("--token-file {}", p.display()))?;
+    let t = std::str::from_utf8(&raw).unwrap_or("").trim();
+    anyhow::ensure!(
+        raw.len() <= 4096
+            && t.len() >= 16
+            && !t.chars().any(|c| c.is_whitespace() || c.is_control()),
+        "--token-file {}: the token must be one line of 16 to 4096 characters without spaces",
+        p.display()
+    );
+    Ok(Arc::from(t))
+}
+
 /// Runs `palisade serve`; returns the exit code.
 pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
     tracing_subscriber::fmt()
@@ -181,20 +201,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         .init();
     let ceiling = ceiling(a.policy.as_deref(), &[])?;
     let listen = Listen::parse(&a.listen)?;
-    let token = match &a.token_file {
-        Some(p) => {
-            let t = std::fs::read_to_string(p)
-                .with_context(|| format!("--token-file {}", p.display()))?;
-            let t = t.trim().to_owned();
-            anyhow::ensure!(
-                t.len() >= 16 && !t.chars().any(char::is_whitespace),
-                "--token-file {}: the token must be one line of at least 16 characters without spaces",
-                p.display()
-            );
-            Some(Arc::<str>::from(t))
-        }
-        None => None,
-    };
+    let token = a.token_file.as_deref().map(read_token).transpose()?;
     if let Listen::Tcp(addr) = &listen {
         anyhow::ensure!(
             addr.ip().is_loopback() || token.is_some(),

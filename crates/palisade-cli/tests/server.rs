@@ -2222,6 +2222,12 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
         ("serve", &["--max-sessions", "0"], "from 1 to 10000"),
         ("serve", &["--pool", "257"], "from 0 (off) to 256"),
         ("serve", &["--templates", "100000"], "from 0 (off) to 256"),
+        // A device as the token file: read through a bound, not until memory runs out.
+        (
+            "serve",
+            &["--token-file", "/dev/zero"],
+            "16 to 4096 characters",
+        ),
         ("mcp", &["--max-sessions", "0"], "from 1 to 10000"),
         (
             "mcp",
@@ -2232,6 +2238,11 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
             "mcp",
             &["--allow-origin", "https://"],
             "scheme://host[:port]",
+        ),
+        (
+            "mcp",
+            &["--listen", "127.0.0.1:0", "--token-file", "/dev/zero"],
+            "16 to 4096 characters",
         ),
     ];
     for (cmd, flags, bound) in cases {
@@ -2247,8 +2258,9 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(125), "{cmd} {flags:?}: {err}");
+        let (flag, value) = (flags[flags.len() - 2], flags[flags.len() - 1]);
         assert!(
-            err.contains(flags[0]) && err.contains(flags[1]) && err.contains(bound),
+            err.contains(flag) && err.contains(value) && err.contains(bound),
             "{cmd} {flags:?}: {err}"
         );
         assert!(!sock.exists(), "{cmd} {flags:?} created its socket");
