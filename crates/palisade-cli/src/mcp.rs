@@ -910,6 +910,7 @@ impl Server {
                 env: a.env,
                 labels: BTreeMap::new(),
                 idempotency_key: None,
+                workspace: None,
             })
             .await?;
         Ok(ToolResult {
