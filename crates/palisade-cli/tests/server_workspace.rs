@@ -430,6 +430,28 @@ fn workspaces_the_roots_do_not_hold_are_refused_and_nothing_starts() {
     let root_s = root.s();
 
     let none = Server::start(store.path(), &[]);
+    // The endpoints are in the OpenAPI document, with their types.
+    let doc = none.get("/openapi.json").json();
+    for p in [
+        "/v1/changes",
+        "/v1/changes/{id}",
+        "/v1/changes/{id}/diff",
+        "/v1/changes/{id}/apply",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} missing");
+    }
+    for t in [
+        "ChangeSetInfo",
+        "ChangeSetDoc",
+        "DiffRequest",
+        "DiffResult",
+        "ApplyRequest",
+        "AppliedResult",
+        "HeldChange",
+    ] {
+        assert!(doc["components"]["schemas"][t].is_object(), "{t} missing");
+    }
+    assert!(doc["components"]["schemas"]["SessionRequest"]["properties"]["workspace"].is_object());
     let r = none.post(
         "/v1/sandboxes",
         &json!({"workspace": p.display().to_string()}),
