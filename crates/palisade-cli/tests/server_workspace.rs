@@ -709,3 +709,49 @@ echo fine > fine.txt",
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["field"], "paths");
 }
+
+/// A session that ends on its own (its TTL) leaves its change set too, and the call for the
+/// ended session names it.
+#[test]
+fn a_session_past_its_ttl_leaves_its_change_set() {
+    let store = TempDir::new("wsapi-ttl-store");
+    let (root, p) = root_with_project("wsapi-ttl-root");
+    let root_s = root.s();
+    let s = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let r = s.post(
+        "/v1/sandboxes",
+        &json!({"workspace": p.display().to_string(), "ttl_s": 1}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    s.sh(&id, "echo late > late.txt");
+    // Waits for the reaper (bounded: the test fails rather than hangs).
+    let t0 = Instant::now();
+    loop {
+        let g = s.get(&format!("/v1/sandboxes/{id}"));
+        if g.status == 410 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "{}", g.text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Listed as soon as the session is seen gone (the list waits while it is being kept).
+    let list = s.get("/v1/changes").json();
+    let cs = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["session"] == id.as_str())
+        .unwrap_or_else(|| panic!("no change set of {id}: {list}"))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let again = s.get(&format!("/v1/sandboxes/{id}"));
+    assert!(again.text().contains(&cs), "{}", again.text());
+    assert!(!p.join("late.txt").exists());
+    assert_eq!(s.apply(&cs, &json!({})).status, 200);
+    assert_eq!(
+        std::fs::read_to_string(p.join("late.txt")).unwrap(),
+        "late\n"
+    );
+}

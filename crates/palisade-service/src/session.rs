@@ -431,6 +431,11 @@ impl Service {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id)?;
+        if s.workspace.is_some() {
+            // Its change set is being kept: `GET /v1/changes` waits for it (a client that saw
+            // the session gone finds its change set there).
+            self.inner.change_sets.ending(id);
+        }
         if let Some(k) = &s.key {
             self.inner
                 .sessions
@@ -471,6 +476,8 @@ impl Service {
                     None => e.1.push_str("; its workspace left no change set"),
                 }
             }
+            drop(ended);
+            self.inner.change_sets.ended(id);
         }
         s.wake.notify_waiters();
         if let Some(r) = &report {

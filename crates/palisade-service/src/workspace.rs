@@ -324,6 +324,9 @@ struct Record {
 pub(crate) struct Registry {
     map: Mutex<HashMap<String, Record>>,
     order: Mutex<VecDeque<String>>,
+    /// Workspace sessions that ended and whose change set is being kept.
+    pending: Mutex<std::collections::HashSet<String>>,
+    kept: tokio::sync::Notify,
 }
 
 /// How many change sets the registry remembers (the store's retention removes them sooner by
@@ -331,6 +334,46 @@ pub(crate) struct Registry {
 const KEPT: usize = 4096;
 
 impl Registry {
+    /// The workspace session `id` ended: its change set is on its way.
+    pub(crate) fn ending(&self, id: &str) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned());
+    }
+
+    /// Its change set is kept (or there is none).
+    pub(crate) fn ended(&self, id: &str) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        self.kept.notify_waiters();
+    }
+
+    /// Waits until the change sets of the sessions that had ended by now are kept.
+    async fn settled(&self) {
+        let waiting: Vec<String> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        loop {
+            let n = self.kept.notified();
+            let left = {
+                let p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                waiting.iter().any(|w| p.contains(w))
+            };
+            if !left {
+                return;
+            }
+            // A missed wake-up costs a second at most.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), n).await;
+        }
+    }
+
     fn get(&self, id: &str) -> Option<Record> {
         self.map
             .lock()
@@ -547,8 +590,10 @@ impl Service {
     }
 
     /// `GET /v1/changes`: the change sets this server's sessions left, oldest first (those the
-    /// store still holds).
+    /// store still holds). Sessions that ended before the call are in it: it waits while their
+    /// change sets are being kept.
     pub async fn list_change_sets(&self) -> Result<Vec<api::ChangeSetInfo>, ServiceError> {
+        self.inner.change_sets.settled().await;
         let ids: Vec<String> = self
             .inner
             .change_sets
