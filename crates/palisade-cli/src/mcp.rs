@@ -915,6 +915,7 @@ impl Server {
                 env: a.env,
                 labels: BTreeMap::new(),
                 idempotency_key: None,
+                workspace: None,
             })
             .await?;
         Ok(ToolResult {

@@ -93,6 +93,13 @@ pub struct ServeArgs {
         requires = "warm_python"
     )]
     warm_python_modules: Vec<String>,
+    /// A host directory under which clients may open sessions on a workspace (repeatable): a
+    /// session's `workspace` must be a real directory at or under one of these (no symbolic link
+    /// on the way). None (the default): every workspace is refused. Give roots that only you
+    /// write. The change sets are kept in PALISADE_CHANGES_DIR, else the user's store
+    /// (docs/workspace.md).
+    #[arg(long = "workspace-root", value_name = "DIR")]
+    workspace_roots: Vec<PathBuf>,
     /// At SIGTERM, how long running work may finish before it is killed.
     #[arg(
         long = "shutdown-grace",
@@ -199,7 +206,17 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let ceiling = ceiling(a.policy.as_deref(), &[])?;
+    let mut ceiling = ceiling(a.policy.as_deref(), &[])?;
+    if !a.workspace_roots.is_empty() {
+        let store = crate::changes::store()?;
+        store
+            .check()
+            .map_err(|e| anyhow::anyhow!("the change-set store: {e}"))?;
+        let w = palisade_service::Workspaces::new(&a.workspace_roots, store, ceiling.policy())
+            .map_err(|e| anyhow::anyhow!(e))?;
+        tracing::info!(roots = ?w.roots(), store = %w.store().path().display(), "workspaces");
+        ceiling = ceiling.with_workspaces(w);
+    }
     let listen = Listen::parse(&a.listen)?;
     let token = a.token_file.as_deref().map(read_token).transpose()?;
     if let Listen::Tcp(addr) = &listen {
@@ -443,6 +460,10 @@ fn router(app: App) -> Router {
             axum::routing::delete(delete_context),
         )
         .route("/v1/sandboxes/{id}/run_code", post(run_cell))
+        .route("/v1/changes", get(list_changes))
+        .route("/v1/changes/{id}", get(get_changes).delete(discard_changes))
+        .route("/v1/changes/{id}/diff", post(diff_changes))
+        .route("/v1/changes/{id}/apply", post(apply_changes))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_doc))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), auth));
@@ -805,6 +826,76 @@ async fn run_cell(State(app): State<App>, Path(id): Path<String>, body: Body) ->
     Ok(json(&app.svc.run_cell(&id, req).await?))
 }
 
+async fn list_changes(State(app): State<App>) -> Res<Response> {
+    Ok(json(&app.svc.list_change_sets().await?))
+}
+
+async fn get_changes(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
+    let mut rx = app.svc.change_set_json(&id).await?;
+    // The first chunk decides the status; an error after it ends the body early (the client sees
+    // JSON that does not parse).
+    let first = match rx.recv().await {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => return Err(ApiError(e)),
+        None => {
+            return Err(ApiError(ServiceError::internal(
+                "the change set could not be read",
+            )))
+        }
+    };
+    let rest = futures_util::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Some(Ok(b)) => Some((Ok::<_, std::io::Error>(Bytes::from(b)), rx)),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e.message, "a change set's entries ended early");
+                Some((Err(std::io::Error::other(e.message)), rx))
+            }
+            None => None,
+        }
+    });
+    let body = futures_util::StreamExt::chain(
+        futures_util::stream::once(async move { Ok(Bytes::from(first)) }),
+        rest,
+    );
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// A JSON body, or the type's defaults for an empty one.
+async fn decode_or_default<T: DeserializeOwned + Default>(app: &App, body: Body) -> Res<T> {
+    let bytes = read_body(app, body).await?;
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(T::default());
+    }
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError(ServiceError::json(&path, e.inner()))
+    })
+}
+
+async fn diff_changes(State(app): State<App>, Path(id): Path<String>, body: Body) -> Res<Response> {
+    let req: api::DiffRequest = decode_or_default(&app, body).await?;
+    Ok(json(&app.svc.change_set_diff(&id, req).await?))
+}
+
+async fn apply_changes(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Res<Response> {
+    let req: api::ApplyRequest = decode_or_default(&app, body).await?;
+    Ok(json(&app.svc.apply_change_set(&id, req).await?))
+}
+
+async fn discard_changes(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
+    app.svc.discard_change_set(&id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 /// The OpenAPI 3.1 document, generated from the request and response types.
 pub fn openapi() -> String {
     use schemars::JsonSchema;
@@ -833,6 +924,12 @@ pub fn openapi() -> String {
     let ctx_list = r(g.subschema_for::<Vec<api::ContextInfo>>());
     let cell_req = r(g.subschema_for::<api::CellRequest>());
     let cell_res = r(g.subschema_for::<api::CellResult>());
+    let cs_list = r(g.subschema_for::<Vec<api::ChangeSetInfo>>());
+    let cs_doc = r(g.subschema_for::<api::ChangeSetDoc>());
+    let diff_req = r(g.subschema_for::<api::DiffRequest>());
+    let diff_res = r(g.subschema_for::<api::DiffResult>());
+    let apply_req = r(g.subschema_for::<api::ApplyRequest>());
+    let apply_res = r(g.subschema_for::<api::AppliedResult>());
     let err = r(g.subschema_for::<ErrorBody>());
     let _ = api::Content::schema_name();
     let defs = g.take_definitions(true);
@@ -842,8 +939,8 @@ pub fn openapi() -> String {
         "400": {"description": "Malformed request: the error names the field and what is accepted", "content": {"application/json": {"schema": err}}},
         "401": {"description": "Missing or wrong bearer token"},
         "403": {"description": "Above the server's ceiling, or not permitted by its policy (status policy-denied)", "content": {"application/json": {"schema": err}}},
-        "404": {"description": "No such session, exec or file", "content": {"application/json": {"schema": err}}},
-        "409": {"description": "In conflict with the exec's state (its stdin is closed, it has ended)", "content": {"application/json": {"schema": err}}},
+        "404": {"description": "No such session, exec, file, or change set of this server", "content": {"application/json": {"schema": err}}},
+        "409": {"description": "In conflict with the exec's state (its stdin is closed, it has ended), or an apply held back (code held: the entries in `held`, each with its kind and reason; nothing was applied)", "content": {"application/json": {"schema": err}}},
         "410": {"description": "The session is gone: past its TTL or idle timeout, deleted, or killed by a session-wide limit", "content": {"application/json": {"schema": err}}},
         "413": {"description": "Body over --max-body", "content": {"application/json": {"schema": err}}},
         "429": {"description": "Queue full: retry after Retry-After seconds", "content": {"application/json": {"schema": err}}},
@@ -911,6 +1008,14 @@ pub fn openapi() -> String {
             },
             "/v1/sandboxes/{id}/contexts/{ctx}": {"parameters": [id, ctx], "delete": {"summary": "End a context and its interpreter", "responses": with(serde_json::json!({"204": {"description": "Ended"}}))}},
             "/v1/sandboxes/{id}/run_code": {"parameters": [id], "post": {"summary": "Evaluate a cell in a context: stdout, stderr, the last expression's value, the error as name/value/traceback", "requestBody": body(&cell_req), "responses": with(serde_json::json!({"200": ok(&cell_res, "application/json")}))}},
+            "/v1/changes": {"get": {"summary": "The change sets this server's workspace sessions left (kept when a session ends), oldest first", "responses": with(serde_json::json!({"200": ok(&cs_list, "application/json")}))}},
+            "/v1/changes/{id}": {
+                "parameters": [id],
+                "get": {"summary": "A change set and every entry (as `palisade changes ID --json`)", "responses": with(serde_json::json!({"200": ok(&cs_doc, "application/json")}))},
+                "delete": {"summary": "Discard a change set", "responses": with(serde_json::json!({"204": {"description": "Discarded"}}))}
+            },
+            "/v1/changes/{id}/diff": {"parameters": [id], "post": {"summary": "The unified diff (git's format) of a change set, or of some paths (at most --max-fetch bytes)", "requestBody": body(&diff_req), "responses": with(serde_json::json!({"200": ok(&diff_res, "application/json")}))}},
+            "/v1/changes/{id}/apply": {"parameters": [id], "post": {"summary": "Apply a change set (or some paths) to the directory its session was opened on: all or nothing, with the command line's refusals; 409 `held` lists what held it back", "requestBody": body(&apply_req), "responses": with(serde_json::json!({"200": ok(&apply_res, "application/json")}))}},
             "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/readyz": {"get": {"summary": "Taking work", "security": [], "responses": {"200": {"description": "ready"}, "503": {"description": "shutting down"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},

@@ -330,6 +330,12 @@ pub struct SessionRequest {
     /// A second create with the same key returns the first session instead of a new one.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// A host directory to work on (absolute, at or under one of the server's
+    /// `--workspace-root`s): seen at `/workspace` through a copy-on-write overlay, never written
+    /// while the session lives. When the session ends its changes are kept as a change set
+    /// (`GET /v1/changes`), to review and apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// A session as `GET /v1/sandboxes/{id}` shows it.
@@ -351,6 +357,9 @@ pub struct SessionInfo {
     pub running: Vec<u64>,
     /// The idempotency key it was created with.
     pub idempotency_key: Option<String>,
+    /// The host directory it works on, when it was created on a workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/exec`.
@@ -541,4 +550,118 @@ pub struct CellResult {
     pub wall_time_ms: f64,
     /// A new interpreter was started for this cell (the first, or after a timeout or an exit).
     pub restarted: bool,
+}
+
+/// An entry of a change set that an apply held back.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct HeldChange {
+    /// Its path in the project, in the form `changes` shows (empty: the change set as a whole).
+    pub path: String,
+    /// What holds it: `refused` (never applied), `conflict` (changed in the project since the
+    /// session began; `force` overrides), `protected` (applied only when named in `paths`),
+    /// `risky` (`include_risky`, or named), `other`.
+    pub kind: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A change set a workspace session of this server left (`GET /v1/changes`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ChangeSetInfo {
+    /// Its id.
+    pub id: String,
+    /// The session that made it.
+    pub session: String,
+    /// The project directory.
+    pub dir: String,
+    /// When it was made, seconds since the epoch.
+    pub created: u64,
+    /// Bytes of new contents.
+    pub bytes: u64,
+    /// How the session's sandbox ended (`status`, `exit_code`).
+    #[schemars(with = "BTreeMap<String, serde_json::Value>")]
+    pub run: serde_json::Value,
+    /// Counts by kind of change, bytes, and the first paths (as in the report's `workspace`).
+    #[schemars(with = "BTreeMap<String, serde_json::Value>")]
+    pub summary: serde_json::Value,
+    /// Set when the capture stopped at a bound: it cannot be applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+    /// When and how much of it was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<BTreeMap<String, serde_json::Value>>")]
+    pub applied: Option<serde_json::Value>,
+}
+
+/// `GET /v1/changes/{id}`: what `palisade changes ID --json` prints.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ChangeSetDoc {
+    /// The change set's record (`meta.json`: the project directory, when the session began, how
+    /// it ended, its protected paths, a summary, renames).
+    #[schemars(with = "BTreeMap<String, serde_json::Value>")]
+    pub change_set: serde_json::Value,
+    /// Every changed path, a directory before what is in it: `path`, `change` (`added`,
+    /// `modified`, `mode`, `deleted`, `replaced`), `kind`, `mode`, `size`, `sha256`, `target`,
+    /// and `refused`, `conflict`, `protected`, `risky` when they hold it back (docs/workspace.md).
+    #[schemars(with = "Vec<BTreeMap<String, serde_json::Value>>")]
+    pub entries: Vec<serde_json::Value>,
+}
+
+/// `POST /v1/changes/{id}/diff`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DiffRequest {
+    /// Only these paths and what is under them (relative to the project, as `changes` shows
+    /// them); none: all.
+    #[serde(default)]
+    pub paths: Vec<String>,
+}
+
+/// A change set's diff.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct DiffResult {
+    /// The unified diff in git's format (`git apply` takes it); text when it is UTF-8.
+    pub diff: Data,
+    /// Files in it.
+    pub files: u64,
+    /// Of which summarized as binary (or over 8 MiB).
+    pub binary: u64,
+    /// What it cannot show (refused entries, special files, modes git cannot say) and entries in
+    /// conflict.
+    pub warnings: Vec<String>,
+}
+
+/// `POST /v1/changes/{id}/apply`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    /// Only these paths and what is under them (as `changes` shows them); none: all of it.
+    /// Naming a protected or risky path (or one inside it) is what allows it.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// Leave these paths and what is under them out.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Overwrite what changed in the project since the session began.
+    #[serde(default)]
+    pub force: bool,
+    /// Apply files that host tools run or load later without asking (rc files, hooks,
+    /// environments, package-manager and editor settings) without naming each.
+    #[serde(default)]
+    pub include_risky: bool,
+}
+
+/// What an apply did.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct AppliedResult {
+    /// The change set.
+    pub id: String,
+    /// The project directory it was applied to.
+    pub dir: String,
+    /// Entries applied.
+    pub entries: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// The first paths applied.
+    pub first_paths: Vec<String>,
 }

@@ -6,7 +6,9 @@
 //! name allow rules the bounds' rules cover (a request that names none has no network); the
 //! file's binds, environment and other settings apply to every run and a request cannot change
 //! them. A request never names a host path and never reads the server's environment: the
-//! request types have no field for either. Every policy built for a request is checked whole
+//! request types have no field for either, but one: a session's `workspace`, admitted only at or
+//! under the roots the operator gave (`--workspace-root`, [`Ceiling::with_workspaces`]; none by
+//! default, and then every workspace is refused), as [`crate::workspace`] says. Every policy built for a request is checked whole
 //! with [`Policy::check_within`] before it runs, whatever the per-field checks here said.
 
 use crate::api;
@@ -21,6 +23,8 @@ pub struct Ceiling {
     /// The defaults (lowered to the bounds).
     policy: Policy,
     bounds: Bounds,
+    /// Where clients may open workspaces; `None`: nowhere.
+    workspaces: Option<crate::Workspaces>,
 }
 
 impl Ceiling {
@@ -36,6 +40,12 @@ impl Ceiling {
     /// defaults are lowered to the bounds where they exceed them.
     pub fn with_bounds(mut policy: Policy, bounds: Bounds) -> Result<Ceiling, String> {
         policy.clamp_to(&bounds);
+        if let Scratch::Workspace { path } = &policy.scratch {
+            return Err(format!(
+                "filesystem.workspace `{}`: a server's sessions each open the workspace their client names; let them name directories under it with `palisade serve --workspace-root DIR`",
+                path.display()
+            ));
+        }
         if let Scratch::Host { path } = &policy.scratch {
             return Err(format!(
                 "filesystem.scratch `{}`: a server's runs each get a fresh scratch; a host directory would be shared by all of them",
@@ -61,7 +71,38 @@ impl Ceiling {
         if bounds.scratch.is_some() || bounds.keep_scratch {
             return Err("bounds.filesystem.scratch: a request never names a host directory".into());
         }
-        Ok(Ceiling { policy, bounds })
+        Ok(Ceiling {
+            policy,
+            bounds,
+            workspaces: None,
+        })
+    }
+
+    /// Lets sessions open workspaces under `w`'s roots.
+    pub fn with_workspaces(mut self, w: crate::Workspaces) -> Ceiling {
+        self.workspaces = Some(w);
+        self
+    }
+
+    /// Where clients may open workspaces, if anywhere.
+    pub fn workspaces(&self) -> Option<&crate::Workspaces> {
+        self.workspaces.as_ref()
+    }
+
+    /// The workspace a request names (`field`), checked: under one of the roots, a real directory.
+    pub(crate) fn workspace(
+        &self,
+        ask: &str,
+        field: &str,
+    ) -> Result<crate::workspace::Admitted, ServiceError> {
+        match &self.workspaces {
+            Some(w) if !w.roots().is_empty() => w.admit(ask, field),
+            _ => Err(ServiceError::not_allowed(
+                field,
+                ask,
+                "none: this server opens no workspace (filesystem.workspace); its operator enables them with `palisade serve --workspace-root DIR`",
+            )),
+        }
     }
 
     /// The policy itself.

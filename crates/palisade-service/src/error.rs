@@ -32,7 +32,7 @@ pub enum Class {
 #[error("{message}")]
 pub struct ServiceError {
     /// A stable code: `invalid-json`, `invalid`, `unknown-field`, `unknown-language`,
-    /// `ceiling`, `not-allowed`, `not-found`, `gone`, `conflict`, `too-large`, `busy`,
+    /// `ceiling`, `not-allowed`, `not-found`, `gone`, `conflict`, `held`, `too-large`, `busy`,
     /// `shutting-down`, `file`, `internal`.
     pub code: &'static str,
     /// The request field it is about (`limits.memory_bytes`, `files["../x"]`), when one.
@@ -49,6 +49,12 @@ pub struct ServiceError {
     /// Seconds to wait before trying again (`busy`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+    /// `held` (an apply of a change set refused as a whole): how many entries were held back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_count: Option<u64>,
+    /// `held`: the first entries held back (at most 50), each with what holds it and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<crate::api::HeldChange>,
     #[serde(skip)]
     #[schemars(skip)]
     pub class: Class,
@@ -63,6 +69,8 @@ impl ServiceError {
             accepted: None,
             message: message.into(),
             retry_after: None,
+            held_count: None,
+            held: Vec::new(),
             class,
         }
     }

@@ -4,7 +4,8 @@
 //! A [`Service`] holds the server's policy as a [`Ceiling`] that every request may only narrow,
 //! a bounded queue (at most `max_concurrency` sandboxes at once and `max_queue` requests waiting;
 //! past that a typed `busy` error), the registry of sessions, the metrics, and the operations:
-//! one-shot runs ([`Service::run`]), batches ([`Service::run_batch`]), sessions, and shutdown.
+//! one-shot runs ([`Service::run`]), batches ([`Service::run_batch`]), sessions (on a workspace
+//! too, with the change sets they leave: [`workspace`]), and shutdown.
 //!
 //! Files move in and out of a sandbox through the agent (`palisade __agent`, see [`agent`]),
 //! which runs inside the boundary as the sandbox's payload: the server never follows a path the
@@ -26,11 +27,13 @@ mod pool;
 pub mod proto;
 mod run;
 mod session;
+pub mod workspace;
 
 pub use ceiling::Ceiling;
 pub use error::{Class, ServiceError};
 pub use metrics::Gauges;
 pub use session::ExecStream;
+pub use workspace::Workspaces;
 
 use palisade::RunKiller;
 use std::collections::HashMap;
@@ -120,6 +123,8 @@ struct Inner {
     quiet: tokio::sync::Notify,
     stopping: AtomicBool,
     sessions: session::Registry,
+    /// The change sets this server's workspace sessions left.
+    change_sets: workspace::Registry,
     pool: pool::Pool,
     templates: pool::Templates,
 }
@@ -175,6 +180,7 @@ impl Service {
                 quiet: tokio::sync::Notify::new(),
                 stopping: AtomicBool::new(false),
                 sessions: session::Registry::default(),
+                change_sets: workspace::Registry::default(),
                 pool: pool::Pool::default(),
                 templates: pool::Templates::default(),
             }),

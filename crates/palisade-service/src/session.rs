@@ -57,6 +57,8 @@ pub(crate) struct Session {
     wake: tokio::sync::Notify,
     /// The code interpreter's contexts.
     contexts: interp::Contexts,
+    /// The workspace it was opened on.
+    workspace: Option<crate::workspace::Admitted>,
 }
 
 /// A background exec.
@@ -90,6 +92,10 @@ impl Session {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             idempotency_key: self.key.clone(),
+            workspace: self
+                .workspace
+                .as_ref()
+                .map(|w| w.path.display().to_string()),
         }
     }
 
@@ -200,6 +206,11 @@ impl Service {
             }
             Some(t) => t,
         };
+        // A workspace: checked against the server's roots before anything else is spent.
+        let workspace = match &req.workspace {
+            Some(w) => Some(c.ceiling.workspace(w, "workspace")?),
+            None => None,
+        };
         let mut limits = c.ceiling.limits(&req.limits, "limits")?;
         if limits.open_files < crate::run::AGENT_MIN_FILES {
             return Err(ServiceError::invalid(
@@ -237,6 +248,13 @@ impl Service {
             env,
         )?;
         policy.binds.push(crate::run::agent_bind(&c.agent_exe)?);
+        // The workspace is not a bound of the policy's (its roots are the ceiling): set after
+        // the policy was checked against the bounds.
+        if let Some(w) = &workspace {
+            policy.scratch = palisade::policy::Scratch::Workspace {
+                path: w.path.clone(),
+            };
+        }
         if self.inner.sessions.len() >= c.max_sessions {
             self.inner.metrics.busy();
             let mut e = ServiceError::busy(self.inner.sessions.len());
@@ -246,8 +264,20 @@ impl Service {
             );
             return Err(e);
         }
-        let sandbox = Sandbox::from_policy(policy)
+        let mut sandbox = Sandbox::from_policy(policy)
             .map_err(|e| ServiceError::internal(format!("policy: {e}")))?;
+        if workspace.is_some() {
+            let store = c
+                .ceiling
+                .workspaces()
+                .map(|w| w.store().clone())
+                .ok_or_else(|| ServiceError::internal("a workspace without a store"))?;
+            // Kept for review: never applied by the server on its own.
+            sandbox = sandbox.with_workspace(palisade::WorkspaceOptions {
+                store: Some(store),
+                ..Default::default()
+            });
+        }
         let mut held = Held::start(
             self,
             sandbox,
@@ -283,6 +313,7 @@ impl Service {
             running: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
             contexts: interp::Contexts::default(),
+            workspace,
         });
         {
             let mut keys = self
@@ -400,6 +431,11 @@ impl Service {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id)?;
+        if s.workspace.is_some() {
+            // Its change set is being kept: `GET /v1/changes` waits for it (a client that saw
+            // the session gone finds its change set there).
+            self.inner.change_sets.ending(id);
+        }
         if let Some(k) = &s.key {
             self.inner
                 .sessions
@@ -422,6 +458,27 @@ impl Service {
         }
         tracing::info!(session = %id, why, "session destroyed");
         let report = teardown(&s).await;
+        if let Some(ws) = &s.workspace {
+            // The change set is known once the sandbox is gone: said in the session's end, so
+            // that a call for the session after it (410) names it.
+            let cs = self.register_change_set(id, ws, report.as_ref()).await;
+            let mut ended = self
+                .inner
+                .sessions
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = ended.iter_mut().rev().find(|(e, _)| e == id) {
+                match cs {
+                    Some(cs) => e.1.push_str(&format!(
+                        "; its workspace's changes are change set {cs} (GET /v1/changes/{cs})"
+                    )),
+                    None => e.1.push_str("; its workspace left no change set"),
+                }
+            }
+            drop(ended);
+            self.inner.change_sets.ended(id);
+        }
         s.wake.notify_waiters();
         if let Some(r) = &report {
             self.inner.metrics.report(r);

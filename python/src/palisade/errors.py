@@ -4,6 +4,7 @@ carrying the server's own body unchanged (``code``, ``field``, ``value``, ``acce
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -72,6 +73,42 @@ class ConflictError(ServerError):
     """409: in conflict with the sandbox's state (an exec that ended, a busy context)."""
 
 
+@dataclass(frozen=True)
+class HeldChange:
+    """An entry of a change set that an apply held back: its path, what holds it (``refused``:
+    never applied; ``conflict``: changed on the host since the session began, ``force=True``
+    overrides; ``protected``: applied only when named in ``paths``; ``risky``:
+    ``include_risky=True`` or named; ``other``), and why."""
+
+    path: str
+    kind: str
+    reason: str
+
+
+class WorkspaceConflictError(ConflictError):
+    """409 ``held``: an apply was refused as a whole, nothing was applied. ``held`` lists the
+    first entries held back (at most 50; ``held_count`` counts them all), ``conflicts`` those
+    that changed on the host since the session began."""
+
+    def __init__(self, status_code: int, body: dict[str, Any]) -> None:
+        super().__init__(status_code, body)
+        self.held: list[HeldChange] = [
+            HeldChange(str(h.get("path", "")), str(h.get("kind", "")), str(h.get("reason", "")))
+            for h in body.get("held") or []
+            if isinstance(h, dict)
+        ]
+        self.held_count: int = int(body.get("held_count") or len(self.held))
+
+    @property
+    def conflicts(self) -> list[HeldChange]:
+        return [h for h in self.held if h.kind == "conflict"]
+
+
+class ChangesNotReadyError(PalisadeError):
+    """A workspace sandbox's changes were asked for while it still runs: they are kept when it
+    ends (``kill()``, the end of its ``with`` block, its timeout)."""
+
+
 class SandboxGoneError(ServerError):
     """410: the sandbox ended (TTL, idle timeout, deleted, a session-wide limit)."""
 
@@ -96,6 +133,7 @@ _BY_CODE: dict[str, type[ServerError]] = {
     "unknown-language": UnknownLanguageError,
     "ceiling": PolicyError,
     "not-allowed": PolicyError,
+    "held": WorkspaceConflictError,
 }
 _BY_STATUS: dict[int, type[ServerError]] = {
     400: InvalidRequestError,

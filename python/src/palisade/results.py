@@ -221,3 +221,139 @@ class Context:
     id: str
     language: str
     cwd: str
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed path of a workspace's change set (docs/workspace.md).
+
+    ``change``: ``added``, ``modified``, ``mode`` (permission bits only), ``deleted`` or
+    ``replaced`` (a directory removed and recreated, or a file where a directory was); ``kind``:
+    ``file``, ``dir``, ``symlink``, ``fifo``, ``socket``, ``device`` or ``none`` (deleted).
+    ``refused``, ``conflict``, ``protected`` and ``risky`` say why an apply would hold it back.
+    ``path`` is in palisade's form: UTF-8 as is, ``\\\\`` for a backslash, ``\\xNN`` for other
+    bytes; give it back as it is to ``diff``/``apply``."""
+
+    path: str
+    change: str
+    kind: str
+    mode: int | None
+    size: int
+    target: str | None
+    refused: str | None
+    conflict: str | None
+    protected: str | None
+    risky: str | None
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Change:
+        return cls(
+            path=str(d.get("path")),
+            change=str(d.get("change")),
+            kind=str(d.get("kind")),
+            mode=d.get("mode"),
+            size=int(d.get("size") or 0),
+            target=d.get("target"),
+            refused=d.get("refused"),
+            conflict=d.get("conflict"),
+            protected=d.get("protected"),
+            risky=d.get("risky"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    """What a workspace session changed, kept when it ended: ``sbx.workspace.changes()``.
+
+    ``summary`` has the counts (``entries``, ``added``, ``modified``, ``deleted``, ``mode``,
+    ``replaced``, ``renamed``, ``symlinks``, ``refused``, ``conflicts``, ``protected``,
+    ``risky``, ``bytes``) and ``first_paths``; ``renames`` pairs (from, to) found by contents;
+    ``incomplete`` says why it cannot be applied, when the capture stopped at a bound."""
+
+    id: str
+    dir: str
+    status: str
+    entries: list[Change]
+    summary: dict[str, Any]
+    renames: list[tuple[str, str]]
+    incomplete: str | None
+    applied: dict[str, Any] | None
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every changed path, in tree order."""
+        return [e.path for e in self.entries]
+
+    def entry(self, path: str) -> Change | None:
+        """The entry at ``path``, if it changed."""
+        return next((e for e in self.entries if e.path == path), None)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ChangeSet:
+        m = d.get("change_set") or {}
+        return cls(
+            id=str(m.get("id")),
+            dir=str(m.get("dir")),
+            status=str((m.get("run") or {}).get("status")),
+            entries=[Change.from_json(e) for e in d.get("entries") or [] if isinstance(e, dict)],
+            summary=dict(m.get("summary") or {}),
+            renames=[(str(r.get("from")), str(r.get("to"))) for r in m.get("renames") or [] if isinstance(r, dict)],
+            incomplete=m.get("incomplete"),
+            applied=m.get("applied"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class Diff:
+    """A change set's unified diff in git's format (``git apply`` takes ``diff_bytes``).
+    Binary files are summarized (``binary`` counts them); ``warnings`` names what a diff cannot
+    show (refused entries, special files) and entries in conflict."""
+
+    diff_bytes: bytes
+    files: int
+    binary: int
+    warnings: list[str]
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def text(self) -> str:
+        """The diff as text (bytes that are not UTF-8 replaced)."""
+        return self.diff_bytes.decode("utf-8", "replace")
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Diff:
+        b, _ = _data(d.get("diff"))
+        return cls(
+            diff_bytes=b,
+            files=int(d.get("files") or 0),
+            binary=int(d.get("binary") or 0),
+            warnings=[str(w) for w in d.get("warnings") or []],
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What an apply did: entries applied, bytes written, the first paths, and where."""
+
+    id: str
+    dir: str
+    entries: int
+    bytes: int
+    first_paths: list[str]
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Applied:
+        return cls(
+            id=str(d.get("id")),
+            dir=str(d.get("dir")),
+            entries=int(d.get("entries") or 0),
+            bytes=int(d.get("bytes") or 0),
+            first_paths=[str(p) for p in d.get("first_paths") or []],
+            raw=d,
+        )

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 from .client import AsyncClient, Client, Limits, content, merged_limits, policy_file
-from .errors import NotFoundError
-from .results import Context, EntryInfo, Execution, Stage
+from .errors import ChangesNotReadyError, NotFoundError
+from .results import Applied, ChangeSet, Context, Diff, EntryInfo, Execution, Stage
+from .server import workspace_server
 
 Command = Union[str, Sequence[str]]
 OutputHandler = Callable[[str], None]
@@ -76,8 +77,11 @@ def _session_body(
     labels: Mapping[str, str] | None,
     idempotency_key: str | None,
     policy: str | os.PathLike[str] | None,
+    workspace: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if workspace is not None:
+        body["workspace"] = workspace
     if policy is not None:
         p = policy_file(policy)
         body.update({k: v for k, v in p.items() if k in ("limits", "allow_net", "env")})
@@ -247,6 +251,172 @@ class Files:
         return self._s._client.request("GET", f"{self._s._path}/archive", params={"path": _rel(path)}).content
 
 
+def _workspace_path(workspace: str | os.PathLike[str], own_server: bool) -> str:
+    """The directory as the request names it: absolute; for the SDK's own server, canonical
+    (that server's root is the canonical path, and it follows no link on the way)."""
+    p = os.fspath(workspace)
+    return os.path.realpath(p) if own_server else os.path.abspath(p)
+
+
+def _uses_own_server(url: str | None, client: object | None) -> bool:
+    return client is None and url is None and not os.environ.get("PALISADE_URL")
+
+
+_workspace_clients: dict[str, Client] = {}
+_workspace_async_clients: dict[tuple[int, str], AsyncClient] = {}
+
+
+def workspace_client(directory: str) -> Client:
+    """The client of the private server for ``directory`` (see
+    :func:`palisade.server.workspace_server`)."""
+    srv = workspace_server(directory)
+    c = _workspace_clients.get(directory)
+    if c is None or c.socket != srv.socket:
+        c = _workspace_clients[directory] = Client(f"unix:{srv.socket}")
+    return c
+
+
+def workspace_async_client(directory: str) -> AsyncClient:
+    """The async client of the private server for ``directory``, for the running event loop."""
+    srv = workspace_server(directory)
+    key = (id(asyncio.get_running_loop()), directory)
+    c = _workspace_async_clients.get(key)
+    if c is None or c.socket != srv.socket:
+        c = _workspace_async_clients[key] = AsyncClient(f"unix:{srv.socket}")
+    return c
+
+
+def _paths(paths: Sequence[str] | str | None) -> list[str]:
+    if paths is None:
+        return []
+    return [paths] if isinstance(paths, str) else list(paths)
+
+
+def _find_change_set(listing: Any, sandbox_id: str) -> str | None:
+    for c in listing if isinstance(listing, list) else []:
+        if isinstance(c, dict) and c.get("session") == sandbox_id:
+            return str(c["id"])
+    return None
+
+
+def _not_ready(sandbox_id: str) -> ChangesNotReadyError:
+    return ChangesNotReadyError(
+        f"sandbox {sandbox_id} still runs: its workspace's changes are kept when it ends "
+        "(kill() it, or leave its `with` block)"
+    )
+
+
+class Workspace:
+    """``sbx.workspace`` of a sandbox opened on a host directory (``Sandbox(workspace=DIR)``).
+
+    The code sees ``DIR`` at ``/workspace``, writable; ``DIR`` itself is not written. When the
+    sandbox ends its changes are kept as a change set: ``changes()``, ``diff()``, then
+    ``apply()`` all or some of it, or ``discard()`` it. Asked for while the sandbox still runs,
+    each raises :class:`~palisade.errors.ChangesNotReadyError`."""
+
+    def __init__(self, sandbox: Sandbox, directory: str) -> None:
+        self._s = sandbox
+        self.directory = directory
+        self.change_set_id: str | None = None
+
+    def _id(self) -> str:
+        if self.change_set_id is None:
+            c = self._s._client
+            found = _find_change_set(c.request("GET", "/v1/changes").json(), self._s.sandbox_id)
+            if found is None:
+                if self._s.is_running():
+                    raise _not_ready(self._s.sandbox_id)
+                from .errors import PalisadeError
+
+                raise PalisadeError(f"sandbox {self._s.sandbox_id} ended without a change set (nothing changed, or it could not be kept: see its report)")
+            self.change_set_id = found
+        return self.change_set_id
+
+    def changes(self) -> ChangeSet:
+        """Every changed path (``palisade changes ID --json``)."""
+        return ChangeSet.from_json(self._s._client.request("GET", f"/v1/changes/{self._id()}").json())
+
+    def diff(self, paths: Sequence[str] | str | None = None) -> Diff:
+        """The unified diff, of all of it or of ``paths`` and what is under them."""
+        body = {"paths": _paths(paths)}
+        return Diff.from_json(self._s._client.request("POST", f"/v1/changes/{self._id()}/diff", json_body=body).json())
+
+    def apply(
+        self,
+        paths: Sequence[str] | str | None = None,
+        *,
+        force: bool = False,
+        include_risky: bool = False,
+        exclude: Sequence[str] | str | None = None,
+    ) -> Applied:
+        """Applies all of it (or ``paths`` and what is under them) to the directory: all or
+        nothing. Anything held back (refused, protected or risky and not named, in conflict
+        without ``force``) raises :class:`~palisade.errors.WorkspaceConflictError` with the list,
+        and nothing is applied."""
+        body = {"paths": _paths(paths), "exclude": _paths(exclude), "force": force, "include_risky": include_risky}
+        return Applied.from_json(self._s._client.request("POST", f"/v1/changes/{self._id()}/apply", json_body=body).json())
+
+    def discard(self) -> None:
+        """Removes the change set."""
+        self._s._client.request("DELETE", f"/v1/changes/{self._id()}")
+
+
+class AsyncWorkspace:
+    """The asynchronous :class:`Workspace`."""
+
+    def __init__(self, sandbox: AsyncSandbox, directory: str) -> None:
+        self._s = sandbox
+        self.directory = directory
+        self.change_set_id: str | None = None
+
+    async def _id(self) -> str:
+        if self.change_set_id is None:
+            c = self._s._client
+            found = _find_change_set((await c.request("GET", "/v1/changes")).json(), self._s.sandbox_id)
+            if found is None:
+                try:
+                    await c.request("GET", self._s._path)
+                    alive = True
+                except Exception:
+                    alive = False
+                if alive:
+                    raise _not_ready(self._s.sandbox_id)
+                from .errors import PalisadeError
+
+                raise PalisadeError(f"sandbox {self._s.sandbox_id} ended without a change set (nothing changed, or it could not be kept: see its report)")
+            self.change_set_id = found
+        return self.change_set_id
+
+    async def changes(self) -> ChangeSet:
+        r = await self._s._client.request("GET", f"/v1/changes/{await self._id()}")
+        return ChangeSet.from_json(r.json())
+
+    async def diff(self, paths: Sequence[str] | str | None = None) -> Diff:
+        r = await self._s._client.request("POST", f"/v1/changes/{await self._id()}/diff", json_body={"paths": _paths(paths)})
+        return Diff.from_json(r.json())
+
+    async def apply(
+        self,
+        paths: Sequence[str] | str | None = None,
+        *,
+        force: bool = False,
+        include_risky: bool = False,
+        exclude: Sequence[str] | str | None = None,
+    ) -> Applied:
+        body = {"paths": _paths(paths), "exclude": _paths(exclude), "force": force, "include_risky": include_risky}
+        r = await self._s._client.request("POST", f"/v1/changes/{await self._id()}/apply", json_body=body)
+        return Applied.from_json(r.json())
+
+    async def discard(self) -> None:
+        await self._s._client.request("DELETE", f"/v1/changes/{await self._id()}")
+
+
+def _change_set_of(report: dict[str, Any] | None) -> str | None:
+    ws = (report or {}).get("workspace")
+    cs = ws.get("change_set") if isinstance(ws, dict) else None
+    return str(cs) if cs else None
+
+
 class Sandbox:
     """A palisade session, E2B-style.
 
@@ -271,17 +441,35 @@ class Sandbox:
         url: str | None = None,
         client: Client | None = None,
         sandbox_id: str | None = None,
+        workspace: str | os.PathLike[str] | None = None,
     ) -> None:
+        ws: str | None = None
+        if workspace is not None:
+            own = _uses_own_server(url, client)
+            ws = _workspace_path(workspace, own)
+            if own:
+                client = workspace_client(ws)
         self._client = client if client is not None else Client(url) if url is not None else default_client()
         if sandbox_id is None:
-            body = _session_body(timeout, idle_timeout, limits, allow_net, env, labels, idempotency_key, policy)
+            body = _session_body(timeout, idle_timeout, limits, allow_net, env, labels, idempotency_key, policy, ws)
             info = self._client.request("POST", "/v1/sandboxes", json_body=body).json()
             sandbox_id = str(info["id"])
+            ws = info.get("workspace") or ws
         self.sandbox_id: str = sandbox_id
         self._path = f"/v1/sandboxes/{sandbox_id}"
         self.commands = Commands(self)
         self.files = Files(self)
         self.report: dict[str, Any] | None = None
+        self._workspace = Workspace(self, ws) if ws is not None else None
+
+    @property
+    def workspace(self) -> Workspace:
+        """The workspace's changes (a sandbox made with ``workspace=``)."""
+        if self._workspace is None:
+            from .errors import PalisadeError
+
+            raise PalisadeError(f"sandbox {self.sandbox_id} was not made on a workspace (Sandbox(workspace=DIR))")
+        return self._workspace
 
     @classmethod
     def create(cls, **kwargs: Any) -> Sandbox:
@@ -292,8 +480,11 @@ class Sandbox:
         """Attaches to a live sandbox by id (:class:`~palisade.errors.NotFoundError` or
         :class:`~palisade.errors.SandboxGoneError` if there is none)."""
         c = client if client is not None else Client(url) if url is not None else default_client()
-        c.request("GET", f"/v1/sandboxes/{sandbox_id}")
-        return cls(client=c, sandbox_id=sandbox_id)
+        info = c.request("GET", f"/v1/sandboxes/{sandbox_id}").json()
+        sbx = cls(client=c, sandbox_id=sandbox_id)
+        if info.get("workspace"):
+            sbx._workspace = Workspace(sbx, str(info["workspace"]))
+        return sbx
 
     def get_info(self) -> dict[str, Any]:
         r: dict[str, Any] = self._client.request("GET", self._path).json()
@@ -307,9 +498,12 @@ class Sandbox:
             return False
 
     def kill(self) -> dict[str, Any] | None:
-        """Destroys the sandbox; returns its final report (also kept in ``self.report``)."""
+        """Destroys the sandbox; returns its final report (also kept in ``self.report``). On a
+        workspace, the report's ``workspace`` section names the change set its changes became."""
         r = self._client.request("DELETE", self._path).json()
         self.report = r.get("report")
+        if self._workspace is not None:
+            self._workspace.change_set_id = _change_set_of(self.report) or self._workspace.change_set_id
         return self.report
 
     def run_code(
@@ -470,13 +664,23 @@ class AsyncSandbox:
     """The asynchronous :class:`Sandbox`: ``sbx = await AsyncSandbox.create(...)``, or
     ``async with AsyncSandbox.create(...) as sbx`` (awaiting is done by ``async with``)."""
 
-    def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
+    def __init__(self, client: AsyncClient, sandbox_id: str, workspace: str | None = None) -> None:
         self._client = client
         self.sandbox_id = sandbox_id
         self._path = f"/v1/sandboxes/{sandbox_id}"
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.report: dict[str, Any] | None = None
+        self._workspace = AsyncWorkspace(self, workspace) if workspace is not None else None
+
+    @property
+    def workspace(self) -> AsyncWorkspace:
+        """The workspace's changes (a sandbox made with ``workspace=``)."""
+        if self._workspace is None:
+            from .errors import PalisadeError
+
+            raise PalisadeError(f"sandbox {self.sandbox_id} was not made on a workspace (AsyncSandbox.create(workspace=DIR))")
+        return self._workspace
 
     @classmethod
     async def create(
@@ -492,21 +696,31 @@ class AsyncSandbox:
         policy: str | os.PathLike[str] | None = None,
         url: str | None = None,
         client: AsyncClient | None = None,
+        workspace: str | os.PathLike[str] | None = None,
     ) -> AsyncSandbox:
+        """As :class:`Sandbox`, ``workspace=`` included."""
+        ws: str | None = None
+        if workspace is not None:
+            own = _uses_own_server(url, client)
+            ws = _workspace_path(workspace, own)
+            if own:
+                client = workspace_async_client(ws)
         c = client if client is not None else AsyncClient(url) if url is not None else default_async_client()
-        body = _session_body(timeout, idle_timeout, limits, allow_net, env, labels, idempotency_key, policy)
+        body = _session_body(timeout, idle_timeout, limits, allow_net, env, labels, idempotency_key, policy, ws)
         info = (await c.request("POST", "/v1/sandboxes", json_body=body)).json()
-        return cls(c, str(info["id"]))
+        return cls(c, str(info["id"]), info.get("workspace") or ws)
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, url: str | None = None, client: AsyncClient | None = None) -> AsyncSandbox:
         c = client if client is not None else AsyncClient(url) if url is not None else default_async_client()
-        await c.request("GET", f"/v1/sandboxes/{sandbox_id}")
-        return cls(c, sandbox_id)
+        info = (await c.request("GET", f"/v1/sandboxes/{sandbox_id}")).json()
+        return cls(c, sandbox_id, info.get("workspace"))
 
     async def kill(self) -> dict[str, Any] | None:
         r = (await self._client.request("DELETE", self._path)).json()
         self.report = r.get("report")
+        if self._workspace is not None:
+            self._workspace.change_set_id = _change_set_of(self.report) or self._workspace.change_set_id
         return self.report
 
     async def run_code(

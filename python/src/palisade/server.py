@@ -135,3 +135,20 @@ def shared_server() -> EmbeddedServer:
         if _shared is None or not _shared.alive:
             _shared = EmbeddedServer()
         return _shared
+
+
+_workspace_servers: dict[str, EmbeddedServer] = {}
+
+
+def workspace_server(directory: str) -> EmbeddedServer:
+    """A private server that may open ``directory`` (canonical) as a workspace: ``palisade serve
+    --workspace-root DIRECTORY``, one per directory, started on first use (again if it died) and
+    kept until the process exits, so that a sandbox's change set can be reviewed and applied
+    after the sandbox ended. The process that starts the server is its owner and names its own
+    directories; a server started with roots could not be given more without a restart, which
+    would end every sandbox on it: hence one per directory."""
+    with _lock:
+        srv = _workspace_servers.get(directory)
+        if srv is None or not srv.alive:
+            srv = _workspace_servers[directory] = EmbeddedServer(args=["--workspace-root", directory])
+        return srv

@@ -284,9 +284,15 @@ impl ChangeSet {
     pub fn apply(&self, o: &ApplyOptions) -> Result<Applied, WorkspaceError> {
         let _lock = self.lock()?;
         if let Some(why) = &self.meta.incomplete {
+            let reason = format!("the change set is incomplete ({why}): it cannot be applied");
             return Err(WorkspaceError::Held {
                 count: 1,
-                list: format!("  the change set is incomplete ({why}): it cannot be applied"),
+                list: format!("  {reason}"),
+                held: vec![HeldBack {
+                    path: String::new(),
+                    kind: HoldKind::Other,
+                    reason,
+                }],
             });
         }
         for p in o.paths.iter().chain(&o.exclude) {
@@ -416,6 +422,14 @@ impl ChangeSet {
             return Err(WorkspaceError::Held {
                 count,
                 list: list.join("\n"),
+                held: held
+                    .into_iter()
+                    .map(|(path, reason)| HeldBack {
+                        path,
+                        kind: HoldKind::of(&reason),
+                        reason,
+                    })
+                    .collect(),
             });
         }
         Ok(())

@@ -109,7 +109,12 @@ pub enum WorkspaceError {
     #[error("the project directory {} is not the one the run used ({why}); nothing was changed", dir.display())]
     BaseMoved { dir: PathBuf, why: String },
     #[error("nothing was applied: {count} change(s) held back:\n{list}")]
-    Held { count: usize, list: String },
+    Held {
+        count: usize,
+        list: String,
+        /// The first entries held back (at most 50, as in `list`), each with why.
+        held: Vec<HeldBack>,
+    },
     #[error("`{path}` names no change in change set `{id}`")]
     NoSuchPath { id: String, path: String },
     #[error("applying {path}: {source}; the files listed before it were applied, it and the rest were not (each file is whole, old or new)")]
@@ -121,6 +126,48 @@ pub enum WorkspaceError {
     },
     #[error("the workspace's changes could not be kept: {0}")]
     Capture(String),
+}
+
+/// An entry an apply held back, and why (for a caller that shows them one by one: a server's
+/// structured answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldBack {
+    /// The entry's path ([`encode_path`]'s form; empty for the change set as a whole).
+    pub path: String,
+    /// What holds it: `refused` (never applied), `conflict` (`force` overrides), `protected`
+    /// (applied only when named), `risky` (`include_risky`, or named), `other`.
+    pub kind: HoldKind,
+    /// Why, for people.
+    pub reason: String,
+}
+
+/// What holds an entry back ([`HeldBack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[allow(missing_docs)] // As HeldBack::kind says.
+pub enum HoldKind {
+    Refused,
+    Conflict,
+    Protected,
+    Risky,
+    Other,
+}
+
+impl HoldKind {
+    /// The kind of a reason `apply` gave (each starts with its kind).
+    pub(crate) fn of(reason: &str) -> HoldKind {
+        if reason.starts_with("refused") {
+            HoldKind::Refused
+        } else if reason.starts_with("conflict") {
+            HoldKind::Conflict
+        } else if reason.starts_with("protected") {
+            HoldKind::Protected
+        } else if reason.starts_with("risky") {
+            HoldKind::Risky
+        } else {
+            HoldKind::Other
+        }
+    }
 }
 
 /// What the run changed at one path. Paths are relative to the project directory, `/`-separated,
