@@ -483,11 +483,10 @@ impl Mcp {
     }
 }
 
-/// Finding 4: the outputs `palisade mcp` keeps whole were one store for every MCP session,
+/// Finding 4 (fixed): the outputs `palisade mcp` keeps whole were one store for every MCP session,
 /// named by a counter (`palisade://output/1/stdout`): any client of the server read any other
-/// client's outputs by counting.
+/// client's outputs by counting. Fixed: an output is readable only from the session that made it.
 #[test]
-#[ignore = "finding 4: MCP kept outputs are shared by every session and named by a counter"]
 fn finding_4_mcp_kept_outputs_are_private_to_their_session() {
     let m = Mcp::start();
     let (a, b) = (m.session(), m.session());
