@@ -372,6 +372,36 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
     );
 }
 
+/// Finding 8: a cell's answer is the interpreter's line, and the interpreter is the code's: a cell
+/// that writes its own answer on the driver's pipe returns 60 000 bytes of stdout under
+/// `output_bytes: 1000` (up to 18 times the cap and 64 KiB more pass), marked not truncated; the
+/// driver's own answer then answers the next cell.
+#[test]
+#[ignore = "finding 8: a cell's answer is not held to the cell's output_bytes"]
+fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
+    let s = Server::start(&[]);
+    let id = s.session(&json!({}));
+    let cell = "import sys, json\n\
+        m = sys.modules['__main__']\n\
+        m._out.write((json.dumps({'stdout': 'A' * 60000, 'stdout_truncated': False, 'stderr': '', 'stderr_truncated': False, 'value': 'V' * 5000, 'error': None}) + '\\n').encode())\n\
+        m._out.flush()\n";
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/run_code"),
+            &json!({"code": cell, "output_bytes": 1000}),
+        )
+        .json();
+    let out = j["stdout"]["bytes"].as_u64().unwrap_or(0)
+        + j["stderr"]["bytes"].as_u64().unwrap_or(0)
+        + j["value"].as_str().map_or(0, |v| v.len() as u64);
+    assert!(
+        out <= 1000 || j["status"] != "ok",
+        "{out} bytes answered under output_bytes 1000: status {}, stdout.truncated {}",
+        j["status"],
+        j["stdout"]["truncated"]
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // `palisade mcp` over Streamable HTTP.
 
