@@ -252,7 +252,7 @@ async fn serve_http(
         cfg = cfg.disable_allowed_hosts();
     }
     let svc = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_session()),
         Arc::new(LocalSessionManager::default()),
         cfg,
     );
@@ -320,39 +320,44 @@ struct Server {
     opts: Opts,
     tools: Arc<Vec<Tool>>,
     kept: Arc<Mutex<Kept>>,
+    /// The MCP session this handler serves (each Streamable HTTP session gets its own): a kept
+    /// output is readable only by the session whose call made it, whoever knows its URI.
+    owner: u64,
 }
 
-/// Whole outputs kept as resources, newest last, at most [`KEPT_TOTAL`] bytes together.
+/// Whole outputs kept as resources, newest last, at most [`KEPT_TOTAL`] bytes together (for all
+/// sessions: one bound for the server), each with the session that may read it back.
 #[derive(Default)]
 struct Kept {
     next: u64,
     bytes: usize,
-    items: VecDeque<(String, Arc<Vec<u8>>)>,
+    items: VecDeque<(String, u64, Arc<Vec<u8>>)>,
 }
 
 impl Kept {
-    fn put(&mut self, what: &str, b: Vec<u8>) -> String {
+    fn put(&mut self, what: &str, owner: u64, b: Vec<u8>) -> String {
         self.next += 1;
         let uri = format!("palisade://output/{}/{what}", self.next);
         if b.len() > KEPT_TOTAL {
             return uri;
         }
         self.bytes += b.len();
-        self.items.push_back((uri.clone(), Arc::new(b)));
+        self.items.push_back((uri.clone(), owner, Arc::new(b)));
         while self.bytes > KEPT_TOTAL {
             match self.items.pop_front() {
-                Some((_, old)) => self.bytes -= old.len(),
+                Some((_, _, old)) => self.bytes -= old.len(),
                 None => break,
             }
         }
         uri
     }
 
-    fn get(&self, uri: &str) -> Option<Arc<Vec<u8>>> {
+    /// The output at `uri` if `owner`'s session made it (another session's is as unknown).
+    fn get(&self, uri: &str, owner: u64) -> Option<Arc<Vec<u8>>> {
         self.items
             .iter()
-            .find(|(u, _)| u == uri)
-            .map(|(_, b)| b.clone())
+            .find(|(u, o, _)| u == uri && *o == owner)
+            .map(|(_, _, b)| b.clone())
     }
 }
 
@@ -741,6 +746,18 @@ impl Server {
             opts,
             tools: Arc::new(tools),
             kept: Arc::new(Mutex::new(Kept::default())),
+            owner: 0,
+        }
+    }
+
+    /// The handler of a new MCP session: the same service and tools, and a session of its own
+    /// for the outputs it keeps (their URIs are numbered for the whole server, so a number alone
+    /// must not give another session's output).
+    fn for_session(&self) -> Server {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Server {
+            owner: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ..self.clone()
         }
     }
 
@@ -752,11 +769,11 @@ impl Server {
         if !utf8 && binary_as_base64 {
             use base64::Engine;
             let (part, omitted, full) = if b.len() > n {
-                let full = self
-                    .kept
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .put(what, b.clone());
+                let full = self.kept.lock().unwrap_or_else(|p| p.into_inner()).put(
+                    what,
+                    self.owner,
+                    b.clone(),
+                );
                 (&b[..n], (b.len() - n) as u64, Some(full))
             } else {
                 (&b[..], 0, None)
@@ -793,7 +810,7 @@ impl Server {
             .kept
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .put(what, b);
+            .put(what, self.owner, b);
         Shown {
             text,
             encoding,
@@ -1370,7 +1387,7 @@ impl ServerHandler for Server {
             .kept
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&uri)
+            .get(&uri, self.owner)
         else {
             return Err(ErrorData::resource_not_found(
                 format!(

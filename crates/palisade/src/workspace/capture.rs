@@ -529,23 +529,38 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// Deleted and added files with the same size and contents: renames.
+    /// Deleted and added files with the same size and contents: renames. Each deleted file is
+    /// read at most once, and only when an added file has its size (the first time one does):
+    /// the work is bounded by the deleted files' bytes, not by their count times the added
+    /// files' count (10 000 added files of the size of 10 000 deleted ones would otherwise read
+    /// project files 10^8 times, after the run, outside its limits).
     fn renames(&self, base: &Dir) -> Vec<Renamed> {
+        use std::collections::{HashMap, VecDeque};
+        let mut by_size: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, (_, size)) in self.deleted_files.iter().enumerate() {
+            by_size.entry(*size).or_default().push(i);
+        }
+        // For each size looked up: the unused deleted files by hash, first deleted first.
+        let mut by_hash: HashMap<u64, HashMap<String, VecDeque<usize>>> = HashMap::new();
         let mut out = Vec::new();
-        let mut used = vec![false; self.deleted_files.len()];
         for (to, size, sum) in &self.added_files {
-            for (i, (from, dsize)) in self.deleted_files.iter().enumerate() {
-                if used[i] || dsize != size {
-                    continue;
+            let Some(candidates) = by_size.get(size) else {
+                continue;
+            };
+            let table = by_hash.entry(*size).or_insert_with(|| {
+                let mut t: HashMap<String, VecDeque<usize>> = HashMap::new();
+                for &i in candidates {
+                    if let Ok(h) = hash_file(base, &self.deleted_files[i].0) {
+                        t.entry(h).or_default().push_back(i);
+                    }
                 }
-                if hash_file(base, from).ok().as_ref() == Some(sum) {
-                    used[i] = true;
-                    out.push(Renamed {
-                        from: from.clone(),
-                        to: to.clone(),
-                    });
-                    break;
-                }
+                t
+            });
+            if let Some(i) = table.get_mut(sum).and_then(VecDeque::pop_front) {
+                out.push(Renamed {
+                    from: self.deleted_files[i].0.clone(),
+                    to: to.clone(),
+                });
             }
         }
         out
