@@ -10,7 +10,7 @@
 
 use crate::sys;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,8 +64,7 @@ impl OutputQueue {
                 starved: false,
             }),
             ready: Condvar::new(),
-            // SAFETY: `fd` was just created and is owned by nobody else.
-            room: unsafe { OwnedFd::from_raw_fd(fd) },
+            room: fd,
             budget: budget.max(1),
         })
     }

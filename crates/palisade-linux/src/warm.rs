@@ -15,6 +15,7 @@ use crate::sys;
 use crate::wire::{Reader, WireError, Writer};
 use libc::{c_char, c_int, c_void};
 use std::ffi::{CStr, CString};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// The kind of the message on a warm run's code pipe.
@@ -265,8 +266,8 @@ pub(crate) fn start(
 fn threads(proc: c_int) -> Result<u32, i32> {
     let fd = sys::openat(proc, c"self/status", libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
     let mut buf = [0u8; 4096];
-    let n = sys::read_full(fd, &mut buf);
-    sys::close(fd);
+    let n = sys::read_full(fd.as_raw_fd(), &mut buf);
+    sys::close_owned(fd);
     let text = std::str::from_utf8(&buf[..n?]).map_err(|_| libc::EIO)?;
     text.lines()
         .find_map(|l| l.strip_prefix("Threads:"))

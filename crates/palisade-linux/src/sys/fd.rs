@@ -1,7 +1,8 @@
 //! Descriptors: reading, writing, polling, duplicating, closing, flags, eventfds, locks.
 
-use super::{check, check_int, errno, SysResult};
+use super::{check, check_int, errno, owned_int, SysResult};
 use libc::{c_int, c_uint};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 
 /// `close_range(first, last, flags)`.
 pub fn close_range(first: c_uint, last: c_uint, flags: c_uint) -> SysResult<()> {
@@ -102,13 +103,37 @@ pub fn readable_within(fd: c_int, ms: c_int) -> bool {
 }
 
 /// A pair of connected unix sockets of `kind` (`SOCK_STREAM`, `SOCK_SEQPACKET`), close-on-exec.
-pub fn socketpair(kind: c_int) -> SysResult<(c_int, c_int)> {
+pub fn socketpair(kind: c_int) -> SysResult<(OwnedFd, OwnedFd)> {
     let mut p = [0 as c_int; 2];
     // SAFETY: socketpair fills the array with two new descriptors.
     check_int(unsafe {
         libc::socketpair(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC, 0, p.as_mut_ptr())
     })?;
-    Ok((p[0], p[1]))
+    // SAFETY: both were just created and are referenced by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+}
+
+/// `pipe2(O_CLOEXEC)`: (read end, write end).
+#[inline]
+pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut p = [-1 as c_int; 2];
+    // SAFETY: pipe2 fills the array with two new descriptors.
+    check_int(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both were just created and are referenced by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, 3)`: a close-on-exec copy of `fd` numbered 3 or more, so that it
+/// is never one of the standard streams a child puts in place with `dup2`.
+pub fn dup_above2(fd: c_int) -> SysResult<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` and returns a new descriptor or -1.
+    owned_int(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) })
+}
+
+/// `fcntl(fd, F_SETPIPE_SZ, size)`: the pipe's capacity, at least `size` bytes.
+pub fn set_pipe_size(fd: c_int, size: c_int) -> SysResult<()> {
+    // SAFETY: F_SETPIPE_SZ with an integer argument on a descriptor of this process.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size) }).map(drop)
 }
 
 /// `fcntl(fd, F_SETFD, 0)`: the descriptor stays open across `execve`.
@@ -136,9 +161,9 @@ pub fn close_all_but(keep: &[c_int]) -> SysResult<()> {
 }
 
 /// An eventfd (close-on-exec, non-blocking): a counter one side adds to and the other polls.
-pub fn eventfd() -> SysResult<c_int> {
+pub fn eventfd() -> SysResult<OwnedFd> {
     // SAFETY: eventfd returns a new descriptor or -1.
-    check_int(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+    owned_int(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
 }
 
 /// Adds 1 to an eventfd, waking its pollers.
@@ -183,4 +208,41 @@ pub fn ofd_lock_byte(fd: c_int, at: u64) -> SysResult<()> {
 pub fn is_terminal(fd: c_int) -> bool {
     // SAFETY: isatty only inspects the descriptor.
     unsafe { libc::isatty(fd) == 1 }
+}
+
+/// `poll(fds, ms)` once: how many entries have events (`EINTR` is the caller's to retry).
+pub fn poll(fds: &mut [libc::pollfd], ms: c_int) -> SysResult<usize> {
+    // SAFETY: `fds` is a valid array of pollfd of the length given; poll only reads the
+    // descriptor numbers and writes `revents`.
+    check_int(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) })
+        .map(|n| n as usize)
+}
+
+/// `read(fd, buf)` once: the bytes read (0: end of file).
+pub fn read(fd: c_int, buf: &mut [u8]) -> SysResult<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into the buffer we own.
+    check(unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } as libc::c_long)
+        .map(|n| n as usize)
+}
+
+/// `write(fd, buf)` once: the bytes written.
+pub fn write(fd: c_int, buf: &[u8]) -> SysResult<usize> {
+    // SAFETY: the kernel reads at most `buf.len()` bytes from the buffer.
+    check(unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) } as libc::c_long)
+        .map(|n| n as usize)
+}
+
+/// `shutdown(fd, SHUT_RDWR)`: both directions of a socket end, for every holder of it.
+pub fn shutdown(fd: c_int) {
+    // SAFETY: integer arguments only.
+    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+/// Closes an owned descriptor with `close` alone. Dropping an `OwnedFd` does the same in a
+/// release build, but a debug build's standard library first checks the descriptor with an
+/// extra `fcntl(F_GETFD)`; the child side uses this so that its calls are the raw ones in
+/// every build.
+#[inline]
+pub fn close_owned(fd: OwnedFd) {
+    close(fd.into_raw_fd());
 }

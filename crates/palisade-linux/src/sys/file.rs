@@ -1,7 +1,8 @@
 //! Files by descriptor and name: `openat`/`openat2`, directories, links, modes, xattrs.
 
-use super::{check, check_int, SysResult};
+use super::{check, check_int, owned, owned_int, SysResult};
 use libc::{c_int, c_long, c_uint};
+use std::os::fd::OwnedFd;
 
 #[repr(C)]
 struct OpenHow {
@@ -11,7 +12,7 @@ struct OpenHow {
 }
 
 /// `openat2(AT_FDCWD, path, O_PATH|O_CLOEXEC, resolve)`.
-pub fn open_path_noresolve(path: &std::ffi::CStr, resolve: u64) -> SysResult<c_int> {
+pub fn open_path_noresolve(path: &std::ffi::CStr, resolve: u64) -> SysResult<OwnedFd> {
     let how = OpenHow {
         flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
         mode: 0,
@@ -27,7 +28,7 @@ pub fn open_path_noresolve(path: &std::ffi::CStr, resolve: u64) -> SysResult<c_i
             std::mem::size_of::<OpenHow>(),
         )
     };
-    check(r).map(|fd| fd as c_int)
+    owned(r)
 }
 
 /// `openat(dirfd, path, flags, mode)`.
@@ -36,9 +37,9 @@ pub fn openat(
     path: &std::ffi::CStr,
     flags: c_int,
     mode: libc::mode_t,
-) -> SysResult<c_int> {
+) -> SysResult<OwnedFd> {
     // SAFETY: `path` is NUL-terminated.
-    check_int(unsafe { libc::openat(dirfd, path.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+    owned_int(unsafe { libc::openat(dirfd, path.as_ptr(), flags | libc::O_CLOEXEC, mode) })
 }
 
 /// `mkdirat(AT_FDCWD, path, mode)`; an existing entry is not an error.
@@ -132,7 +133,7 @@ pub fn openat2(
     flags: c_int,
     mode: u32,
     resolve: u64,
-) -> SysResult<c_int> {
+) -> SysResult<OwnedFd> {
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
         mode: mode as u64,
@@ -148,7 +149,7 @@ pub fn openat2(
             std::mem::size_of::<OpenHow>(),
         )
     };
-    check(r).map(|fd| fd as c_int)
+    owned(r)
 }
 
 /// `getdents64(fd, buf)`: fills `buf` with directory records; returns the bytes filled, 0 at the
@@ -194,6 +195,18 @@ pub fn renameat2(
         )
     })
     .map(drop)
+}
+
+/// `renameat(from_dir, from, to_dir, to)`: replaces `to` if it exists; no link is followed in
+/// either name.
+pub fn renameat(
+    from_dir: c_int,
+    from: &std::ffi::CStr,
+    to_dir: c_int,
+    to: &std::ffi::CStr,
+) -> SysResult<()> {
+    // SAFETY: both names are NUL-terminated.
+    check_int(unsafe { libc::renameat(from_dir, from.as_ptr(), to_dir, to.as_ptr()) }).map(drop)
 }
 
 /// `unlinkat(dirfd, name, flags)` (`AT_REMOVEDIR` for a directory).

@@ -1,7 +1,8 @@
 //! Landlock rulesets.
 
-use super::{check, SysResult};
+use super::{check, owned, SysResult};
 use libc::{c_int, c_uint};
+use std::os::fd::OwnedFd;
 
 /// `struct landlock_ruleset_attr` as of Landlock ABI 6 (the kernel accepts a larger struct than
 /// it knows as long as the fields it does not know are zero, so one layout serves every ABI).
@@ -47,7 +48,7 @@ pub fn landlock_abi() -> SysResult<u32> {
 }
 
 /// `landlock_create_ruleset(attr, sizeof attr, 0)`: a new ruleset descriptor (close-on-exec).
-pub fn landlock_create_ruleset(attr: &LandlockRulesetAttr) -> SysResult<c_int> {
+pub fn landlock_create_ruleset(attr: &LandlockRulesetAttr) -> SysResult<OwnedFd> {
     // SAFETY: `attr` is a live, fully initialized struct and the size passed is its own, so the
     // kernel reads exactly the bytes we own.
     let r = unsafe {
@@ -58,7 +59,7 @@ pub fn landlock_create_ruleset(attr: &LandlockRulesetAttr) -> SysResult<c_int> {
             0 as c_uint,
         )
     };
-    check(r).map(|fd| fd as c_int)
+    owned(r)
 }
 
 /// `landlock_add_rule(ruleset, PATH_BENEATH, {access, parent}, 0)`: `access` under the file or

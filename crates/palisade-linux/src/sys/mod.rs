@@ -5,22 +5,29 @@
 //! `errno` value so the child can send them to the supervisor in a fixed-size record.
 
 use libc::{c_int, c_long};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 mod fd;
 mod file;
 mod landlock;
 mod mount;
 mod msg;
+mod net;
 mod process;
 mod seccomp;
+mod signal;
+mod term;
 
 pub use fd::*;
 pub use file::*;
 pub use landlock::*;
 pub use mount::*;
 pub use msg::*;
+pub use net::*;
 pub use process::*;
 pub use seccomp::*;
+pub use signal::*;
+pub use term::*;
 
 /// A raw `errno` value.
 pub type Errno = i32;
@@ -47,4 +54,17 @@ fn check_int(r: c_int) -> SysResult<c_int> {
     } else {
         Ok(r)
     }
+}
+
+/// Takes ownership of the descriptor a raw call just returned (or its `errno`).
+fn owned(r: c_long) -> SysResult<OwnedFd> {
+    let fd = check(r)?;
+    // SAFETY: only called on the result of a call that creates a descriptor: a non-negative
+    // result is a new entry of our table, referenced by nothing else yet.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as c_int) })
+}
+
+/// [`owned`] for calls that return an `int`.
+fn owned_int(r: c_int) -> SysResult<OwnedFd> {
+    owned(c_long::from(r))
 }

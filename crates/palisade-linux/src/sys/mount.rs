@@ -1,8 +1,9 @@
 //! The mount API and namespaces: `open_tree`, `mount_setattr`, `move_mount`, `mount`,
 //! `pivot_root`, `umount2`, `setns`, `unshare`.
 
-use super::{check, check_int, SysResult};
+use super::{check, check_int, owned, SysResult};
 use libc::{c_int, c_uint, c_ulong, c_void};
+use std::os::fd::OwnedFd;
 
 pub const OPEN_TREE_CLONE: c_uint = 1;
 pub const OPEN_TREE_CLOEXEC: c_uint = libc::O_CLOEXEC as c_uint;
@@ -24,10 +25,10 @@ struct MountAttr {
 }
 
 /// `open_tree(dirfd, path, flags)`; use `c""` with `AT_EMPTY_PATH` for the fd itself.
-pub fn open_tree(dirfd: c_int, path: &std::ffi::CStr, flags: c_uint) -> SysResult<c_int> {
+pub fn open_tree(dirfd: c_int, path: &std::ffi::CStr, flags: c_uint) -> SysResult<OwnedFd> {
     // SAFETY: `path` is NUL-terminated; the call only reads it.
     let r = unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) };
-    check(r).map(|fd| fd as c_int)
+    owned(r)
 }
 
 /// `mount_setattr(dirfd, path, flags, {attr_set, attr_clr, userns_fd})`.

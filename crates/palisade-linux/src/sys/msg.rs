@@ -2,6 +2,7 @@
 
 use super::{errno, SysResult};
 use libc::{c_int, c_void};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 /// Most descriptors [`send_fds`] and [`recv_fds`] carry in one message.
 pub const MAX_FDS: usize = 4;
@@ -52,17 +53,93 @@ pub fn send_fds(sock: c_int, byte: u8, fds: &[c_int]) -> SysResult<()> {
     }
 }
 
-/// Receives one byte and up to [`MAX_FDS`] descriptors (close-on-exec) into `out`; returns the
-/// byte and how many descriptors came. End of file is `EPIPE`.
-pub fn recv_fds(sock: c_int, out: &mut [c_int; MAX_FDS]) -> SysResult<(u8, usize)> {
+/// Descriptors received with one message: at most `N`, in the order they came, each owned
+/// (closed when dropped). No allocation: a fixed array.
+pub struct Fds<const N: usize> {
+    fds: [Option<OwnedFd>; N],
+    len: usize,
+}
+
+impl<const N: usize> Fds<N> {
+    #[inline]
+    fn new() -> Fds<N> {
+        Fds {
+            fds: [const { None }; N],
+            len: 0,
+        }
+    }
+
+    /// Keeps `fd`, or closes it when `N` are kept already; whether it was kept.
+    #[inline]
+    fn push(&mut self, fd: OwnedFd) -> bool {
+        if self.len == N {
+            return false;
+        }
+        self.fds[self.len] = Some(fd);
+        self.len += 1;
+        true
+    }
+
+    /// How many came (and were kept).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl<const N: usize> IntoIterator for Fds<N> {
+    type Item = OwnedFd;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<OwnedFd>, N>>;
+
+    /// The descriptors, in the order they came.
+    #[inline]
+    fn into_iter(self) -> Self::IntoIter {
+        self.fds.into_iter().flatten()
+    }
+}
+
+/// Takes every `SCM_RIGHTS` descriptor of a message `recvmsg` filled into `out`: the first
+/// `N` are kept, any past them closed at once (the kernel installs all a peer sends that fit
+/// the control buffer; none may stay open unowned). Whether some were closed.
+///
+/// # Safety
+/// `msg` is the header `recvmsg` just filled, its control buffer still alive.
+#[inline]
+unsafe fn take_rights<const N: usize>(msg: &libc::msghdr, out: &mut Fds<N>) -> bool {
+    let mut dropped = false;
+    // SAFETY: the caller passes a header the kernel filled; CMSG_FIRSTHDR/NXTHDR stay within
+    // its control buffer, and each cmsg's data holds (cmsg_len - CMSG_LEN(0)) / 4 descriptors,
+    // read unaligned one by one; each is a new entry of our table that nobody else owns.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(msg);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == libc::SOL_SOCKET && (*cm).cmsg_type == libc::SCM_RIGHTS {
+                let data_len = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(cm).cast::<c_int>();
+                for i in 0..data_len / std::mem::size_of::<c_int>() {
+                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                    dropped |= !out.push(fd);
+                }
+            }
+            cm = libc::CMSG_NXTHDR(msg, cm);
+        }
+    }
+    dropped
+}
+
+/// Receives one byte and up to [`MAX_FDS`] descriptors (close-on-exec); returns the byte and
+/// the descriptors (any past [`MAX_FDS`] are closed). End of file is `EPIPE`.
+#[inline]
+pub fn recv_fds(sock: c_int) -> SysResult<(u8, Fds<MAX_FDS>)> {
     let mut buf = CmsgBuf([0; 64]);
     let mut b = [0u8];
     let mut iov = libc::iovec {
         iov_base: b.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // SAFETY: msghdr points at live stack buffers; we read only a cmsg the kernel filled, after
-    // checking its level, type and length, and copy at most MAX_FDS descriptors.
+    let mut fds = Fds::new();
+    // SAFETY: msghdr points at live stack buffers of the sizes given; take_rights reads only
+    // the cmsgs the kernel filled.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
@@ -78,25 +155,12 @@ pub fn recv_fds(sock: c_int, out: &mut [c_int; MAX_FDS]) -> SysResult<(u8, usize
         if n < 0 {
             return Err(errno());
         }
+        take_rights(&msg, &mut fds);
         if n == 0 {
             return Err(libc::EPIPE);
         }
-        let mut count = 0;
-        let cm = libc::CMSG_FIRSTHDR(&msg);
-        if !cm.is_null()
-            && (*cm).cmsg_level == libc::SOL_SOCKET
-            && (*cm).cmsg_type == libc::SCM_RIGHTS
-        {
-            let data_len = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-            count = (data_len / std::mem::size_of::<c_int>()).min(MAX_FDS);
-            std::ptr::copy_nonoverlapping(
-                libc::CMSG_DATA(cm).cast::<c_int>(),
-                out.as_mut_ptr(),
-                count,
-            );
-        }
-        Ok((b[0], count))
     }
+    Ok((b[0], fds))
 }
 
 /// Most descriptors [`send_msg`] and [`recv_msg`] carry in one message.
@@ -157,25 +221,23 @@ pub fn send_msg(sock: c_int, data: &[u8], fds: &[c_int]) -> SysResult<()> {
 pub struct Received {
     /// Bytes of the message (0: end of file).
     pub len: usize,
-    /// Descriptors received (close-on-exec), in `fds[..nfds]`; the caller owns them.
-    pub nfds: usize,
-    /// The message or its descriptors did not fit and were cut (whatever came is still owned).
+    /// Descriptors received (close-on-exec).
+    pub fds: Fds<MAX_MSG_FDS>,
+    /// The message or its descriptors did not fit and were cut (whatever came is still owned;
+    /// descriptors past [`MAX_MSG_FDS`] were closed).
     pub truncated: bool,
 }
 
-/// Receives one message into `buf` with up to [`MAX_MSG_FDS`] descriptors into `fds`.
-pub fn recv_msg(
-    sock: c_int,
-    buf: &mut [u8],
-    fds: &mut [c_int; MAX_MSG_FDS],
-) -> SysResult<Received> {
+/// Receives one message into `buf` with up to [`MAX_MSG_FDS`] descriptors.
+pub fn recv_msg(sock: c_int, buf: &mut [u8]) -> SysResult<Received> {
     let mut cbuf = BigCmsgBuf([0; 320]);
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // SAFETY: msghdr points at live buffers; we read only cmsgs the kernel filled, after
-    // checking their level, type and length, and copy at most MAX_MSG_FDS descriptors.
+    let mut fds = Fds::new();
+    // SAFETY: msghdr points at live buffers of the sizes given; take_rights reads only the
+    // cmsgs the kernel filled.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
@@ -191,26 +253,11 @@ pub fn recv_msg(
         if n < 0 {
             return Err(errno());
         }
-        let mut nfds = 0;
-        let mut cm = libc::CMSG_FIRSTHDR(&msg);
-        while !cm.is_null() {
-            if (*cm).cmsg_level == libc::SOL_SOCKET && (*cm).cmsg_type == libc::SCM_RIGHTS {
-                let data_len = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let count = data_len / std::mem::size_of::<c_int>();
-                let take = count.min(MAX_MSG_FDS - nfds);
-                std::ptr::copy_nonoverlapping(
-                    libc::CMSG_DATA(cm).cast::<c_int>(),
-                    fds[nfds..].as_mut_ptr(),
-                    take,
-                );
-                nfds += take;
-            }
-            cm = libc::CMSG_NXTHDR(&msg, cm);
-        }
-        let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+        let dropped = take_rights(&msg, &mut fds);
+        let truncated = dropped || msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
         Ok(Received {
             len: n as usize,
-            nfds,
+            fds,
             truncated,
         })
     }

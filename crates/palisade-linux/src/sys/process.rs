@@ -1,7 +1,9 @@
 //! Processes: `clone3`, `execve`, `_exit`, pidfds, ids, capabilities, `prctl`.
 
-use super::{check, check_int, errno, Errno, SysResult};
+use super::{check, check_int, errno, owned, Errno, SysResult};
 use libc::{c_char, c_int, c_ulong};
+use std::ffi::{CStr, CString};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 pub const CLONE_NEWUSER: u64 = libc::CLONE_NEWUSER as u64;
 pub const CLONE_NEWNS: u64 = libc::CLONE_NEWNS as u64;
@@ -30,7 +32,7 @@ struct CloneArgs {
 /// What `clone3` returned.
 pub enum Forked {
     /// In the parent: the child's pid and a pidfd for it.
-    Parent { pid: i32, pidfd: c_int },
+    Parent { pid: i32, pidfd: OwnedFd },
     /// In the child.
     Child,
 }
@@ -65,15 +67,16 @@ pub unsafe fn clone3(flags: u64) -> SysResult<Forked> {
         0 => Ok(Forked::Child),
         pid => Ok(Forked::Parent {
             pid: pid as i32,
-            pidfd,
+            // SAFETY: with CLONE_PIDFD the kernel made this descriptor for us.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
         }),
     }
 }
 
 /// `pidfd_open(pid, 0)`: a pidfd for `pid` (race-free for an unreaped child of ours).
-pub fn pidfd_open(pid: i32) -> SysResult<c_int> {
+pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: integer arguments; returns a new descriptor.
-    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) }).map(|fd| fd as c_int)
+    owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })
 }
 
 /// `getrandom(buf, 0)`, the whole buffer.
@@ -197,25 +200,68 @@ pub fn raise_ambient_all() -> SysResult<u64> {
     Ok(want)
 }
 
+/// Strings as `execve` takes them: the strings, and a NULL-terminated array of pointers to
+/// them, built once (the child side of a clone cannot allocate).
+pub struct CStrArray {
+    strings: Vec<CString>,
+    ptrs: Vec<*const c_char>,
+}
+
+// SAFETY: the pointers point into the heap buffers of `strings`, owned by the same value, which
+// never move or change while it lives (no `&mut` access is given out); they are only read, by
+// execve. Sending or sharing the value therefore shares nothing but immutable strings.
+unsafe impl Send for CStrArray {}
+// SAFETY: as for Send.
+unsafe impl Sync for CStrArray {}
+
+impl CStrArray {
+    /// The array over `strings`, in their order.
+    pub fn new(strings: Vec<CString>) -> CStrArray {
+        let ptrs = strings
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        CStrArray { strings, ptrs }
+    }
+
+    /// The pointer array, ending with NULL.
+    pub fn as_ptrs(&self) -> &[*const c_char] {
+        &self.ptrs
+    }
+
+    /// The strings back.
+    pub fn into_strings(self) -> Vec<CString> {
+        self.strings
+    }
+}
+
+impl std::ops::Deref for CStrArray {
+    type Target = [CString];
+    fn deref(&self) -> &[CString] {
+        &self.strings
+    }
+}
+
+impl std::fmt::Debug for CStrArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.strings).finish()
+    }
+}
+
 /// `execveat(dirfd, "", argv, envp, AT_EMPTY_PATH)`: executes the file `dirfd` is open on (an
 /// `O_PATH` descriptor is enough), so no path is looked up again. Returns only on failure.
-///
-/// # Safety
-/// `argv` and `envp` must be NULL-terminated arrays of NUL-terminated strings, alive until the
-/// call returns.
-pub unsafe fn execveat_fd(
-    dirfd: c_int,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> Errno {
-    // SAFETY: the path is an empty NUL-terminated string; the arrays are upheld by the caller.
+#[inline]
+pub fn execveat_fd(dirfd: c_int, argv: &CStrArray, envp: &CStrArray) -> Errno {
+    // SAFETY: the path is an empty NUL-terminated string; both arrays are NULL-terminated and
+    // point at strings they own, alive across the call.
     unsafe {
         libc::syscall(
             libc::SYS_execveat,
             dirfd,
             c"".as_ptr(),
-            argv,
-            envp,
+            argv.ptrs.as_ptr(),
+            envp.ptrs.as_ptr(),
             libc::AT_EMPTY_PATH,
         )
     };
@@ -243,17 +289,11 @@ pub fn setresgid(id: u32) -> SysResult<()> {
 }
 
 /// `execve(path, argv, envp)`; returns only on failure.
-///
-/// # Safety
-/// `path` must be a NUL-terminated string, `argv` and `envp` NULL-terminated arrays of
-/// NUL-terminated strings, all alive until the call returns.
-pub unsafe fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> Errno {
-    // SAFETY: upheld by the caller, see above.
-    unsafe { libc::execve(path, argv, envp) };
+#[inline]
+pub fn execve(path: &CStr, argv: &CStrArray, envp: &CStrArray) -> Errno {
+    // SAFETY: `path` is NUL-terminated; both arrays are NULL-terminated and point at strings
+    // they own, alive across the call.
+    unsafe { libc::execve(path.as_ptr(), argv.ptrs.as_ptr(), envp.ptrs.as_ptr()) };
     errno()
 }
 
@@ -331,4 +371,223 @@ pub fn thread_cpu_time() -> std::time::Duration {
     // SAFETY: clock_gettime fills the timespec, which is valid for writes.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The effective uid of this process.
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The effective gid of this process.
+pub fn getegid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// CPUs the host has configured (`sysconf(_SC_NPROCESSORS_CONF)`), at least 1.
+pub fn cpus_configured() -> usize {
+    // SAFETY: an integer argument only.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.max(1) as usize
+}
+
+/// Whether this process may create a user namespace: a child is cloned into a new one
+/// (`clone(CLONE_NEWUSER | SIGCHLD)`, fork-like) and exits at once, then is reaped.
+pub fn try_user_namespace() -> SysResult<()> {
+    // SAFETY: a raw clone without CLONE_VM and without a stack behaves like fork; the child
+    // calls only _exit, which is async-signal-safe, so the caller's other threads cannot matter.
+    let pid = check(unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    })?;
+    if pid == 0 {
+        exit(0);
+    }
+    let _ = waitpid(pid as libc::pid_t, 0);
+    Ok(())
+}
+
+/// `waitpid(pid, options)`: the pid reaped (0 with `WNOHANG` and none ready) and its status.
+#[inline]
+pub fn waitpid(pid: libc::pid_t, options: c_int) -> SysResult<(libc::pid_t, c_int)> {
+    let mut st: c_int = 0;
+    // SAFETY: a valid out-pointer for the status.
+    let r = check_int(unsafe { libc::waitpid(pid, &mut st, options) })?;
+    Ok((r, st))
+}
+
+/// `waitpid(pid, NULL, 0)`: reaps `pid`, its status not wanted.
+#[inline]
+pub fn reap(pid: libc::pid_t) {
+    // SAFETY: a NULL status pointer is allowed.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+}
+
+/// `wait4(pid, 0)`: reaps `pid`; its status and the resources it and every child it reaped used.
+pub fn wait4(pid: libc::pid_t) -> SysResult<(c_int, libc::rusage)> {
+    let mut st: c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointers for the status and the rusage.
+    check_int(unsafe { libc::wait4(pid, &mut st, 0, &mut ru) })?;
+    Ok((st, ru))
+}
+
+/// `umask(mask)`: the process's file-creation mask; the old one.
+#[inline]
+pub fn umask(mask: libc::mode_t) -> libc::mode_t {
+    // SAFETY: an integer argument; cannot fail.
+    unsafe { libc::umask(mask) }
+}
+
+/// `chdir(path)`.
+#[inline]
+pub fn chdir(path: &std::ffi::CStr) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
+}
+
+/// `sethostname(name)` (of the calling process's UTS namespace).
+#[inline]
+pub fn sethostname(name: &[u8]) -> SysResult<()> {
+    // SAFETY: the pointer and length describe `name`.
+    check_int(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// `setsid()`: a new session (and process group) led by the caller.
+#[inline]
+pub fn setsid() -> SysResult<()> {
+    // SAFETY: no arguments.
+    check_int(unsafe { libc::setsid() }).map(drop)
+}
+
+/// `setrlimit(resource, {soft, hard})`.
+#[inline]
+pub fn setrlimit(resource: u32, soft: u64, hard: u64) -> SysResult<()> {
+    let l = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: reads a valid rlimit.
+    check_int(unsafe { libc::setrlimit(resource as _, &l) }).map(drop)
+}
+
+/// `access(path, mode)` with the real ids.
+pub fn access(path: &std::ffi::CStr, mode: c_int) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::access(path.as_ptr(), mode) }).map(drop)
+}
+
+/// `faccessat(AT_FDCWD, path, mode, AT_EACCESS)`: with the effective ids.
+pub fn access_effective(path: &std::ffi::CStr, mode: c_int) -> SysResult<()> {
+    // SAFETY: `path` is NUL-terminated.
+    check_int(unsafe { libc::faccessat(libc::AT_FDCWD, path.as_ptr(), mode, libc::AT_EACCESS) })
+        .map(drop)
+}
+
+/// `getrandom(buf, GRND_NONBLOCK)` once: how many bytes it filled (0 on any failure, the rest
+/// of `buf` left as it was).
+pub fn getrandom_nonblock(buf: &mut [u8]) -> usize {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), libc::GRND_NONBLOCK) };
+    n.max(0) as usize
+}
+
+/// `fork()` (glibc's: it runs the fork handlers and gives the child a correct thread id):
+/// `Ok(0)` in the child, the child's pid in the parent.
+///
+/// # Safety
+/// The calling process must be single-threaded, or the child must keep to async-signal-safe
+/// code until `exec` or `_exit` (a lock another thread held stays held in the child).
+#[inline]
+pub unsafe fn fork() -> SysResult<libc::pid_t> {
+    // SAFETY: upheld by the caller, see above.
+    check_int(unsafe { libc::fork() })
+}
+
+/// `clone(CLONE_VM | CLONE_VFORK | flags)` with `entry(arg)` as the child, on the stack that ends
+/// at `stack_top`: like `posix_spawn`, the child shares this process's memory and the calling
+/// thread stays suspended until the child has exec'd or exited, so `arg` lives (and is the
+/// parent's again) when this returns. `flags` may hold namespace flags, `CLONE_PIDFD` (then
+/// the pidfd is returned) and the exit signal. The child's pid.
+///
+/// # Safety
+/// `stack_top` is the end of a live, writable buffer that nothing else uses until this returns,
+/// large enough for `entry`. `entry` runs in the child between `clone` and `exec`: it must be
+/// async-signal-safe (no allocation, no lock: the parent's memory, locks included, is shared
+/// and frozen mid-use) and must end in `execve` or `_exit`, never return into the parent's
+/// frames.
+pub unsafe fn clone_vm_vfork<T>(
+    stack_top: *mut u8,
+    flags: c_int,
+    arg: &mut T,
+    entry: fn(&mut T) -> !,
+) -> SysResult<(libc::pid_t, Option<OwnedFd>)> {
+    struct Call<T> {
+        arg: *mut T,
+        entry: fn(&mut T) -> !,
+    }
+    extern "C" fn trampoline<T>(p: *mut libc::c_void) -> c_int {
+        // SAFETY: `p` is the Call below, alive on the parent's suspended stack (CLONE_VFORK),
+        // and its `arg` is the caller's exclusive borrow, which only the child uses meanwhile.
+        let call = unsafe { &*p.cast::<Call<T>>() };
+        // SAFETY: as above.
+        (call.entry)(unsafe { &mut *call.arg })
+    }
+    let mut call = Call {
+        arg: arg as *mut T,
+        entry,
+    };
+    // Aligned down to 16 bytes, as the ABI wants at a call.
+    let top = (stack_top as usize & !15) as *mut libc::c_void;
+    let mut pidfd: c_int = -1;
+    // SAFETY: the caller upholds the stack and child contracts; `call` outlives the child's use
+    // of it (CLONE_VFORK). With CLONE_PIDFD the kernel stores the pidfd through parent_tid.
+    let pid = unsafe {
+        libc::clone(
+            trampoline::<T>,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | flags,
+            (&mut call as *mut Call<T>).cast(),
+            &mut pidfd as *mut c_int,
+        )
+    };
+    let pid = check_int(pid)?;
+    let pidfd = (flags & libc::CLONE_PIDFD != 0).then(|| {
+        // SAFETY: with CLONE_PIDFD the kernel made this descriptor for us.
+        unsafe { OwnedFd::from_raw_fd(pidfd) }
+    });
+    Ok((pid, pidfd))
+}
+
+/// Writes `v` to `*r` with a volatile store: for a value another task reads through shared
+/// memory (a `CLONE_VM` child reporting to its parent before `_exit`), so the store is kept.
+#[inline]
+pub fn write_volatile<T: Copy>(r: &mut T, v: T) {
+    // SAFETY: `r` is a valid, aligned, exclusive reference.
+    unsafe { std::ptr::write_volatile(r, v) }
+}
+
+/// Reads `*r` with a volatile load: for a value another task wrote through shared memory (a
+/// `CLONE_VM` child), so the read is not folded with an earlier one.
+#[inline]
+pub fn read_volatile<T: Copy>(r: &T) -> T {
+    // SAFETY: `r` is a valid, aligned reference to an initialized `T`.
+    unsafe { std::ptr::read_volatile(r) }
+}
+
+/// Overwrites `b` with zeros through volatile stores, which the compiler keeps even when the
+/// buffer is freed right after (wiping a secret before it goes back to the allocator).
+pub fn volatile_zero(b: &mut [u8]) {
+    for x in b.iter_mut() {
+        // SAFETY: a write through a valid, exclusive reference.
+        unsafe { std::ptr::write_volatile(x, 0) };
+    }
 }

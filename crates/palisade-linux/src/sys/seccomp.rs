@@ -1,7 +1,8 @@
 //! The seccomp filter and its user-notification listener.
 
-use super::{check_int, errno, SysResult};
+use super::{check_int, errno, owned_int, SysResult};
 use libc::c_int;
+use std::os::fd::OwnedFd;
 
 /// `struct sock_fprog`.
 #[repr(C)]
@@ -13,7 +14,7 @@ pub struct SockFprog {
 /// Installs a seccomp filter on the calling thread (no_new_privs must be set) and returns its
 /// user-notification listener (close-on-exec), through which another process answers the calls
 /// the filter sends to it (`SECCOMP_RET_USER_NOTIF`). Async-signal-safe: one system call.
-pub fn install_seccomp_listener(prog: &SockFprog) -> SysResult<c_int> {
+pub fn install_seccomp_listener(prog: &SockFprog) -> SysResult<OwnedFd> {
     // SAFETY: `prog` points at `len` valid instructions that outlive the call (the kernel copies
     // them); the flag asks for a new descriptor, which becomes ours.
     let r = unsafe {
@@ -24,7 +25,7 @@ pub fn install_seccomp_listener(prog: &SockFprog) -> SysResult<c_int> {
             prog as *const SockFprog,
         )
     };
-    check_int(r as c_int)
+    owned_int(r as c_int)
 }
 
 /// One system call a seccomp filter handed to its listener.
