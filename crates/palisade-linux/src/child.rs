@@ -642,7 +642,7 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
 /// run's code comes on.
 #[derive(Clone, Copy)]
 pub(crate) struct WarmPayload {
-    pub py: crate::warm::Py,
+    pub py: crate::sys::Python,
     pub code: c_int,
 }
 
@@ -790,11 +790,13 @@ fn spawn_cold(
         err_index: 0,
         err_errno: 0,
     };
+    #[allow(unsafe_code)]
     // EXCEPTION (sys module docs): the clone of the payload itself.
     // SAFETY: `stack_top` is the end of the plan's payload stack, live and used by nothing else
     // (init is suspended until the child execs or exits: CLONE_VFORK); `payload` runs only
     // async-signal-safe code, touches nothing of init's but `args`, and ends in execve or _exit.
-    match unsafe { sys::clone_vm_vfork(stack_top, libc::SIGCHLD, &mut args, payload) } {
+    let cloned = unsafe { sys::clone_vm_vfork(stack_top, libc::SIGCHLD, &mut args, payload) };
+    match cloned {
         // The child wrote these (if at all) before exec or exit.
         Ok((pid, _)) => (
             pid,
@@ -820,6 +822,7 @@ fn fork_warm(
         Ok((r, w)) => (r.into_raw_fd(), w.into_raw_fd()),
         Err(e) => return (-e, 0, 0, 0),
     };
+    #[allow(unsafe_code)]
     // EXCEPTION (sys module docs): the fork of a warm payload itself.
     // SAFETY: init is single-threaded (the zygote was, and init is its clone), so the child may
     // run ordinary code; glibc's fork gives it a correct thread id (the interpreter's locks and

@@ -348,6 +348,7 @@ pub(crate) fn exec_in_namespaces(
     let mut stack = vec![0u8; 64 * 1024];
     let top = stack.as_mut_ptr_range().end;
     let flags = libc::CLONE_PIDFD | ns as c_int | libc::SIGCHLD;
+    #[allow(unsafe_code)]
     // EXCEPTION (sys module docs): the clone of an engine process itself.
     // SAFETY: `top` is the end of a live buffer only the child uses; exec_child runs raw system
     // calls only, touches nothing of ours but `a`, and ends in execveat or _exit; CLONE_VFORK

@@ -561,6 +561,8 @@ pub fn spawn_with(
     let started = Instant::now();
     let (pid, pidfd) = match engine {
         Engine::InProcess => {
+            #[allow(unsafe_code)]
+            // EXCEPTION (sys module docs): the clone of the sandbox's init itself.
             // SAFETY: the child branch calls child::init, which is async-signal-safe (see its
             // module doc) and never returns.
             let cloned = unsafe { sys::clone3(NAMESPACES) };

@@ -537,7 +537,7 @@ struct Zygote {
     /// For each Landlock rule, its path opened in the prepared view, or -1 (a per-run path).
     rule_fds: Vec<c_int>,
     /// The started interpreter, with warm Python.
-    warm: Option<warm::Py>,
+    warm: Option<sys::Python>,
 }
 
 /// A zygote's setup failure: the step, an index, the errno.
@@ -736,8 +736,11 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
 /// Mounts `proc` (relative to the working directory) from a child in a new pid namespace that
 /// exits at once.
 fn helper_proc() -> Result<(), i32> {
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the clone of the zygote's proc helper itself.
     // SAFETY: the zygote is single-threaded; the child only mounts and exits.
-    match unsafe { sys::clone3(sys::CLONE_NEWPID) }? {
+    let forked = unsafe { sys::clone3(sys::CLONE_NEWPID) }?;
+    match forked {
         sys::Forked::Child => {
             let r = sys::mount(
                 Some(c"proc"),
@@ -910,9 +913,12 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
         .map(|s| s.tree)
         .collect();
     std::mem::swap(&mut z.plan.exec, &mut req.exec);
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the clone of a run's init itself.
     // SAFETY: the zygote is single-threaded: the child may run ordinary code. It never returns.
-    match unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) }
-    {
+    let forked =
+        unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) };
+    match forked {
         Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made, req.code),
         Ok(sys::Forked::Parent { pid, pidfd }) => {
             sys::close_owned(pidfd);

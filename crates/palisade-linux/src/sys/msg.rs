@@ -56,7 +56,7 @@ pub fn send_fds(sock: c_int, byte: u8, fds: &[c_int]) -> SysResult<()> {
 /// Descriptors received with one message: at most `N`, in the order they came, each owned
 /// (closed when dropped). No allocation: a fixed array.
 pub struct Fds<const N: usize> {
-    fds: [Option<OwnedFd>; N],
+    pub(super) fds: [Option<OwnedFd>; N],
     len: usize,
 }
 
