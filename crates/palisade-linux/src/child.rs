@@ -13,6 +13,7 @@
 use crate::plan::{Op, Plan};
 use crate::sys::{self, SysResult};
 use libc::c_int;
+use std::os::fd::{AsRawFd, IntoRawFd};
 
 /// A record on the init → supervisor pipe. Writes of this size are atomic (< `PIPE_BUF`).
 #[repr(C)]
@@ -230,9 +231,8 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     //    wait below: our copy of the supervisor's end of the "go" socket must be gone, or the
     //    supervisor's death would never show here as end-of-file.
     for (target, src) in fds.stdio.iter().enumerate() {
-        // SAFETY: dup2 onto 0..2 of descriptors the supervisor passed open.
-        if *src != target as c_int && unsafe { libc::dup2(*src, target as c_int) } < 0 {
-            return Err((Step::Stdio, target as u32, errno()));
+        if *src != target as c_int {
+            sys::dup2(*src, target as c_int).map_err(|e| (Step::Stdio, target as u32, e))?;
         }
     }
     let mut next: u32 = 3;
@@ -248,9 +248,8 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     if sys::read_full(fds.go, &mut b) != Ok(1) {
         sys::exit(1); // The supervisor gave up (its own error is reported there).
     }
-    // SAFETY: umask only changes this process's file-creation mask. 0 here so that the modes in the
-    // plan (1777 on /tmp) are exact; the payload gets 022 back.
-    unsafe { libc::umask(0) };
+    // 0 here so that the modes in the plan (1777 on /tmp) are exact; the payload gets 022 back.
+    sys::umask(0);
 
     // 3. Become the mapped ids. For a root-launched sandbox this is what moves the process off
     //    host uid 0 (until now its kernel uid was still 0, unmapped here: files owned by host root
@@ -293,7 +292,8 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
             &s.path,
             sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
         )
-        .map_err(|e| (Step::OpenSource, i as u32, e))?;
+        .map_err(|e| (Step::OpenSource, i as u32, e))?
+        .into_raw_fd(); // kept in the plan, closed once its tree is mounted (run_op)
         match sys::dev_ino(fd) {
             Ok((d, n)) if d == s.dev && n == s.ino => s.fd = fd,
             Ok(_) => return Err((Step::SourceChanged, i as u32, libc::ESTALE)),
@@ -311,10 +311,7 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
         Some(c"mode=0755,size=4m"),
     )
     .map_err(at(Step::RootTmpfs))?;
-    // SAFETY: chdir to a NUL-terminated path.
-    if unsafe { libc::chdir(c"/tmp".as_ptr()) } != 0 {
-        return Err((Step::RootTmpfs, 1, errno()));
-    }
+    sys::chdir(c"/tmp").map_err(|e| (Step::RootTmpfs, 1, e))?;
 
     // 7. The view: binds read-only, recursive, nosuid, nodev; /proc (needs the old root still
     //    attached: the kernel only allows a new procfs where one is already fully visible); /dev;
@@ -332,8 +329,7 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     //    no path leads back to the host's tree, and no scaffolding directory remains.
     sys::pivot_root(c".", c".").map_err(at(Step::PivotRoot))?;
     sys::umount2(c".", libc::MNT_DETACH).map_err(at(Step::DetachOldRoot))?;
-    // SAFETY: chdir to a NUL-terminated path.
-    unsafe { libc::chdir(c"/".as_ptr()) };
+    let _ = sys::chdir(c"/");
     // 9. The root itself read-only: only /tmp, /dev/shm, scratch and --rw binds stay writable.
     sys::mount_setattr(libc::AT_FDCWD, c"/", 0, sys::MOUNT_ATTR_RDONLY, 0, -1)
         .map_err(at(Step::RootReadOnly))?;
@@ -352,12 +348,8 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
 /// host name, loopback, the egress proxy's listeners, the pty.
 pub(crate) fn finish_view(plan: &Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fail> {
     // 11. Host name, then loopback up (the only interface of the new network namespace).
-    let h = plan.hostname.as_bytes();
-    // SAFETY: the pointer and length describe the hostname bytes.
-    if unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) } != 0 {
-        return Err((Step::Hostname, 0, errno()));
-    }
-    loopback_up().map_err(at(Step::Loopback))?;
+    sys::sethostname(plan.hostname.as_bytes()).map_err(at(Step::Hostname))?;
+    sys::loopback_up().map_err(at(Step::Loopback))?;
     // 11b. The egress proxy's listeners, made here so that they belong to this network namespace,
     //      then sent to the supervisor, which serves them from outside. Init keeps no copy, so
     //      the payload never holds them.
@@ -402,7 +394,9 @@ pub(crate) fn landlock_ruleset_with(
         handled_access_net: ll.handled_net,
         scoped: ll.scoped,
     };
-    let rs = sys::landlock_create_ruleset(&attr).map_err(at(Step::LandlockRuleset))?;
+    let rs = sys::landlock_create_ruleset(&attr)
+        .map_err(at(Step::LandlockRuleset))?
+        .into_raw_fd(); // the payload enters it at step 16, then closes it
     for (i, r) in ll.rules.iter().enumerate() {
         if let Some(&fd) = opened.get(i).filter(|&&fd| fd >= 0) {
             sys::landlock_add_path_rule(rs, fd, r.access)
@@ -410,7 +404,7 @@ pub(crate) fn landlock_ruleset_with(
             continue;
         }
         let fd = match sys::openat(libc::AT_FDCWD, &r.path, libc::O_PATH, 0) {
-            Ok(fd) => fd,
+            Ok(fd) => fd.into_raw_fd(),
             Err(libc::ENOENT) if r.optional => continue,
             Err(e) => return Err((Step::LandlockRule, i as u32, e)),
         };
@@ -425,11 +419,6 @@ pub(crate) fn landlock_ruleset_with(
     Ok(rs)
 }
 
-pub(crate) fn errno() -> i32 {
-    // SAFETY: reading the calling thread's errno slot.
-    unsafe { *libc::__errno_location() }
-}
-
 /// Opens the directory `path` and sends it on `sock` with `tag`; init's copy is closed at once.
 fn send_dir(sock: c_int, path: &std::ffi::CStr, tag: u8) -> SysResult<()> {
     let fd = sys::openat(
@@ -437,7 +426,8 @@ fn send_dir(sock: c_int, path: &std::ffi::CStr, tag: u8) -> SysResult<()> {
         path,
         libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
         0,
-    )?;
+    )?
+    .into_raw_fd();
     let r = sys::send_fds(sock, tag, &[fd]);
     sys::close(fd);
     r
@@ -476,7 +466,8 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
                 path,
                 libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_NOFOLLOW,
                 0o644,
-            )?;
+            )?
+            .into_raw_fd();
             let r = write_all(fd, data);
             close(fd);
             r
@@ -514,7 +505,8 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
                         | OPEN_TREE_CLOEXEC
                         | libc::AT_EMPTY_PATH as u32
                         | libc::AT_RECURSIVE as u32,
-                );
+                )
+                .map(IntoRawFd::into_raw_fd);
                 // The host path's descriptor is not needed past this point; init must not hold
                 // handles to host directories for the rest of the run.
                 close(s.fd);
@@ -533,7 +525,7 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
                 OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32,
             ) {
                 Err(libc::ENOENT) if *optional => return Ok(()),
-                r => r?,
+                r => r?.into_raw_fd(),
             };
             let attrs =
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
@@ -562,7 +554,8 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
         Op::Detach { path } => umount2(path, libc::MNT_DETACH),
         Op::Rmdir { path } => rmdir(path),
         Op::BindFile { from, path } => {
-            let tree = open_tree(libc::AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+            let tree =
+                open_tree(libc::AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?.into_raw_fd();
             let attrs =
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
             let r = mount_setattr(tree, c"", libc::AT_EMPTY_PATH as u32, attrs, 0, -1)
@@ -577,11 +570,12 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
                 c"proc/sys/user",
                 libc::O_PATH | libc::O_DIRECTORY,
                 0,
-            )?;
+            )?
+            .into_raw_fd();
             let mut r = Ok(());
             for &(file, value, required) in USERNS_LIMITS {
                 let fd = match openat(dir, file, libc::O_WRONLY, 0) {
-                    Ok(fd) => fd,
+                    Ok(fd) => fd.into_raw_fd(),
                     // An older kernel without this ceiling (fanotify's before 5.13).
                     Err(libc::ENOENT) if !required => continue,
                     Err(e) => {
@@ -622,65 +616,9 @@ const USERNS_LIMITS: &[(&std::ffi::CStr, &[u8], bool)] = &[
     (c"max_fanotify_marks", b"0\n", false),
 ];
 
-fn loopback_up() -> SysResult<()> {
-    // SAFETY: socket/ioctl on a zeroed ifreq whose name is set to "lo"; the fd is closed after.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(errno());
-        }
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        ifr.ifr_name[0] = b'l' as libc::c_char;
-        ifr.ifr_name[1] = b'o' as libc::c_char;
-        ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        let r = libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr);
-        let e = errno();
-        sys::close(fd);
-        if r < 0 {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
 /// A bound socket for one egress listener (TCP listening, or the DNS stub's UDP).
 fn egress_socket(spec: &crate::plan::SockSpec) -> SysResult<c_int> {
-    let kind = if spec.udp() {
-        libc::SOCK_DGRAM
-    } else {
-        libc::SOCK_STREAM
-    };
-    // SAFETY: socket/setsockopt/bind/listen on a descriptor we own, with a local sockaddr_in.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(errno());
-        }
-        let one: c_int = 1;
-        let mut sa: libc::sockaddr_in = std::mem::zeroed();
-        sa.sin_family = libc::AF_INET as libc::sa_family_t;
-        sa.sin_port = spec.port.to_be();
-        sa.sin_addr.s_addr = spec.addr.to_be();
-        let ok = libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const c_int).cast(),
-            std::mem::size_of::<c_int>() as u32,
-        ) == 0
-            && libc::bind(
-                fd,
-                (&sa as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as u32,
-            ) == 0
-            && (spec.udp() || libc::listen(fd, 1024) == 0);
-        if !ok {
-            let e = errno();
-            sys::close(fd);
-            return Err(e);
-        }
-        Ok(fd)
-    }
+    sys::bound_inet_socket(spec.udp(), spec.addr, spec.port)
 }
 
 fn open_pty(sock: c_int) -> SysResult<c_int> {
@@ -689,22 +627,9 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
         c"/dev/ptmx",
         libc::O_RDWR | libc::O_NOCTTY,
         0,
-    )?;
-    let unlock: c_int = 0;
-    // SAFETY: ioctls on the pty master we just opened, with the argument types they take.
-    let slave = unsafe {
-        if libc::ioctl(master, libc::TIOCSPTLCK, &unlock) < 0 {
-            return Err(errno());
-        }
-        libc::ioctl(
-            master,
-            libc::TIOCGPTPEER,
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    if slave < 0 {
-        return Err(errno());
-    }
+    )?
+    .into_raw_fd();
+    let slave = sys::pty_open_peer(master)?;
     sys::send_fds(sock, 0, &[master])?;
     sys::close(master);
     sys::close(sock);
@@ -717,7 +642,7 @@ fn open_pty(sock: c_int) -> SysResult<c_int> {
 /// run's code comes on.
 #[derive(Clone, Copy)]
 pub(crate) struct WarmPayload {
-    pub py: crate::warm::Py,
+    pub py: crate::sys::Python,
     pub code: c_int,
 }
 
@@ -742,38 +667,31 @@ pub(crate) fn supervise(
     };
     // 13. Block every signal: init takes them with sigwaitinfo (a pid-namespace init ignores signals
     // it has no handler for, but blocked signals are queued and can be taken).
-    // SAFETY: sigset manipulation on a local set and this thread's mask.
-    let all = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        if libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut()) != 0 {
-            fail(Step::Signals, errno());
-        }
-        all
-    };
+    let all = sys::SigSet::full();
+    if let Err(e) = sys::sigprocmask(libc::SIG_BLOCK, &all) {
+        fail(Step::Signals, e);
+    }
     // The supervisor's "j": whatever it did in parallel with our setup (moving us into the run's
     // cgroup) is done, so the payload and all its descendants start inside.
     // With "j" may come the run's cgroup v1 `tasks` files: init moves itself in by writing "0".
     // A thread that moves itself spares the kernel the global threadgroup lock (and its RCU grace
     // period) that moving another process takes; the supervisor opened the files, so the
     // permission check is its own.
-    let mut cg = [-1 as c_int; sys::MAX_FDS];
-    match sys::recv_fds(fds.go, &mut cg) {
-        Ok((b'j', n)) => {
-            for &fd in &cg[..n] {
-                if let Err(e) = sys::write_all(fd, b"0") {
+    match sys::recv_fds(fds.go) {
+        Ok((b'j', files)) => {
+            for fd in files {
+                if let Err(e) = sys::write_all(fd.as_raw_fd(), b"0") {
                     fail(Step::CgroupJoin, e);
                 }
-                sys::close(fd);
+                sys::close_owned(fd);
             }
         }
         _ => sys::exit(1),
     }
     // Now the cgroup namespace, rooted at the run's cgroup: the payload sees `/` as its cgroup and
     // nothing of the host's cgroup tree.
-    // SAFETY: unshare of this process's cgroup namespace only.
-    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
-        fail(Step::CgroupNamespace, errno());
+    if let Err(e) = sys::unshare(libc::CLONE_NEWCGROUP) {
+        fail(Step::CgroupNamespace, e);
     }
     // 14. The payload is started like posix_spawn does it: CLONE_VM|CLONE_VFORK on a stack the plan
     // allocated, so init's memory is not copied and init resumes only once the payload has
@@ -794,17 +712,12 @@ pub(crate) fn supervise(
     // reported as started.
     let dropped = sys::capset_empty().and_then(|()| sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1));
     if let Err(e) = dropped {
-        // SAFETY: killing and reaping our own child.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
+        let _ = sys::kill(pid, libc::SIGKILL);
+        sys::reap(pid);
         fail(Step::DropInitPrivileges, e);
     }
     if value != 0 {
-        let mut st = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
+        let _ = sys::waitpid(pid, 0);
         // A setup step of the payload's own (e.g. Landlock) is reported as one of init's.
         let kind = if step != 0 {
             MSG_SETUP_ERROR
@@ -832,19 +745,12 @@ pub(crate) fn supervise(
         },
     );
     loop {
-        // SAFETY: sigwaitinfo on a full set with all of them blocked; info is a valid out-pointer.
-        let sig = unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            libc::sigwaitinfo(&all, &mut info)
-        };
-        if sig < 0 {
+        let Ok(sig) = sys::sigwaitinfo(&all) else {
             continue;
-        }
+        };
         if sig == libc::SIGCHLD {
             loop {
-                let mut st = 0;
-                // SAFETY: reaping any child of init without blocking.
-                let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+                let (r, st) = sys::waitpid(-1, libc::WNOHANG).unwrap_or((-1, 0));
                 if r == pid {
                     send(
                         fds.msg,
@@ -862,8 +768,7 @@ pub(crate) fn supervise(
                 }
             }
         } else {
-            // SAFETY: forwarding a signal to the payload.
-            unsafe { libc::kill(pid, sig) };
+            let _ = sys::kill(pid, sig);
         }
     }
 }
@@ -885,31 +790,21 @@ fn spawn_cold(
         err_index: 0,
         err_errno: 0,
     };
-    // Align the top of the stack down to 16 bytes, as the ABI wants at a call.
-    let top = (stack_top as usize & !15) as *mut libc::c_void;
-    // SAFETY: `top` is the end of a live, unused buffer owned by the plan; payload_entry only
-    // runs async-signal-safe code and touches nothing of init's but `args`; CLONE_VFORK keeps
-    // init suspended (and `args` alive) until the child execs or exits.
-    let pid = unsafe {
-        libc::clone(
-            payload_entry,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut args as *mut PayloadArgs).cast(),
-        )
-    };
-    if pid < 0 {
-        return (-errno(), 0, 0, 0);
-    }
-    // SAFETY: the child wrote these (if at all) before exec or exit; volatile so the read is not
-    // folded with the initialization above.
-    unsafe {
-        (
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the clone of the payload itself.
+    // SAFETY: `stack_top` is the end of the plan's payload stack, live and used by nothing else
+    // (init is suspended until the child execs or exits: CLONE_VFORK); `payload` runs only
+    // async-signal-safe code, touches nothing of init's but `args`, and ends in execve or _exit.
+    let cloned = unsafe { sys::clone_vm_vfork(stack_top, libc::SIGCHLD, &mut args, payload) };
+    match cloned {
+        // The child wrote these (if at all) before exec or exit.
+        Ok((pid, _)) => (
             pid,
-            std::ptr::read_volatile(&args.err_step),
-            std::ptr::read_volatile(&args.err_index),
-            std::ptr::read_volatile(&args.err_errno),
-        )
+            sys::read_volatile(&args.err_step),
+            sys::read_volatile(&args.err_index),
+            sys::read_volatile(&args.err_errno),
+        ),
+        Err(e) => (-e, 0, 0, 0),
     }
 }
 
@@ -923,16 +818,17 @@ fn fork_warm(
     notify_sock: c_int,
     w: WarmPayload,
 ) -> (i32, u32, u32, i32) {
-    let mut p = [-1 as c_int; 2];
-    // SAFETY: pipe2 into a local array of two descriptors.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return (-errno(), 0, 0, 0);
-    }
-    let (status_r, status_w) = (p[0], p[1]);
-    // SAFETY: init is single-threaded; glibc's fork gives the child a correct thread id (the
-    // interpreter's locks and OpenSSL's fork detection rely on it) and runs its fork handlers.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
+    let (status_r, status_w) = match sys::pipe() {
+        Ok((r, w)) => (r.into_raw_fd(), w.into_raw_fd()),
+        Err(e) => return (-e, 0, 0, 0),
+    };
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the fork of a warm payload itself.
+    // SAFETY: init is single-threaded (the zygote was, and init is its clone), so the child may
+    // run ordinary code; glibc's fork gives it a correct thread id (the interpreter's locks and
+    // OpenSSL's fork detection rely on it) and runs its fork handlers.
+    let forked = unsafe { sys::fork() };
+    if forked == Ok(0) {
         sys::close(status_r);
         if let Err((step, index, e)) = payload_steps(
             plan,
@@ -958,13 +854,15 @@ fn fork_warm(
         }
         crate::warm::run(&w.py, w.code, status_w)
     }
-    let e = errno();
     sys::close(status_w);
     sys::close(w.code);
-    if pid < 0 {
-        sys::close(status_r);
-        return (-e, 0, 0, 0);
-    }
+    let pid = match forked {
+        Ok(pid) => pid,
+        Err(e) => {
+            sys::close(status_r);
+            return (-e, 0, 0, 0);
+        }
+    };
     let mut b = [0u8; 16];
     let got = sys::read_full(status_r, &mut b);
     sys::close(status_r);
@@ -992,12 +890,6 @@ struct PayloadArgs<'a> {
     err_errno: i32,
 }
 
-extern "C" fn payload_entry(arg: *mut libc::c_void) -> c_int {
-    // SAFETY: `arg` is the PayloadArgs that init passed to clone and keeps alive (CLONE_VFORK).
-    let args = unsafe { &mut *arg.cast::<PayloadArgs>() };
-    payload(args)
-}
-
 /// The payload's steps 15–19, the same for every payload: a failure is (step or 0, index or
 /// `NO_CAND`, errno). `warm`: a warm payload's code and status pipes, kept open past step 18.
 /// Async-signal-safe (the cold payload runs it between `clone(CLONE_VM)` and `execve`).
@@ -1012,45 +904,29 @@ pub(crate) fn payload_steps(
     //     ignored disposition survives exec), then a new session, the pty as controlling terminal,
     //     the scratch directory as working directory, umask 022, the rlimits (core dumps off,
     //     processes, open files, file size, CPU time, queued signals).
-    // SAFETY: process-local signal, session, directory and limit calls.
-    unsafe {
-        for sig in 1..=libc::SIGRTMAX() {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
-            }
+    let generic = |e| (0, NO_CAND, e);
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            sys::signal_default(sig);
         }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        // A new session: no controlling terminal shared with the caller, so TIOCSTI cannot push
-        // keystrokes into it (CVE-2017-5226).
-        if libc::setsid() < 0 {
-            return Err((0, NO_CAND, errno()));
+    }
+    let _ = sys::sigprocmask(libc::SIG_SETMASK, &sys::SigSet::empty());
+    // A new session: no controlling terminal shared with the caller, so TIOCSTI cannot push
+    // keystrokes into it (CVE-2017-5226).
+    sys::setsid().map_err(generic)?;
+    if slave >= 0 {
+        sys::set_controlling_terminal(slave).map_err(generic)?;
+        for t in 0..3 {
+            let _ = sys::dup2(slave, t);
         }
-        if slave >= 0 {
-            if libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
-                return Err((0, NO_CAND, errno()));
-            }
-            for t in 0..3 {
-                libc::dup2(slave, t);
-            }
-            sys::close(slave);
-        }
-        if libc::chdir(plan.workdir.as_ptr()) != 0 {
-            return Err((0, NO_CAND, errno()));
-        }
-        libc::umask(0o022);
-        // Limits: core dumps off, processes/threads, open files, file size. RLIMIT_NPROC is
-        // counted per user namespace, so it bounds this sandbox alone.
-        for &(res, soft, hard) in &plan.rlimits {
-            let l = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            };
-            if libc::setrlimit(res, &l) != 0 {
-                return Err((0, NO_CAND, errno()));
-            }
-        }
+        sys::close(slave);
+    }
+    sys::chdir(&plan.workdir).map_err(generic)?;
+    sys::umask(0o022);
+    // Limits: core dumps off, processes/threads, open files, file size. RLIMIT_NPROC is
+    // counted per user namespace, so it bounds this sandbox alone.
+    for &(res, soft, hard) in &plan.rlimits {
+        sys::setrlimit(res, soft, hard).map_err(generic)?;
     }
     // 16. Landlock: from here on the payload and everything it starts read, execute and write
     //     only where the plan's rules allow, whatever the mount view shows. After the rlimits and
@@ -1114,6 +990,8 @@ pub(crate) fn payload_steps(
     //     the filter refuses; our copy closes at exec. Sending is allowed by the filter.
     match sys::install_seccomp_listener(&prog) {
         Ok(listener) => {
+            // A cold payload's copy stays open until the exec closes it.
+            let listener = listener.into_raw_fd();
             if let Err(e) = sys::send_fds(notify_sock, b's', &[listener]) {
                 return Err((0, NO_CAND, e));
             }
@@ -1129,30 +1007,18 @@ pub(crate) fn payload_steps(
 
 const NO_CAND: u32 = u32::MAX;
 
+/// The cold payload, between `clone(CLONE_VM | CLONE_VFORK)` and `execve`: async-signal-safe.
 fn payload(args: &mut PayloadArgs) -> ! {
     let (plan, slave, ruleset, notify_sock) =
         (args.plan, args.slave, args.ruleset, args.notify_sock);
-    let err = args as *mut PayloadArgs;
-    let fail = |step: u32, index: u32, e: i32| -> ! {
-        // SAFETY: `err` points at init's PayloadArgs, alive until we exit (CLONE_VFORK).
-        unsafe {
-            (*err).err_step = step;
-            (*err).err_index = index;
-            (*err).err_errno = if e == 0 { libc::EIO } else { e };
-        }
-        sys::exit(127)
-    };
-    let report = |index: u32, e: i32| -> ! { fail(0, index, e) };
     if let Err((step, index, e)) = payload_steps(plan, slave, ruleset, notify_sock, None) {
-        fail(step, index, e);
+        payload_failed(args, step, index, e);
     }
     // 20. exec, searching the sandbox's PATH like execvp; an error goes back to init.
     let ex = &plan.exec;
     let mut result: (u32, i32) = (NO_CAND, libc::ENOENT);
     for (i, cand) in ex.candidates.iter().enumerate() {
-        // SAFETY: the candidate and the pointer arrays come from plan::Exec, which keeps every
-        // string alive and terminates both arrays with NULL.
-        let e = unsafe { sys::execve(cand.as_ptr(), ex.argv_ptrs.as_ptr(), ex.envp_ptrs.as_ptr()) };
+        let e = sys::execve(cand, &ex.argv, &ex.envp);
         match e {
             // Like execvp: keep searching past missing entries; remember a permission error.
             libc::ENOENT | libc::ENOTDIR => {
@@ -1161,8 +1027,16 @@ fn payload(args: &mut PayloadArgs) -> ! {
                 }
             }
             libc::EACCES => result = (i as u32, e),
-            _ => report(i as u32, e),
+            _ => payload_failed(args, 0, i as u32, e),
         }
     }
-    report(result.0, result.1)
+    payload_failed(args, 0, result.0, result.1)
+}
+
+/// The payload's error, written into init's `args` (shared memory until the exit), then exit.
+fn payload_failed(args: &mut PayloadArgs, step: u32, index: u32, e: i32) -> ! {
+    sys::write_volatile(&mut args.err_step, step);
+    sys::write_volatile(&mut args.err_index, index);
+    sys::write_volatile(&mut args.err_errno, if e == 0 { libc::EIO } else { e });
+    sys::exit(127)
 }

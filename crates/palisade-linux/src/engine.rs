@@ -32,10 +32,10 @@
 use crate::child::{self, ChildFds, Msg, Step};
 use crate::sys;
 use crate::wire::{self, Reader, Writer};
-use libc::{c_char, c_int};
+use libc::c_int;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -96,8 +96,6 @@ impl InitProgram {
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         let fd = sys::openat(libc::AT_FDCWD, &c, libc::O_PATH, 0)
             .map_err(io::Error::from_raw_os_error)?;
-        // SAFETY: `fd` was just opened and is ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let st = sys::stat_nofollow(fd.as_raw_fd(), c"").map_err(io::Error::from_raw_os_error)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(io::Error::new(
@@ -105,11 +103,7 @@ impl InitProgram {
                 format!("{} is not a regular file", path.display()),
             ));
         }
-        // SAFETY: faccessat on a NUL-terminated path.
-        if unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) } != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
+        sys::access_effective(&c, libc::X_OK).map_err(io::Error::from_raw_os_error)?;
         Ok(InitProgram {
             fd: Arc::new(fd),
             path: path.to_owned(),
@@ -243,8 +237,8 @@ pub(crate) fn init_message(fds: &ChildFds, plan: &crate::plan::Plan) -> Vec<u8> 
 /// What the pre-exec child needs, prepared by the parent (the child cannot allocate).
 struct ExecArgs<'a> {
     prog: c_int,
-    argv: &'a [*const c_char],
-    envp: &'a [*const c_char],
+    argv: &'a sys::CStrArray,
+    envp: &'a sys::CStrArray,
     /// Become 0, 1, 2.
     stdio: [c_int; 3],
     /// Kept open across the exec; sorted, each ≥ 3.
@@ -267,22 +261,18 @@ const EXEC_STEPS: [&str; 5] = [
     "execute palisade's init program",
 ];
 
-extern "C" fn exec_child(arg: *mut libc::c_void) -> c_int {
-    let args = arg.cast::<ExecArgs>();
-    // SAFETY: `arg` is the ExecArgs the parent passed to clone and keeps alive while it is
-    // suspended (CLONE_VFORK); the child only reads it, but for the error fields below.
-    let a = unsafe { &*args };
-    let fail = |step: u32, e: i32| -> ! {
-        // SAFETY: as above; the parent reads these only once the child has exited.
-        unsafe {
-            (*args).err_step = step;
-            (*args).err = if e == 0 { libc::EIO } else { e };
-        }
+/// The pre-exec child, between `clone(CLONE_VM | CLONE_VFORK)` and `execveat`: raw system calls
+/// only, no allocation.
+fn exec_child(a: &mut ExecArgs) -> ! {
+    // The parent reads these only once the child has exited.
+    fn fail(a: &mut ExecArgs, step: u32, e: i32) -> ! {
+        sys::write_volatile(&mut a.err_step, step);
+        sys::write_volatile(&mut a.err, if e == 0 { libc::EIO } else { e });
         sys::exit(127)
-    };
+    }
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _);
     if let Err(e) = sys::raise_ambient_all() {
-        fail(1, e);
+        fail(a, 1, e);
     }
     for (target, &src) in a.stdio.iter().enumerate() {
         // dup2 makes the new number inheritable; one already in place may not be.
@@ -292,12 +282,12 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> c_int {
             sys::clear_cloexec(src)
         };
         if let Err(e) = r {
-            fail(2, e);
+            fail(a, 2, e);
         }
     }
     for &fd in a.keep {
         if let Err(e) = sys::clear_cloexec(fd) {
-            fail(3, e);
+            fail(a, 3, e);
         }
     }
     // Everything else closes: the caller's descriptors that are not close-on-exec never reach
@@ -308,11 +298,10 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> c_int {
     kept[n] = a.prog;
     kept[..=n].sort_unstable();
     if a.keep.len() > MAX_KEPT || sys::close_all_but(&kept[..=n]).is_err() {
-        fail(3, libc::EMFILE);
+        fail(a, 3, libc::EMFILE);
     }
-    // SAFETY: argv and envp are NULL-terminated arrays of strings the parent keeps alive.
-    let e = unsafe { sys::execveat_fd(a.prog, a.argv.as_ptr(), a.envp.as_ptr()) };
-    fail(4, e)
+    let e = sys::execveat_fd(a.prog, a.argv, a.envp);
+    fail(a, 4, e)
 }
 
 /// A process started by [`exec_in_namespaces`].
@@ -339,10 +328,9 @@ pub(crate) fn exec_in_namespaces(
                 .map(|a| CString::new(a.to_string()).expect("digits")),
         )
         .collect();
-    let mut argv: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
-    argv.push(std::ptr::null());
+    let argv = sys::CStrArray::new(strings);
     let marker = CString::new(format!("{MARKER}={role}")).expect("no NUL");
-    let envp = [marker.as_ptr(), std::ptr::null()];
+    let envp = sys::CStrArray::new(vec![marker]);
     let mut sorted = keep.to_vec();
     sorted.sort_unstable();
     if sorted.len() > MAX_KEPT {
@@ -358,47 +346,21 @@ pub(crate) fn exec_in_namespaces(
         err: 0,
     };
     let mut stack = vec![0u8; 64 * 1024];
-    // Aligned down to 16 bytes, as the ABI wants at a call.
-    let top = ((stack.as_mut_ptr() as usize + stack.len()) & !15) as *mut libc::c_void;
-    let mut pidfd: c_int = -1;
-    let flags =
-        libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | ns as c_int | libc::SIGCHLD;
+    let top = stack.as_mut_ptr_range().end;
+    let flags = libc::CLONE_PIDFD | ns as c_int | libc::SIGCHLD;
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the clone of an engine process itself.
     // SAFETY: `top` is the end of a live buffer only the child uses; exec_child runs raw system
-    // calls only and touches nothing of ours but `a`, which outlives the call: CLONE_VFORK keeps
-    // this thread suspended until the child has exec'd or exited. With CLONE_PIDFD the kernel
-    // stores the pidfd through the parent_tid argument.
-    let pid = unsafe {
-        libc::clone(
-            exec_child,
-            top,
-            flags,
-            (&mut a as *mut ExecArgs).cast(),
-            &mut pidfd as *mut c_int,
-        )
-    };
-    if pid < 0 {
-        return Err((
-            "clone",
-            io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ));
-    }
-    // SAFETY: the kernel just made this pidfd for us.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    // SAFETY: the child wrote these, if at all, before it exec'd or exited; volatile so the read
-    // is not folded with the initialization above.
-    let (step, err) = unsafe {
-        (
-            std::ptr::read_volatile(&a.err_step),
-            std::ptr::read_volatile(&a.err),
-        )
-    };
+    // calls only, touches nothing of ours but `a`, and ends in execveat or _exit; CLONE_VFORK
+    // keeps this thread suspended (and `a`, `stack` alive) until then.
+    let (pid, pidfd) =
+        unsafe { sys::clone_vm_vfork(top, flags, &mut a, exec_child) }.map_err(|e| ("clone", e))?;
+    let pidfd = pidfd.expect("CLONE_PIDFD gives a pidfd");
+    // The child wrote these, if at all, before it exec'd or exited.
+    let (step, err) = (sys::read_volatile(&a.err_step), sys::read_volatile(&a.err));
     drop(stack);
     if step != 0 {
-        let mut st = 0;
-        // SAFETY: reaping our own child, which has exited.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
+        let _ = sys::waitpid(pid, 0);
         return Err((EXEC_STEPS[step as usize % EXEC_STEPS.len()], err));
     }
     Ok(Started { pid, pidfd })

@@ -15,7 +15,7 @@ use crate::sys;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 /// What kind of file an entry is.
@@ -101,11 +101,6 @@ fn component(name: &[u8]) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte"))
 }
 
-fn own(fd: i32) -> OwnedFd {
-    // SAFETY: `fd` was just returned by a system call that created it; nobody else owns it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
 /// An open directory (`O_RDONLY | O_DIRECTORY`), the base of every operation here.
 #[derive(Debug)]
 pub struct Dir {
@@ -139,7 +134,7 @@ impl Dir {
             sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
         )
         .map_err(os)?;
-        Ok(Dir { fd: own(fd) })
+        Ok(Dir { fd })
     }
 
     /// A directory descriptor received from elsewhere (e.g. from the sandbox's init). It is
@@ -152,7 +147,7 @@ impl Dir {
             0,
         )
         .map_err(os)?;
-        Ok(Dir { fd: own(d) })
+        Ok(Dir { fd: d })
     }
 
     /// The same directory opened again: a descriptor of its own (its own file offset, its own
@@ -165,7 +160,7 @@ impl Dir {
             0,
         )
         .map_err(os)?;
-        Ok(Dir { fd: own(fd) })
+        Ok(Dir { fd })
     }
 
     /// The subdirectory `name`; a symbolic link or any other kind of file there fails
@@ -179,7 +174,7 @@ impl Dir {
             0,
         )
         .map_err(os)?;
-        Ok(Dir { fd: own(fd) })
+        Ok(Dir { fd })
     }
 
     /// `lstat` of the entry `name`: `None` if there is none.
@@ -205,13 +200,13 @@ impl Dir {
     pub fn names(&self, max: usize) -> io::Result<Vec<Vec<u8>>> {
         // A fresh descriptor: getdents64 reads from the file offset, which this one shares with
         // nobody, and starts at 0.
-        let fd = own(sys::openat(
+        let fd = sys::openat(
             self.fd.as_raw_fd(),
             c".",
             libc::O_RDONLY | libc::O_DIRECTORY,
             0,
         )
-        .map_err(os)?);
+        .map_err(os)?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 32 * 1024];
         loop {
@@ -250,9 +245,7 @@ impl Dir {
             _ => return Err(os(libc::EINVAL)),
         }
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let f = File::from(own(
-            sys::openat(self.fd.as_raw_fd(), &c, flags, 0).map_err(os)?
-        ));
+        let f = File::from(sys::openat(self.fd.as_raw_fd(), &c, flags, 0).map_err(os)?);
         if !f.metadata()?.is_file() {
             return Err(os(libc::EINVAL));
         }
@@ -291,7 +284,7 @@ impl Dir {
         let c = component(name)?;
         let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW;
         let fd = sys::openat(self.fd.as_raw_fd(), &c, flags, mode as libc::mode_t).map_err(os)?;
-        Ok(File::from(own(fd)))
+        Ok(File::from(fd))
     }
 
     /// Creates the directory `name` (`EEXIST` on any existing entry).

@@ -1,14 +1,14 @@
 //! Helpers for a front end's own terminal and signals: the CLI uses them; a server, which has no
 //! terminal and must not touch process-wide signal state, does not.
 
+use crate::sys;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 /// The effective uid of this process.
 pub fn euid() -> u32 {
-    // SAFETY: geteuid cannot fail and has no preconditions.
-    unsafe { libc::geteuid() }
+    sys::geteuid()
 }
 
 /// The uid the host's files know this process by, for finding its delegated cgroups: the effective
@@ -38,38 +38,14 @@ pub fn cgroup_uid() -> u32 {
 /// seccomp profile or `kernel.unprivileged_userns_clone=0`; `ENOSPC`: `user.max_user_namespaces`
 /// reached or 0; `EINVAL`/`ENOSYS`: the kernel has none).
 pub fn try_user_namespace() -> Result<(), i32> {
-    // SAFETY: a raw clone without CLONE_VM and without a stack behaves like fork; the child only
-    // calls _exit, which is async-signal-safe, so the caller's other threads cannot matter.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    if pid < 0 {
-        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
-    }
-    if pid == 0 {
-        // SAFETY: the child ends at once without running any of the parent's code.
-        unsafe { libc::_exit(0) };
-    }
-    let mut st = 0;
-    // SAFETY: waiting for the child just created.
-    unsafe { libc::waitpid(pid as libc::pid_t, &mut st, 0) };
-    Ok(())
+    sys::try_user_namespace()
 }
 
 /// CPUs the host has (configured, online or not): an upper bound on how many a sandbox can keep
 /// busy at once, whatever affinity its code gives itself (`sched_setaffinity` may widen the mask
 /// it inherited). At least 1.
 pub fn cpus() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    n.max(1) as usize
+    sys::cpus_configured()
 }
 
 /// The caller's terminal in raw mode, restored on drop, so that keys reach the sandbox's pty as
@@ -82,40 +58,21 @@ pub struct RawTerminal {
 impl RawTerminal {
     /// Enters raw mode on `fd`; `None` if it is not a terminal.
     pub fn enter(fd: RawFd) -> Option<RawTerminal> {
-        let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
-        // SAFETY: tcgetattr fills `t` on success, and only then is it read.
-        let saved = unsafe {
-            if libc::tcgetattr(fd, t.as_mut_ptr()) != 0 {
-                return None;
-            }
-            t.assume_init()
-        };
-        let mut raw = saved;
-        // SAFETY: cfmakeraw edits a valid termios; tcsetattr applies it to our terminal.
-        unsafe {
-            libc::cfmakeraw(&mut raw);
-            libc::tcsetattr(fd, libc::TCSANOW, &raw);
-        }
+        let saved = sys::tcgetattr(fd)?;
+        let _ = sys::tcsetattr(fd, &sys::raw_mode(&saved));
         Some(RawTerminal { fd, saved })
     }
 }
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        // SAFETY: restores the termios saved from this same descriptor.
-        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+        let _ = sys::tcsetattr(self.fd, &self.saved);
     }
 }
 
 /// Copies the window size of terminal `from` to the pty `to`.
 pub fn copy_winsize(from: RawFd, to: &File) {
-    // SAFETY: TIOCGWINSZ fills a winsize, TIOCSWINSZ reads one; both descriptors are open.
-    unsafe {
-        let mut ws: libc::winsize = std::mem::zeroed();
-        if libc::ioctl(from, libc::TIOCGWINSZ, &mut ws) == 0 {
-            libc::ioctl(to.as_raw_fd(), libc::TIOCSWINSZ, &ws);
-        }
-    }
+    sys::copy_winsize(from, to.as_fd());
 }
 
 /// Signals taken from the calling thread and delivered through a descriptor, so that
@@ -123,34 +80,20 @@ pub fn copy_winsize(from: RawFd, to: &File) {
 /// thread. The calling thread's mask is restored on drop.
 pub struct ForwardedSignals {
     fd: OwnedFd,
-    old: libc::sigset_t,
+    old: sys::SigSet,
 }
 
 impl ForwardedSignals {
     /// Blocks `signals` in the calling thread and opens a signalfd for them.
     pub fn new(signals: &[i32]) -> io::Result<ForwardedSignals> {
-        // SAFETY: building a signal set, blocking it in this thread (saving the old mask), and
-        // opening a signalfd on it; the new descriptor is owned below.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for &s in signals {
-                libc::sigaddset(&mut set, s);
+        let set = sys::SigSet::of(signals);
+        let old = sys::thread_block(&set).map_err(io::Error::from_raw_os_error)?;
+        match sys::signalfd(&set) {
+            Ok(fd) => Ok(ForwardedSignals { fd, old }),
+            Err(e) => {
+                sys::thread_set_mask(&old);
+                Err(io::Error::from_raw_os_error(e))
             }
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
-            if fd < 0 {
-                let e = io::Error::last_os_error();
-                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-                return Err(e);
-            }
-            Ok(ForwardedSignals {
-                fd: OwnedFd::from_raw_fd(fd),
-                old,
-            })
         }
     }
 
@@ -177,23 +120,15 @@ impl SignalSource {
 
     /// The next pending signal, if any.
     pub(crate) fn next(&self) -> Option<i32> {
-        let mut info = std::mem::MaybeUninit::<libc::signalfd_siginfo>::uninit();
-        let size = std::mem::size_of::<libc::signalfd_siginfo>();
-        // SAFETY: reading one signalfd_siginfo into a buffer of exactly its size.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), info.as_mut_ptr().cast(), size) };
-        if n as usize != size {
-            return None;
-        }
-        // SAFETY: the kernel filled the whole struct.
-        Some(unsafe { info.assume_init() }.ssi_signo as i32)
+        sys::signalfd_next(self.fd.as_fd())
     }
 }
 
 impl Drop for ForwardedSignals {
     fn drop(&mut self) {
-        // SAFETY: restoring the mask saved in `new`. Signals that arrived meanwhile stay pending
-        // until then and are delivered with their usual effect.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+        // Back to the mask saved in `new`. Signals that arrived meanwhile stay pending until
+        // then and are delivered with their usual effect.
+        sys::thread_set_mask(&self.old);
     }
 }
 
@@ -266,9 +201,7 @@ fn os(e: i32) -> io::Error {
 /// `openat(dir, name, O_PATH | O_NOFOLLOW | O_DIRECTORY)`.
 fn open_dir(dir: &OwnedFd, name: &Cname) -> io::Result<OwnedFd> {
     let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY;
-    let fd = crate::sys::openat(dir.as_raw_fd(), name, flags, 0).map_err(os)?;
-    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    crate::sys::openat(dir.as_raw_fd(), name, flags, 0).map_err(os)
 }
 
 /// Directory modes changed to get through, put back when dropped (last changed, first restored).
@@ -399,8 +332,7 @@ fn disarm(
         crate::sys::RESOLVE_NO_SYMLINKS,
     )
     .map_err(os)?;
-    // SAFETY: `fd` was just returned by openat2 and is owned by nobody else.
-    let up = unsafe { OwnedFd::from_raw_fd(fd) };
+    let up = fd;
     let root_name = cname(name.as_bytes())?;
     modes.open_up(&up, &root_name);
     let root = open_dir(&up, &root_name)?;
@@ -448,9 +380,7 @@ fn disarm(
 /// A new eventfd (close-on-exec, non-blocking), for "something happened" between threads that an
 /// event loop can poll.
 pub fn event_fd() -> io::Result<OwnedFd> {
-    let fd = crate::sys::eventfd().map_err(io::Error::from_raw_os_error)?;
-    // SAFETY: eventfd just returned this descriptor; nobody else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    crate::sys::eventfd().map_err(io::Error::from_raw_os_error)
 }
 
 /// Makes an eventfd readable.
@@ -461,13 +391,9 @@ pub fn signal_event(fd: &OwnedFd) {
 /// A duplicate (close-on-exec) of the caller's descriptor `fd`, e.g. one a shell opened for the
 /// report (`3>report.json`).
 pub fn dup_fd(fd: RawFd) -> io::Result<File> {
-    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` and returns a new descriptor or -1.
-    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `n` is a new descriptor nobody else owns.
-    Ok(unsafe { File::from_raw_fd(n) })
+    sys::dup_above2(fd)
+        .map(File::from)
+        .map_err(io::Error::from_raw_os_error)
 }
 
 /// Opens a directory (following links now, once) to create files in it later by name only.
@@ -502,29 +428,15 @@ pub fn replace_file_at(dir: &File, name: &std::ffi::OsStr, data: &[u8]) -> io::R
             Err(libc::EEXIST) => continue,
             Err(e) => return Err(io::Error::from_raw_os_error(e)),
         };
-        // SAFETY: `fd` was just created by openat and is owned by nobody else.
-        let mut f = unsafe { File::from_raw_fd(fd) };
+        let mut f = File::from(fd);
         let written = f.write_all(data);
         drop(f);
         let renamed = written.and_then(|()| {
-            // SAFETY: renameat with the same directory descriptor and two NUL-terminated names.
-            let r = unsafe {
-                libc::renameat(
-                    dir.as_raw_fd(),
-                    tmp.as_ptr(),
-                    dir.as_raw_fd(),
-                    target.as_ptr(),
-                )
-            };
-            if r == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::last_os_error())
-            }
+            crate::sys::renameat(dir.as_raw_fd(), &tmp, dir.as_raw_fd(), &target)
+                .map_err(io::Error::from_raw_os_error)
         });
         if renamed.is_err() {
-            // SAFETY: unlinkat of the name we created, relative to the same directory.
-            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            let _ = crate::sys::unlinkat(dir.as_raw_fd(), &tmp, 0);
         }
         return renamed;
     }

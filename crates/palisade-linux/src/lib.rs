@@ -1,6 +1,8 @@
 //! palisade's Linux backend: namespaces, the filesystem view, Landlock, seccomp, capabilities,
 //! descriptors and the in-sandbox init. All of palisade's `unsafe` code lives in this crate,
-//! behind [`spawn`].
+//! behind [`spawn`], and within it in the private `sys` module: every other module denies
+//! `unsafe` code (those with none at all forbid it), and the few documented exceptions, the
+//! clones and the fork themselves, are listed in `sys`'s module docs.
 //!
 //! ```
 //! use palisade_linux::{spawn, OutputQueue, Stdin, Termination, Watch};
@@ -15,19 +17,34 @@
 //! assert_eq!(output.take_all().0, b"hello from inside\n");
 //! ```
 
+// Raw system calls live in `sys` only. A module that needs none forbids `unsafe` outright;
+// one with a documented exception (see `sys`) denies it, allowing it on that one statement.
+#[deny(unsafe_code)]
 mod child;
+#[deny(unsafe_code)]
 pub mod engine;
+#[forbid(unsafe_code)]
 mod error;
+#[forbid(unsafe_code)]
 pub mod fs;
+#[forbid(unsafe_code)]
 pub mod host;
+#[forbid(unsafe_code)]
 pub mod landlock;
+#[forbid(unsafe_code)]
 pub mod output;
+#[forbid(unsafe_code)]
 pub mod plan;
+#[forbid(unsafe_code)]
 pub mod seccomp;
+#[deny(unsafe_code)]
 mod spawn;
 mod sys;
+#[deny(unsafe_code)]
 mod warm;
+#[forbid(unsafe_code)]
 pub mod wire;
+#[deny(unsafe_code)]
 mod zygote;
 
 pub use child::Step;

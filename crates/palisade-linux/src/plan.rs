@@ -16,7 +16,7 @@
 
 use crate::error::SetupError;
 use crate::landlock::{LandlockPlan, Ruleset, DEVICE, FULL, LIST, READ, READ_EXEC};
-use libc::{c_char, c_int, c_ulong};
+use libc::{c_int, c_ulong};
 use palisade_policy::{Degradable, Policy, Scratch, DEFAULT_PATH, SCRATCH_DIR};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -277,38 +277,21 @@ pub struct Ids {
 #[derive(Debug)]
 pub struct Exec {
     pub candidates: Vec<CString>,
-    pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
-    pub argv_ptrs: Vec<*const c_char>,
-    pub envp_ptrs: Vec<*const c_char>,
+    pub argv: crate::sys::CStrArray,
+    pub envp: crate::sys::CStrArray,
 }
 
 impl Exec {
     /// The program's candidate paths, arguments and environment, with the NULL-terminated pointer
     /// arrays `execve` takes built over them.
     pub fn new(candidates: Vec<CString>, argv: Vec<CString>, envp: Vec<CString>) -> Exec {
-        let ptrs = |v: &[CString]| -> Vec<*const c_char> {
-            v.iter()
-                .map(|a| a.as_ptr())
-                .chain(std::iter::once(std::ptr::null()))
-                .collect()
-        };
-        let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
         Exec {
             candidates,
-            argv,
-            envp,
-            argv_ptrs,
-            envp_ptrs,
+            argv: crate::sys::CStrArray::new(argv),
+            envp: crate::sys::CStrArray::new(envp),
         }
     }
 }
-
-// SAFETY: the raw pointers point into the CStrings owned by the same struct, whose heap buffers
-// never move; the struct is only read after construction.
-unsafe impl Send for Exec {}
-// SAFETY: as for Send: shared references only read the pointers, never write through them.
-unsafe impl Sync for Exec {}
 
 /// Everything the child needs.
 #[derive(Debug)]
@@ -509,22 +492,20 @@ pub trait HostFs {
 /// before it is opened.
 fn read_beneath(root: &Path, rel: &str, max: usize) -> std::io::Result<Option<Vec<u8>>> {
     use std::io::{Error, Read};
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     let cstr = |b: &[u8]| CString::new(b).map_err(Error::other);
     let fd = crate::sys::open_path_noresolve(
         &cstr(root.as_os_str().as_bytes())?,
         crate::sys::RESOLVE_NO_SYMLINKS,
     )
     .map_err(Error::from_raw_os_error)?;
-    // SAFETY: `fd` was just returned by openat2 and is owned by nobody else.
-    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut dir = fd;
     let comps: Vec<&str> = rel.split('/').collect();
     let (name, parents) = comps.split_last().expect("split yields one item at least");
     for comp in parents {
         let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY;
         match crate::sys::openat(dir.as_raw_fd(), &cstr(comp.as_bytes())?, flags, 0) {
-            // SAFETY: as above, a descriptor just returned and owned by nobody else.
-            Ok(fd) => dir = unsafe { OwnedFd::from_raw_fd(fd) },
+            Ok(fd) => dir = fd,
             Err(libc::ENOENT) => return Ok(None),
             Err(e) => return Err(Error::from_raw_os_error(e)),
         }
@@ -539,8 +520,7 @@ fn read_beneath(root: &Path, rel: &str, max: usize) -> std::io::Result<Option<Ve
     let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
     let fd =
         crate::sys::openat(dir.as_raw_fd(), &cname, flags, 0).map_err(Error::from_raw_os_error)?;
-    // SAFETY: as above.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let file = std::fs::File::from(fd);
     if !file.metadata()?.is_file() {
         return Err(Error::other("not a regular file"));
     }
@@ -2121,8 +2101,8 @@ mod tests {
         let e = exec_plan(&p, &Extras::default()).unwrap();
         let cands: Vec<_> = e.candidates.iter().map(|c| c.to_str().unwrap()).collect();
         assert_eq!(cands, ["/opt/bin/python3", "/usr/bin/python3"]);
-        assert_eq!(e.argv_ptrs.len(), 4);
-        assert!(e.argv_ptrs[3].is_null());
+        assert_eq!(e.argv.as_ptrs().len(), 4);
+        assert!(e.argv.as_ptrs()[3].is_null());
         let p = Policy::new(["./run.sh"]).unwrap();
         assert_eq!(
             exec_plan(&p, &Extras::default()).unwrap().candidates,

@@ -17,7 +17,7 @@ use libc::c_int;
 use palisade_policy::{Policy, Scratch};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -283,12 +283,7 @@ impl Killer {
 }
 
 fn pidfd_signal(pidfd: RawFd, sig: i32) -> io::Result<()> {
-    // SAFETY: pidfd_send_signal on an open pidfd with no siginfo.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd, sig, 0usize, 0u32) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    sys::pidfd_send_signal(pidfd, sig).map_err(io::Error::from_raw_os_error)
 }
 
 /// A host id claimed for one root-launched run: a byte of [`ID_LOCK_FILE`] locked for as long
@@ -319,9 +314,8 @@ fn claim_root_id() -> Option<(u32, IdLease)> {
     }
     let fd = OwnedFd::from(f);
     let mut r = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into the buffer; a short or failed read leaves
-    // zeros, which only means starting at the first id.
-    unsafe { libc::getrandom(r.as_mut_ptr().cast(), 4, libc::GRND_NONBLOCK) };
+    // A short or failed read leaves zeros, which only means starting at the first id.
+    sys::getrandom_nonblock(&mut r);
     let start = u32::from_ne_bytes(r) % ROOT_MAPPED_IDS;
     for i in 0..ROOT_MAPPED_IDS {
         let k = (start + i) % ROOT_MAPPED_IDS;
@@ -368,22 +362,9 @@ pub(crate) fn io_err(op: &'static str) -> impl Fn(io::Error) -> SetupError {
     move |source| SetupError::Supervisor { op, source }
 }
 
-fn last_os(op: &'static str) -> SetupError {
-    SetupError::Supervisor {
-        op,
-        source: io::Error::last_os_error(),
-    }
-}
-
 /// A pipe whose ends are close-on-exec and numbered ≥ 3 (so the child can dup2 onto 0..2 freely).
 pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), SetupError> {
-    let mut p = [0 as c_int; 2];
-    // SAFETY: pipe2 fills the array with two new descriptors that we then own.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(last_os("pipe2"));
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    let (r, w) = sys::pipe().map_err(|e| os_err("pipe2", e))?;
     Ok((above2(r)?, above2(w)?))
 }
 
@@ -391,13 +372,14 @@ pub(crate) fn above2(fd: OwnedFd) -> Result<OwnedFd, SetupError> {
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }
-    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor that we own.
-    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-    if n < 0 {
-        return Err(last_os("fcntl(F_DUPFD_CLOEXEC)"));
+    sys::dup_above2(fd.as_raw_fd()).map_err(|e| os_err("fcntl(F_DUPFD_CLOEXEC)", e))
+}
+
+fn os_err(op: &'static str, e: sys::Errno) -> SetupError {
+    SetupError::Supervisor {
+        op,
+        source: io::Error::from_raw_os_error(e),
     }
-    // SAFETY: `n` is a new descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
 pub(crate) fn devnull() -> Result<OwnedFd, SetupError> {
@@ -431,8 +413,7 @@ pub(crate) fn choose_ids(
 /// [`choose_ids`] without claiming a host id: for a root launch the host ids are left at
 /// [`ROOT_MAPPED_ID`]. Checks an unprivileged caller can write the scratch directory.
 pub(crate) fn inside_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), SetupError> {
-    // SAFETY: trivially safe id queries.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (euid, egid) = (sys::geteuid(), sys::getegid());
     // Root in a user namespace that lacks ROOT_MAPPED_ID (a rootless container, `unshare -r`)
     // cannot map the payload there; it takes the unprivileged path, mapping only itself.
     if euid != 0 || !root_mapped_id_exists() {
@@ -444,8 +425,7 @@ pub(crate) fn inside_ids(policy: &Policy) -> Result<(Ids, Option<(u64, u64)>), S
                     uid: euid,
                 }
             })?;
-            // SAFETY: access() with a NUL-terminated path.
-            if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            if sys::access(&c, libc::W_OK | libc::X_OK).is_err() {
                 return Err(SetupError::NotWritable {
                     field: "filesystem.scratch",
                     path: path.clone(),
@@ -581,15 +561,14 @@ pub fn spawn_with(
     let started = Instant::now();
     let (pid, pidfd) = match engine {
         Engine::InProcess => {
+            #[allow(unsafe_code)]
+            // EXCEPTION (sys module docs): the clone of the sandbox's init itself.
             // SAFETY: the child branch calls child::init, which is async-signal-safe (see its
             // module doc) and never returns.
             let cloned = unsafe { sys::clone3(NAMESPACES) };
             match cloned {
                 Ok(sys::Forked::Child) => child::init(&mut plan, &fds),
-                Ok(sys::Forked::Parent { pid, pidfd }) => {
-                    // SAFETY: clone3 returned a new pidfd that we own.
-                    (pid, unsafe { OwnedFd::from_raw_fd(pidfd) })
-                }
+                Ok(sys::Forked::Parent { pid, pidfd }) => (pid, pidfd),
                 Err(e) => {
                     drop(switched);
                     return Err(namespaces_error(e));
@@ -763,8 +742,6 @@ pub(crate) fn open_trees(sources: &mut [plan::Source]) -> Result<Vec<OwnedFd>, S
             sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
         )
         .map_err(|e| hm(e, ""))?;
-        // SAFETY: fd was just opened and is ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         if sys::dev_ino(fd.as_raw_fd()) != Ok((s.dev, s.ino)) {
             return Err(hm(
                 libc::ESTALE,
@@ -775,9 +752,7 @@ pub(crate) fn open_trees(sources: &mut [plan::Source]) -> Result<Vec<OwnedFd>, S
             | sys::OPEN_TREE_CLOEXEC
             | libc::AT_EMPTY_PATH as u32
             | libc::AT_RECURSIVE as u32;
-        let t = sys::open_tree(fd.as_raw_fd(), c"", flags).map_err(|e| hm(e, ""))?;
-        // SAFETY: t was just created and is ours.
-        let t = above2(unsafe { OwnedFd::from_raw_fd(t) })?;
+        let t = above2(sys::open_tree(fd.as_raw_fd(), c"", flags).map_err(|e| hm(e, ""))?)?;
         s.tree = t.as_raw_fd();
         trees.push(t);
     }
@@ -1013,14 +988,8 @@ impl Running {
         // go_w stays open until the payload has started: init checks it for a hang-up after
         // re-arming its parent-death signal (see child.rs, step 3).
         if let Some(sock) = self.pty_parent.take().filter(|_| early.is_none()) {
-            let mut got = [-1 as c_int; sys::MAX_FDS];
-            if let Ok((_, n)) = sys::recv_fds(sock.as_raw_fd(), &mut got) {
-                // SAFETY: the kernel just installed these descriptors in our table; we own them.
-                let mut owned: Vec<OwnedFd> = got[..n]
-                    .iter()
-                    .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
-                    .collect();
-                self.pty = (!owned.is_empty()).then(|| File::from(owned.swap_remove(0)));
+            if let Ok((_, got)) = sys::recv_fds(sock.as_raw_fd()) {
+                self.pty = got.into_iter().next().map(File::from);
             }
             if let Some(p) = &self.pty {
                 // Ours alone (init closed its copy): writes of the caller's input never block.
@@ -1042,13 +1011,11 @@ impl Running {
             }
         };
         if m.kind == child::MSG_STARTED {
-            let mut got = [-1 as c_int; sys::MAX_FDS];
             // A workspace's tmpfs, sent while init built the view.
             if let Some(base) = &views.plan.workspace {
-                match sys::recv_fds(go_w, &mut got) {
-                    Ok((plan::WORKSPACE_TAG, 1)) => {
-                        // SAFETY: the kernel just installed this descriptor in our table; we own it.
-                        let fd = unsafe { OwnedFd::from_raw_fd(got[0]) };
+                match sys::recv_fds(go_w).map(|(tag, got)| (tag, got.len(), got)) {
+                    Ok((plan::WORKSPACE_TAG, 1, got)) => {
+                        let fd = got.into_iter().next().expect("one descriptor came");
                         self.workspace = Some((fd, base.clone()));
                     }
                     _ => {
@@ -1061,12 +1028,10 @@ impl Running {
             }
             // Init sent the egress listeners while it set up, before the payload existed.
             for chunk in views.plan.sockets.chunks(sys::MAX_FDS) {
-                match sys::recv_fds(go_w, &mut got) {
-                    Ok((b'n', n)) if n == chunk.len() => {
-                        for (spec, &fd) in chunk.iter().zip(&got[..n]) {
-                            // SAFETY: the kernel just installed these descriptors; we own them.
-                            self.egress
-                                .push((*spec, unsafe { OwnedFd::from_raw_fd(fd) }));
+                match sys::recv_fds(go_w) {
+                    Ok((b'n', got)) if got.len() == chunk.len() => {
+                        for (spec, fd) in chunk.iter().zip(got) {
+                            self.egress.push((*spec, fd));
                         }
                     }
                     _ => {
@@ -1078,10 +1043,9 @@ impl Running {
                 }
             }
             // The payload sent its seccomp listener before its exec, so before init's "started".
-            match sys::recv_fds(go_w, &mut got) {
-                Ok((b's', 1)) => {
-                    // SAFETY: the kernel just installed this descriptor in our table; we own it.
-                    self.notify = Some(unsafe { OwnedFd::from_raw_fd(got[0]) });
+            match sys::recv_fds(go_w).map(|(tag, got)| (tag, got.len(), got)) {
+                Ok((b's', 1, got)) => {
+                    self.notify = got.into_iter().next();
                 }
                 Ok(_) | Err(_) => {
                     return Err(SetupError::Supervisor {
@@ -1195,21 +1159,7 @@ pub fn namespaces_error(e: i32) -> SetupError {
 }
 
 fn socketpair() -> Result<(OwnedFd, OwnedFd), SetupError> {
-    let mut p = [0 as c_int; 2];
-    // SAFETY: socketpair fills the array with two new descriptors that we then own.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            p.as_mut_ptr(),
-        )
-    } != 0
-    {
-        return Err(last_os("socketpair"));
-    }
-    // SAFETY: both were just created.
-    let (a, b) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    let (a, b) = sys::socketpair(libc::SOCK_STREAM).map_err(|e| os_err("socketpair", e))?;
     Ok((above2(a)?, above2(b)?))
 }
 
@@ -1440,18 +1390,14 @@ impl Running {
                     left.as_micros().div_ceil(1000).min(c_int::MAX as u128) as c_int
                 }
             };
-            // SAFETY: pfds is a valid array of pollfd of the given length.
-            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, wait_ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
+            let r = match sys::poll(&mut pfds, wait_ms) {
+                Ok(n) => n,
+                Err(libc::EINTR) => 0,
+                Err(e) => {
                     self.kill();
-                    return Err(SetupError::Supervisor {
-                        op: "poll",
-                        source: e,
-                    });
+                    return Err(os_err("poll", e));
                 }
-            }
+            };
             if watching {
                 let now = Instant::now();
                 if now >= deadline {
@@ -1486,7 +1432,7 @@ impl Running {
                     }
                 }
             }
-            if r <= 0 {
+            if r == 0 {
                 continue;
             }
             let ready = |i: Option<usize>| i.map_or(0, |i| pfds[i].revents);
@@ -1585,28 +1531,21 @@ impl Running {
                 let room = INPUT_BUFFER - input.pending.len();
                 // One read after POLLIN: it does not block even on a descriptor that is not ours
                 // (the caller's terminal keeps its own flags).
-                // SAFETY: reading at most `room` bytes into our buffer.
-                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), room.min(buf.len())) };
-                if n > 0 {
-                    input.pending.extend_from_slice(&buf[..n as usize]);
-                } else if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
-                {
-                    input.from = None;
+                let want = room.min(buf.len());
+                match sys::read(fd, &mut buf[..want]) {
+                    Ok(n) if n > 0 => input.pending.extend_from_slice(&buf[..n]),
+                    Err(libc::EINTR) => {}
+                    Ok(_) | Err(_) => input.from = None,
                 }
             }
             if ready(i_to) != 0 {
                 let fd = input_to.expect("polled input target exists");
-                // SAFETY: writing bytes we own to our own non-blocking descriptor.
-                let n =
-                    unsafe { libc::write(fd, input.pending.as_ptr().cast(), input.pending.len()) };
-                if n > 0 {
-                    input.pending.drain(..n as usize);
-                } else {
-                    let e = io::Error::last_os_error();
-                    if !matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) {
+                match sys::write(fd, &input.pending) {
+                    Ok(n) if n > 0 => {
+                        input.pending.drain(..n);
+                    }
+                    Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => {}
+                    Err(_) => {
                         // The payload closed its end (EPIPE) or the pty hung up: drop the rest.
                         input = Input {
                             from: None,
@@ -1631,19 +1570,13 @@ impl Running {
         }
         w.output.close();
         // Reap init; its rusage covers every process it reaped, i.e. all of the sandbox's.
-        let mut st = 0;
-        // SAFETY: an all-zero rusage is valid to be overwritten.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         if init_gone.is_none() {
             // Only reached past the drain grace without init gone: it is killed now.
             self.kill();
         }
-        // SAFETY: waiting for our own child with valid out-pointers.
-        let r = unsafe { libc::wait4(self.pid, &mut st, 0, &mut ru) };
+        let reaped = sys::wait4(self.pid);
         self.done = true;
-        if r < 0 {
-            return Err(last_os("wait4"));
-        }
+        let (_, ru) = reaped.map_err(|e| os_err("wait4", e))?;
         let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
         let cancelled = limit_hit.is_none() && self.cancelled.load(Ordering::SeqCst);
         Ok(Outcome {
@@ -1758,37 +1691,22 @@ fn take(n: usize, cap: u64, used: u64) -> usize {
 /// SIGPIPE blocked in the calling thread while this lives; one that arrived meanwhile (a payload
 /// that closed its stdin while we wrote) is taken and dropped before the old mask comes back.
 struct BlockedSigpipe {
-    old: libc::sigset_t,
+    old: sys::SigSet,
 }
 
 impl BlockedSigpipe {
     fn new() -> BlockedSigpipe {
-        // SAFETY: building a one-signal set and blocking it in this thread, saving the old mask.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGPIPE);
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            BlockedSigpipe { old }
-        }
+        // pthread_sigmask fails only for an invalid `how`; the old mask is then the empty set.
+        let old = sys::thread_block(&sys::SigSet::of(&[libc::SIGPIPE]))
+            .unwrap_or_else(|_| sys::SigSet::empty());
+        BlockedSigpipe { old }
     }
 }
 
 impl Drop for BlockedSigpipe {
     fn drop(&mut self) {
-        // SAFETY: takes a pending SIGPIPE without waiting, then restores the saved mask.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGPIPE);
-            let zero = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == libc::SIGPIPE {}
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
-        }
+        sys::take_pending(libc::SIGPIPE);
+        sys::thread_set_mask(&self.old);
     }
 }
 
@@ -1796,9 +1714,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         if !self.done {
             self.kill();
-            let mut st = 0;
-            // SAFETY: reaping our own child after killing it.
-            unsafe { libc::waitpid(self.pid, &mut st, 0) };
+            let _ = sys::waitpid(self.pid, 0);
         }
     }
 }

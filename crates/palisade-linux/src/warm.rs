@@ -13,8 +13,9 @@
 use crate::child::{Fail, Step};
 use crate::sys;
 use crate::wire::{Reader, WireError, Writer};
-use libc::{c_char, c_int, c_void};
+use libc::c_int;
 use std::ffi::{CStr, CString};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// The kind of the message on a warm run's code pipe.
@@ -152,39 +153,6 @@ fn decode_run(buf: &[u8]) -> Result<(Vec<CString>, Vec<CString>), WireError> {
     Ok((argv, envp))
 }
 
-/// The interpreter's C API, as far as palisade uses it. Function pointers found by `dlsym` in
-/// the zygote; a fork keeps them valid (same address space layout).
-#[derive(Clone, Copy)]
-pub(crate) struct Py {
-    initialize_ex: unsafe extern "C" fn(c_int),
-    finalize_ex: unsafe extern "C" fn() -> c_int,
-    run_simple: unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int,
-    import: unsafe extern "C" fn(*const c_char) -> *mut c_void,
-    err_clear: unsafe extern "C" fn(),
-    after_fork_child: unsafe extern "C" fn(),
-    sys_set_object: unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int,
-    list_new: unsafe extern "C" fn(isize) -> *mut c_void,
-    list_set_item: unsafe extern "C" fn(*mut c_void, isize, *mut c_void) -> c_int,
-    bytes_from: unsafe extern "C" fn(*const c_char, isize) -> *mut c_void,
-    decode_fs: unsafe extern "C" fn(*const c_char) -> *mut c_void,
-    decref: unsafe extern "C" fn(*mut c_void),
-}
-
-/// Looks a symbol up in `lib`; the caller names the type it has in the C API.
-///
-/// # Safety
-/// `T` must be the function pointer type of the symbol `name` in CPython's C API.
-unsafe fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> Result<T, Fail> {
-    // SAFETY: dlsym on a handle dlopen returned, with a NUL-terminated name.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    if p.is_null() {
-        return Err((Step::WarmPython, 1, libc::ENOSYS));
-    }
-    debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-    // SAFETY: the caller names the symbol's type; a function pointer is pointer-sized.
-    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
-}
-
 /// In the zygote, after the prepared view: its own network, IPC and UTS namespaces, the
 /// interpreter loaded and started, the modules imported; then a check that it is still one
 /// thread. `proc` is the host's `/proc` (the view's shows no process).
@@ -193,66 +161,26 @@ pub(crate) fn start(
     python: &CStr,
     modules: &[CString],
     proc: c_int,
-) -> Result<Py, Fail> {
+) -> Result<sys::Python, Fail> {
     // Imports run here: they reach no network, no SysV object and no host name of the host's.
     sys::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
         .map_err(|e| (Step::WarmPython, 0, e))?;
-    // SAFETY: dlopen of a path; RTLD_GLOBAL so that extension modules find the C API.
-    let lib = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if lib.is_null() {
-        return Err((Step::WarmPython, 0, libc::ENOENT));
-    }
-    // SAFETY: each type is the one the symbol has in CPython's stable C API.
-    let py = unsafe {
-        Py {
-            initialize_ex: sym(lib, c"Py_InitializeEx")?,
-            finalize_ex: sym(lib, c"Py_FinalizeEx")?,
-            run_simple: sym(lib, c"PyRun_SimpleStringFlags")?,
-            import: sym(lib, c"PyImport_ImportModule")?,
-            err_clear: sym(lib, c"PyErr_Clear")?,
-            after_fork_child: sym(lib, c"PyOS_AfterFork_Child")?,
-            sys_set_object: sym(lib, c"PySys_SetObject")?,
-            list_new: sym(lib, c"PyList_New")?,
-            list_set_item: sym(lib, c"PyList_SetItem")?,
-            bytes_from: sym(lib, c"PyBytes_FromStringAndSize")?,
-            decode_fs: sym(lib, c"PyUnicode_DecodeFSDefault")?,
-            decref: sym(lib, c"Py_DecRef")?,
-        }
-    };
-    // The program name, from which the interpreter finds its prefix and sets sys.executable
-    // (the zygote's own program is palisade's). Deprecated in the C API but present in 3.8–3.13;
-    // without it the compiled-in prefix is used.
-    // SAFETY: the type of Py_SetProgramName; the wide string is leaked, as the API requires it
-    // to live as long as the interpreter.
-    unsafe {
-        if let Ok(set) =
-            sym::<unsafe extern "C" fn(*const libc::wchar_t)>(lib, c"Py_SetProgramName")
-        {
-            let wide: Vec<libc::wchar_t> = python
-                .to_bytes()
-                .iter()
-                .map(|&b| b as libc::wchar_t)
-                .chain(std::iter::once(0))
-                .collect();
-            set(wide.leak().as_ptr());
-        }
-        (py.initialize_ex)(0);
-    }
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the interpreter's start.
+    // SAFETY: the zygote is single-threaded (checked below once the imports have run: they
+    // could start threads) and uses the interpreter on this thread only, and on the one thread
+    // of each warm payload it forks.
+    let py = unsafe { sys::Python::start(library, python) }
+        .map_err(|(index, e)| (Step::WarmPython, index, e))?;
     // What every run's start needs, then the configured modules.
     for (i, m) in [c"os", c"signal"]
         .into_iter()
         .chain(modules.iter().map(|m| m.as_c_str()))
         .enumerate()
     {
-        // SAFETY: the interpreter is initialised and this thread holds its lock.
-        let got = unsafe { (py.import)(m.as_ptr()) };
-        if got.is_null() {
-            // SAFETY: as above.
-            unsafe { (py.err_clear)() };
+        if !py.import(m) {
             return Err((Step::WarmImport, i.saturating_sub(2) as u32, libc::ENOENT));
         }
-        // SAFETY: a new reference we own.
-        unsafe { (py.decref)(got) };
     }
     let threads = threads(proc).map_err(|e| (Step::WarmThreads, 0, e))?;
     if threads != 1 {
@@ -265,8 +193,8 @@ pub(crate) fn start(
 fn threads(proc: c_int) -> Result<u32, i32> {
     let fd = sys::openat(proc, c"self/status", libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
     let mut buf = [0u8; 4096];
-    let n = sys::read_full(fd, &mut buf);
-    sys::close(fd);
+    let n = sys::read_full(fd.as_raw_fd(), &mut buf);
+    sys::close_owned(fd);
     let text = std::str::from_utf8(&buf[..n?]).map_err(|_| libc::EIO)?;
     text.lines()
         .find_map(|l| l.strip_prefix("Threads:"))
@@ -299,14 +227,10 @@ _palisade_bootstrap()
 del _palisade_bootstrap
 ";
 
-extern "C" {
-    static mut environ: *const *const c_char;
-}
-
 /// The payload's last step, after `child::payload_steps` (it is inside the whole boundary):
 /// reads the run from `code`, says "started" by closing `status`, and runs it as
 /// `python3 -c` would. Never returns.
-pub(crate) fn run(py: &Py, code: c_int, status: c_int) -> ! {
+pub(crate) fn run(py: &sys::Python, code: c_int, status: c_int) -> ! {
     let mut buf = vec![0u8; MAX_WARM_RUN + 64];
     let n = match sys::read_full(code, &mut buf) {
         Ok(n) if n < buf.len() => n,
@@ -319,57 +243,18 @@ pub(crate) fn run(py: &Py, code: c_int, status: c_int) -> ! {
         Err(_) => fail(status, libc::EPROTO),
     };
     drop(buf);
-    // The C environment, for the programs the run starts (`subprocess` without `env=`).
-    let env_ptrs: Vec<*const c_char> = envp
-        .iter()
-        .map(|s| s.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    // SAFETY: single-threaded; the strings and the array live until the process exits (leaked
-    // below by `forget`).
-    unsafe { environ = env_ptrs.as_ptr() };
+    // The C environment, for the programs the run starts (`subprocess` without `env=`); the
+    // strings and the array live until the process exits.
+    let envp: &'static sys::CStrArray = Box::leak(Box::new(sys::CStrArray::new(envp)));
+    py.set_environ(envp);
     // Started: the init reports the run as running from here on.
     sys::close(status);
-    // SAFETY: this thread holds the interpreter's lock (it is the copy of the thread that
-    // initialised it, the zygote never released it); every object made here is passed on or
-    // released as the C API says (PyList_SetItem steals its item; PySys_SetObject does not).
-    let code_rc = unsafe {
-        (py.after_fork_child)();
-        let list = |items: &[CString], f: &dyn Fn(&CStr) -> *mut c_void| -> *mut c_void {
-            let l = (py.list_new)(items.len() as isize);
-            for (i, s) in items.iter().enumerate() {
-                (py.list_set_item)(l, i as isize, f(s));
-            }
-            l
-        };
-        let args = list(&argv[1..], &|s| (py.decode_fs)(s.as_ptr()));
-        let mut argv_py = args;
-        // sys.argv is ['-c', ARG...]: the code itself is not in it.
-        let rest: Vec<CString> = std::iter::once(argv[1].clone())
-            .chain(argv[3..].iter().cloned())
-            .collect();
-        (py.decref)(argv_py);
-        argv_py = list(&rest, &|s| (py.decode_fs)(s.as_ptr()));
-        let env = list(&envp, &|s| {
-            (py.bytes_from)(s.as_ptr(), s.to_bytes().len() as isize)
-        });
-        if argv_py.is_null()
-            || env.is_null()
-            || (py.sys_set_object)(c"argv".as_ptr(), argv_py) != 0
-            || (py.sys_set_object)(c"_palisade_env".as_ptr(), env) != 0
-        {
-            sys::exit(1);
-        }
-        (py.decref)(argv_py);
-        (py.decref)(env);
-        if (py.run_simple)(BOOTSTRAP.as_ptr(), std::ptr::null_mut()) != 0 {
-            sys::exit(1);
-        }
-        (py.run_simple)(argv[2].as_ptr(), std::ptr::null_mut())
+    let code_rc = match py.run_command(&argv, envp, BOOTSTRAP) {
+        Ok(rc) => rc,
+        Err(()) => sys::exit(1),
     };
-    std::mem::forget((argv, envp, env_ptrs));
-    // SAFETY: as above; after the run's code, as `python3 -c` ends.
-    let fin = unsafe { (py.finalize_ex)() };
+    std::mem::forget(argv);
+    let fin = py.finalize();
     sys::exit(if code_rc != 0 {
         1
     } else if fin < 0 {

@@ -779,9 +779,9 @@ mod tests {
         r.finish().unwrap();
         assert_eq!(shown(&back), shown(&plan));
         // The pointer arrays are rebuilt: each points at the decoded strings and ends with NULL.
-        assert_eq!(back.exec.argv_ptrs.len(), back.exec.argv.len() + 1);
-        assert_eq!(back.exec.argv_ptrs[0], back.exec.argv[0].as_ptr());
-        assert!(back.exec.envp_ptrs.last().unwrap().is_null());
+        assert_eq!(back.exec.argv.as_ptrs().len(), back.exec.argv.len() + 1);
+        assert_eq!(back.exec.argv.as_ptrs()[0], back.exec.argv[0].as_ptr());
+        assert!(back.exec.envp.as_ptrs().last().unwrap().is_null());
         // Written again, the decoded plan gives the same bytes.
         assert_eq!(encode(&back), bytes);
     }

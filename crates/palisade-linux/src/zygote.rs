@@ -42,7 +42,7 @@ use palisade_policy::{Policy, Scratch};
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::time::Instant;
 
 /// Message kinds on a template's socket.
@@ -112,17 +112,10 @@ fn code_pipe(data: &[u8]) -> Result<OwnedFd, SetupError> {
             )),
         });
     }
-    let mut p = [-1 as c_int; 2];
-    // SAFETY: pipe2 into a local array of two descriptors.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(supervisor("make a warm run's code pipe", child::errno()));
-    }
-    let (r, w) = (owned(p[0]), owned(p[1]));
+    let (r, w) = sys::pipe().map_err(|e| supervisor("make a warm run's code pipe", e))?;
     let want = data.len().max(4096) as c_int;
-    // SAFETY: fcntl on our own pipe.
-    if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, want) } < 0 {
-        return Err(supervisor("size a warm run's code pipe", child::errno()));
-    }
+    sys::set_pipe_size(w.as_raw_fd(), want)
+        .map_err(|e| supervisor("size a warm run's code pipe", e))?;
     sys::write_all(w.as_raw_fd(), data).map_err(|e| supervisor("write a warm run's code", e))?;
     let r = spawn::above2(r)?;
     Ok(r)
@@ -184,11 +177,6 @@ fn template_takes(policy: &Policy) -> Result<(), SetupError> {
     Ok(())
 }
 
-fn owned(fd: c_int) -> OwnedFd {
-    // SAFETY: callers pass a descriptor they just received or made and nobody else owns.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
 impl Template {
     /// Prepares `policy` (its command is the default for runs): starts the zygote with `prog`,
     /// which builds the prepared view, and returns once it is ready. Root launches claim one
@@ -230,8 +218,8 @@ impl Template {
         }
         let (ours, theirs) = sys::socketpair(libc::SOCK_SEQPACKET)
             .map_err(|e| supervisor("socketpair for the template", e))?;
-        let ctl = spawn::above2(owned(ours))?;
-        let theirs = spawn::above2(owned(theirs))?;
+        let ctl = spawn::above2(ours)?;
+        let theirs = spawn::above2(theirs)?;
         let null = spawn::devnull()?;
         let n = null.as_raw_fd();
         let switched = spawn::switch_ids(ids)?;
@@ -310,10 +298,9 @@ impl Template {
         }
         // Ready, or why not.
         let mut buf = vec![0u8; 64];
-        let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
-        let got = sys::recv_msg(t.ctl.as_raw_fd(), &mut buf, &mut fds)
+        let got = sys::recv_msg(t.ctl.as_raw_fd(), &mut buf)
             .map_err(|e| supervisor("hear from the template's zygote", e))?;
-        fds[..got.nfds].iter().for_each(|&fd| sys::close(fd));
+        got.fds.into_iter().for_each(sys::close_owned); // none is expected
         let reply = Reader::new(&buf[..got.len]);
         match reply {
             Ok((KIND_READY, r)) => match r.finish() {
@@ -494,7 +481,7 @@ impl Template {
         let pidfd = sys::pidfd_open(pid).map_err(|e| supervisor("open a pidfd for the run", e))?;
         let mut running = Running::new(
             pid,
-            owned(pidfd),
+            pidfd,
             ch,
             started,
             self.ids,
@@ -530,12 +517,8 @@ impl Template {
 impl Drop for Template {
     fn drop(&mut self) {
         // The zygote sees the end of its socket and exits; then it is reaped.
-        // SAFETY: shutting down our own socket, then waiting for our own child.
-        unsafe {
-            libc::shutdown(self.ctl.as_raw_fd(), libc::SHUT_RDWR);
-            let mut st = 0;
-            libc::waitpid(self.zygote, &mut st, 0);
-        }
+        sys::shutdown(self.ctl.as_raw_fd());
+        let _ = sys::waitpid(self.zygote, 0);
     }
 }
 
@@ -554,7 +537,7 @@ struct Zygote {
     /// For each Landlock rule, its path opened in the prepared view, or -1 (a per-run path).
     rule_fds: Vec<c_int>,
     /// The started interpreter, with warm Python.
-    warm: Option<warm::Py>,
+    warm: Option<sys::Python>,
 }
 
 /// A zygote's setup failure: the step, an index, the errno.
@@ -573,18 +556,23 @@ fn reply_failed(ctl: c_int, (step, index, errno): Fail) {
 pub(crate) fn main(ctl: c_int) -> ! {
     let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _);
     let mut buf = vec![0u8; MAX_RECORD + 1];
-    let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
-    let got = match sys::recv_msg(ctl, &mut buf, &mut fds) {
+    let got = match sys::recv_msg(ctl, &mut buf) {
         Ok(g) if g.len > 0 && !g.truncated && g.len <= MAX_RECORD => g,
         _ => sys::exit(1),
     };
+    // The trees become the plan's sources' (raw numbers, as every plan holds them).
+    let nfds = got.fds.len();
+    let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
+    for (slot, fd) in fds.iter_mut().zip(got.fds) {
+        *slot = fd.into_raw_fd();
+    }
     let decoded = Reader::new(&buf[..got.len]).and_then(|(kind, mut r)| {
         if kind != KIND_TEMPLATE {
             return Err(WireError("kind"));
         }
         let mut plan = wire::read_plan(&mut r)?;
         let n = r.count(sys::MAX_MSG_FDS, 4, "template trees")?;
-        if n != got.nfds {
+        if n != nfds {
             return Err(WireError("template trees (count)"));
         }
         for &fd in &fds[..n] {
@@ -630,7 +618,7 @@ pub(crate) fn main(ctl: c_int) -> ! {
 }
 
 fn open_dir(path: &std::ffi::CStr, flags: c_int) -> Result<c_int, i32> {
-    sys::openat(libc::AT_FDCWD, path, flags, 0)
+    sys::openat(libc::AT_FDCWD, path, flags, 0).map(IntoRawFd::into_raw_fd)
 }
 
 /// Builds the prepared view (the template's part of the plan), pivots into it and makes it
@@ -649,8 +637,8 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
         sys::exit(1);
     }
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::Dumpable))?;
-    // SAFETY: umask only changes this process's file-creation mask (modes in the plan exact).
-    unsafe { libc::umask(0) };
+    // Modes in the plan exact.
+    sys::umask(0);
     // The host's mount namespace as the zygote sees it (a copy, slave of the host's shared
     // mounts), kept for looking up a run's host paths; the host's /proc, for the runs' maps.
     let host_ns =
@@ -679,7 +667,8 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
             &s.path,
             sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
         )
-        .map_err(|e| (Step::OpenSource, i as u32, e))?;
+        .map_err(|e| (Step::OpenSource, i as u32, e))?
+        .into_raw_fd(); // kept in the plan, closed once its tree is mounted
         match sys::dev_ino(fd) {
             Ok((d, n)) if d == s.dev && n == s.ino => s.fd = fd,
             Ok(_) => return Err((Step::SourceChanged, i as u32, libc::ESTALE)),
@@ -695,10 +684,7 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
         Some(c"mode=0755,size=4m"),
     )
     .map_err(at(Step::RootTmpfs))?;
-    // SAFETY: chdir to a NUL-terminated path.
-    if unsafe { libc::chdir(c"/tmp".as_ptr()) } != 0 {
-        return Err((Step::RootTmpfs, 1, child::errno()));
-    }
+    sys::chdir(c"/tmp").map_err(|e| (Step::RootTmpfs, 1, e))?;
     for (i, op) in plan.ops.iter().enumerate() {
         if !plan::is_per_run(op) {
             child::run_op(&plan, op).map_err(|e| (Step::Op, i as u32, e))?;
@@ -711,8 +697,7 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
     // Step 8: pivot into the view, detach the host's tree.
     sys::pivot_root(c".", c".").map_err(at(Step::PivotRoot))?;
     sys::umount2(c".", libc::MNT_DETACH).map_err(at(Step::DetachOldRoot))?;
-    // SAFETY: chdir to a NUL-terminated path.
-    unsafe { libc::chdir(c"/".as_ptr()) };
+    let _ = sys::chdir(c"/");
     // Step 9, for every run at once: the prepared part's own file systems read-only (the root,
     // /dev); in a run's namespace the flag is locked.
     sys::mount_setattr(libc::AT_FDCWD, c"/", 0, sys::MOUNT_ATTR_RDONLY, 0, -1)
@@ -732,7 +717,7 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
                 continue;
             }
             match sys::openat(libc::AT_FDCWD, &r.path, libc::O_PATH, 0) {
-                Ok(fd) => rule_fds.push(fd),
+                Ok(fd) => rule_fds.push(fd.into_raw_fd()),
                 Err(libc::ENOENT) if r.optional => rule_fds.push(-1),
                 Err(e) => return Err((Step::LandlockRule, i as u32, e)),
             }
@@ -751,8 +736,11 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
 /// Mounts `proc` (relative to the working directory) from a child in a new pid namespace that
 /// exits at once.
 fn helper_proc() -> Result<(), i32> {
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the clone of the zygote's proc helper itself.
     // SAFETY: the zygote is single-threaded; the child only mounts and exits.
-    match unsafe { sys::clone3(sys::CLONE_NEWPID) }? {
+    let forked = unsafe { sys::clone3(sys::CLONE_NEWPID) }?;
+    match forked {
         sys::Forked::Child => {
             let r = sys::mount(
                 Some(c"proc"),
@@ -764,10 +752,8 @@ fn helper_proc() -> Result<(), i32> {
             sys::exit(if r.is_ok() { 0 } else { 1 })
         }
         sys::Forked::Parent { pid, pidfd } => {
-            sys::close(pidfd);
-            let mut st = 0;
-            // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(pid, &mut st, 0) };
+            sys::close_owned(pidfd);
+            let st = sys::waitpid(pid, 0).map_or(0, |(_, st)| st);
             if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 {
                 Ok(())
             } else {
@@ -826,15 +812,20 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
 
 /// Serves runs until the supervisor closes the socket.
 fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
-    let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
     loop {
-        let got = match sys::recv_msg(ctl, buf, &mut fds) {
+        let got = match sys::recv_msg(ctl, buf) {
             Ok(g) if g.len == 0 => sys::exit(0),
             Ok(g) => g,
             Err(libc::EINTR) => continue,
             Err(_) => sys::exit(1),
         };
-        let received = &fds[..got.nfds];
+        // Raw numbers from here: a request hands each to the plan or closes it.
+        let mut fds = [-1 as c_int; sys::MAX_MSG_FDS];
+        let nfds = got.fds.len();
+        for (slot, fd) in fds.iter_mut().zip(got.fds) {
+            *slot = fd.into_raw_fd();
+        }
+        let received = &fds[..nfds];
         let req = if got.truncated || got.len > MAX_RECORD {
             Err(WireError("longer than a record"))
         } else {
@@ -864,10 +855,7 @@ fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
 
 /// Overwrites bytes so that the write is not optimized away.
 fn wipe_bytes(b: &mut [u8]) {
-    for x in b.iter_mut() {
-        // SAFETY: a write through a valid, exclusive reference.
-        unsafe { std::ptr::write_volatile(x, 0) };
-    }
+    sys::volatile_zero(b);
 }
 
 /// Wipes the strings of a program (arguments, environment) before they are freed.
@@ -878,7 +866,11 @@ fn wipe(exec: plan::Exec) {
         envp,
         ..
     } = exec;
-    for s in candidates.into_iter().chain(argv).chain(envp) {
+    for s in candidates
+        .into_iter()
+        .chain(argv.into_strings())
+        .chain(envp.into_strings())
+    {
         wipe_bytes(&mut s.into_bytes());
     }
 }
@@ -921,12 +913,15 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
         .map(|s| s.tree)
         .collect();
     std::mem::swap(&mut z.plan.exec, &mut req.exec);
+    #[allow(unsafe_code)]
+    // EXCEPTION (sys module docs): the clone of a run's init itself.
     // SAFETY: the zygote is single-threaded: the child may run ordinary code. It never returns.
-    match unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) }
-    {
+    let forked =
+        unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) };
+    match forked {
         Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made, req.code),
         Ok(sys::Forked::Parent { pid, pidfd }) => {
-            sys::close(pidfd);
+            sys::close_owned(pidfd);
             child::send(
                 msg,
                 Msg {
@@ -964,7 +959,7 @@ fn open_run_sources(z: &Zygote, sources: &mut [Source]) -> Result<(), Fail> {
             &s.path,
             sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
         ) {
-            Ok(fd) => fd,
+            Ok(fd) => fd.into_raw_fd(),
             Err(e) => {
                 result = Err((Step::OpenSource, i, e));
                 break;
@@ -980,7 +975,9 @@ fn open_run_sources(z: &Zygote, sources: &mut [Source]) -> Result<(), Fail> {
                 | sys::OPEN_TREE_CLOEXEC
                 | libc::AT_EMPTY_PATH as u32
                 | libc::AT_RECURSIVE as u32;
-            sys::open_tree(fd, c"", flags).map_err(|e| (Step::OpenSource, i, e))
+            sys::open_tree(fd, c"", flags)
+                .map(IntoRawFd::into_raw_fd)
+                .map_err(|e| (Step::OpenSource, i, e))
         });
         sys::close(fd);
         match tree {
@@ -1057,8 +1054,8 @@ fn run_setup(
     let write = |file: &std::ffi::CStr, data: &str, index: u32| -> Result<(), Fail> {
         let fd =
             sys::openat(z.host_proc, file, libc::O_WRONLY, 0).map_err(|e| (Step::Ids, index, e))?;
-        let r = sys::write_all(fd, data.as_bytes());
-        sys::close(fd);
+        let r = sys::write_all(fd.as_raw_fd(), data.as_bytes());
+        sys::close_owned(fd);
         r.map_err(|e| (Step::Ids, index, e))
     };
     // Dumpable for as long as it writes them: the files of a process that is not are root's, and
@@ -1075,8 +1072,8 @@ fn run_setup(
         sys::exit(1);
     }
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::Dumpable))?;
-    // SAFETY: umask only changes this process's file-creation mask (modes in the plan exact).
-    unsafe { libc::umask(0) };
+    // Modes in the plan exact.
+    sys::umask(0);
     // The run's own mount, network, IPC and UTS namespaces, owned by its user namespace.
     sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
         .map_err(at(Step::MountsPrivate))?;
