@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -53,26 +54,39 @@ def start_server(port, concurrency, pool=0, extra=()):
     raise SystemExit("palisade serve did not start: " + log.read().decode(errors="replace"))
 
 
-def load(port, body, clients, total, max_seconds, path="/v1/run"):
-    """`clients` threads share `total` requests; returns latencies (s), wall time, statuses."""
+def load(port, body, clients, total, max_seconds, path="/v1/run", host="127.0.0.1", check=None):
+    """`clients` threads share `total` requests; returns latencies (s), wall time, statuses.
+    With `check` (the parsed answer → an error name or None), a request counts under "ok" or the
+    error's name; a refused or broken connection counts as "connection" and the client reconnects."""
     data = json.dumps(body).encode()
     lat, statuses, lock = [], {}, threading.Lock()
     left = [total]
     deadline = time.time() + max_seconds
 
     def client():
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c = http.client.HTTPConnection(host, port, timeout=120)
         while True:
             with lock:
                 if left[0] <= 0 or time.time() > deadline:
                     return
                 left[0] -= 1
             t = time.perf_counter()
-            c.request("POST", path, body=data, headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            out = json.loads(r.read())
+            try:
+                c.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                raw = r.read()
+            except (OSError, http.client.HTTPException):
+                c.close()
+                c = http.client.HTTPConnection(host, port, timeout=120)
+                with lock:
+                    statuses["connection"] = statuses.get("connection", 0) + 1
+                continue
             dt = time.perf_counter() - t
-            key = out.get("status", str(r.status)) if r.status == 200 else str(r.status)
+            if r.status != 200:
+                key = str(r.status)
+            else:
+                out = json.loads(raw)
+                key = (check(out) or "ok") if check else out.get("status", str(r.status))
             with lock:
                 lat.append(dt)
                 statuses[key] = statuses.get(key, 0) + 1
@@ -153,15 +167,327 @@ def engines(a):
         f.write("\n".join(lines) + "\n")
 
 
+# --- POST /run_code beside SandboxFusion (issue #20's "10x SandboxFusion" goal) ---------------
+
+CPU_LOOP = "x = 0\nfor i in range(300000):\n    x += i * i % 7\nprint(x)\n"
+# (name, body, expected stdout): the body of the third is exactly what veRL's reward path sends for
+# one test case (verl.utils.reward_score.sandbox_fusion: check_correctness -> call_sandbox_api,
+# its default timeout of 10 s and memory of 1024 MB), with a solution that reads stdin.
+RUN_CODE_PAYLOADS = [
+    ("python print(1)", {"language": "python", "code": "print(1)"}, "1"),
+    ("python CPU loop", {"language": "python", "code": CPU_LOOP},
+     str(sum(i * i % 7 for i in range(300000)))),
+    ("test case (veRL)", {"compile_timeout": 10, "run_timeout": 10,
+                          "code": "a, b = map(int, input().split())\nprint(a + b)\n", "stdin": "3 4\n",
+                          "memory_limit_MB": 1024, "language": "python", "files": {}, "fetch_files": []}, "7"),
+]
+
+PALISADE_BOUNDARY = ("per run: own user (root launch: host uid 2147000000, no capabilities), pid, mount, "
+                     "network (only `lo`), IPC and UTS namespaces; a fresh tmpfs root with read-only system "
+                     "binds and a private scratch; Landlock; seccomp; a cgroup (memory, pids, CPU time) and "
+                     "rlimits; no network; a report")
+# (name, `palisade serve` arguments, short isolation, long isolation)
+RUN_CODE_PALISADE = [
+    ("palisade (templates, default)", [], "ns+Landlock+seccomp+cgroup, no net",
+     PALISADE_BOUNDARY + "; the sandbox is forked from a prepared template (docs/engine.md)"),
+    ("palisade --warm-python", ["--warm-python"], "ns+Landlock+seccomp+cgroup, no net",
+     PALISADE_BOUNDARY + "; the sandbox is forked from a template whose zygote has started Python "
+     "(`python3 -c CODE`; what warm runs share: docs/engine.md, \"Warm Python\")"),
+    ("palisade --templates 0 (cold)", ["--templates", "0"], "ns+Landlock+seccomp+cgroup, no net",
+     PALISADE_BOUNDARY + "; every sandbox started from scratch (the exec engine)"),
+]
+# What SandboxFusion's `sandbox.isolation` modes do (sandbox/runners/base.py, run_commands, and
+# sandbox/runners/isolation.py at the commit in docs/benchmarks.md).
+SANDBOXFUSION_ISOLATION = {
+    "lite": ("chroot+overlay, pid+net ns, cgroup; root, egress open",
+             "`isolation: lite`: per run an overlayfs over the host's `/` (writes copy-on-write, every host "
+             "file readable) + chroot, the host's `/dev` bind-mounted, `/proc` and `/sys` mounted; its own pid "
+             "namespace (`unshare --pid`); a network namespace with a veth to the host and NAT out of the "
+             "host's default route (egress open; `ip netns exec` also gives it a mount namespace); cgroup v1 "
+             "memory 4 GiB (`memory_limit_MB` ignored) and a 1-CPU quota, kept and reused across runs; the "
+             "code runs as root in the host's user namespace with root's capabilities, no seccomp, no "
+             "Landlock, no limit on processes"),
+    "none": ("none: a host process (root here)",
+             "`isolation: none` (its default `local.yaml`, what its server image runs): the code is a child "
+             "of the server on the host, same user, files, network and processes; only RLIMIT_AS/DATA/STACK "
+             "from `memory_limit_MB`"),
+}
+
+
+def fusion_check(expected):
+    def check(out):
+        if out.get("status") != "Success":
+            return str(out.get("status"))
+        if ((out.get("run_result") or {}).get("stdout") or "").strip() != expected:
+            return "wrong-output"
+        return None
+    return check
+
+
+def cpu_seconds():
+    """CPU seconds the whole machine has spent (user, nice, system, irq, softirq; guest is in user)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root):
+    """CPU seconds of process `root` and every live descendant, each with its reaped children's
+    (`cutime`/`cstime`): a server with its sandboxes, which it (or a process under it) waits for.
+    Not counted: kernel work done in kernel threads (e.g. a network namespace's teardown)."""
+    procs = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        v = st[st.rindex(")") + 2:].split()
+        procs[int(d)] = (int(v[1]), sum(int(x) for x in v[11:15]))
+    kids = {}
+    for pid, (ppid, _) in procs.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in procs:
+            total += procs[pid][1]
+            todo += kids.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pid_listening(port):
+    """The process that has a TCP socket listening on `port` (needs to see other users' /proc/*/fd)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    v = line.split()
+                    if v[3] == "0A" and int(v[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{v[9]}]")
+        except OSError:
+            pass
+    for d in sorted(os.listdir("/proc"), key=lambda x: (not x.isdigit(), x)):
+        if not d.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{d}/fd"):
+                if os.readlink(f"/proc/{d}/fd/{fd}") in inodes:
+                    return int(d)
+        except OSError:
+            continue
+    return None
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[:3]
+
+
+def parse_peer(spec):
+    """`[LABEL=]URL` -> (label, host, port, path); LABEL names SandboxFusion's isolation mode."""
+    label, _, url = spec.partition("=") if "=" in spec.split("://")[0] else ("", "", spec)
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "http" or not u.hostname or not u.port:
+        raise SystemExit(f"--peer-sandboxfusion: {spec!r} is not [LABEL=]http://HOST:PORT[/run_code]")
+    path = u.path.rstrip("/")
+    path = path if path.endswith("/run_code") else path + "/run_code"
+    return (label or "lite"), u.hostname, u.port, path
+
+
+def run_code_compare(a):
+    """The same /run_code payloads through palisade's three engines and each SandboxFusion peer,
+    interleaved (each row of one payload and client count runs the targets in a rotated order)."""
+    cpus = os.cpu_count() or 1
+    concurrency = 2 * cpus
+    clients_list = [1, 4] if a.quick else [1, 4, 16, 32]
+    cap = 10 if a.quick else a.row_seconds
+    meta = benchlib.host_meta()
+    meta.update({"date": benchlib.now_utc(), "max_concurrency": concurrency, "row_seconds": cap,
+                 "palisade_commit": subprocess.run(["git", "-C", benchlib.ROOT, "rev-parse", "--short", "HEAD"],
+                                                   capture_output=True, text=True).stdout.strip()})
+    targets, servers = [], []
+    try:
+        for name, extra, short, long in RUN_CODE_PALISADE:
+            port = free_port()
+            servers.append(start_server(port, concurrency, 0, extra))
+            targets.append({"server": name, "host": "127.0.0.1", "port": port, "path": "/run_code",
+                            "pid": servers[-1].pid,
+                            "isolation": short, "isolation_long": long})
+        meta["peers"] = []
+        for spec in a.peer_sandboxfusion:
+            label, host, port, path = parse_peer(spec)
+            short, long = SANDBOXFUSION_ISOLATION.get(label, (f"as configured ({label})", f"as configured ({label})"))
+            pid = pid_listening(port) if host in ("127.0.0.1", "localhost", "::1") else None
+            if pid is None:
+                print(f"SandboxFusion ({label}): no local process listens on {port}; its CPU per request "
+                      "is not measured", flush=True)
+            targets.append({"server": f"SandboxFusion ({label})", "host": host, "port": port, "path": path,
+                            "pid": pid,
+                            "isolation": short, "isolation_long": long})
+            meta["peers"].append({"label": label, "url": f"http://{host}:{port}{path}"})
+        for t in targets:
+            # Warm up: each payload (a request's limits pick palisade's template), then one request per
+            # client at the highest concurrency (SandboxFusion keeps a cgroup and a netns per concurrent run).
+            warm = [(body, expected, 2, 4) for _, body, expected in RUN_CODE_PAYLOADS]
+            warm.append((RUN_CODE_PAYLOADS[0][1], RUN_CODE_PAYLOADS[0][2], max(clients_list), max(clients_list)))
+            for body, expected, c, n in warm:
+                _, _, st = load(t["port"], body, c, n, 180, t["path"], t["host"], fusion_check(expected))
+                if set(st) != {"ok"}:
+                    print(f"warm-up of {t['server']}: {st}", flush=True)
+        rows = []
+        k = 0
+        for pname, body, expected in RUN_CODE_PAYLOADS:
+            for c in clients_list:
+                for t in targets[k % len(targets):] + targets[:k % len(targets)]:
+                    la = loadavg()[0]
+                    total = 4 if a.quick else max(40, 20 * c)
+                    c0, s0 = cpu_seconds(), tree_cpu_seconds(t["pid"]) if t["pid"] else None
+                    lat, wall, st = load(t["port"], body, c, total, cap, t["path"], t["host"], fusion_check(expected))
+                    cpu, s1 = cpu_seconds() - c0, tree_cpu_seconds(t["pid"]) if t["pid"] else None
+                    n = max(1, len(lat))
+                    r = row(pname, c, lat, wall, st) if lat else {"payload": pname, "clients": c, "requests": 0,
+                                                                  "rps": 0.0, "p50_ms": 0, "p99_ms": 0, "statuses": st}
+                    r.update({"server": t["server"], "isolation": t["isolation"],
+                              "errors": sum(v for key, v in st.items() if key != "ok"),
+                              "cpu_ms_per_req": cpu / n * 1000,
+                              "server_cpu_ms_per_req": (s1 - s0) / n * 1000 if s0 is not None else None,
+                              "machine_busy_cpus": cpu / wall, "loadavg_1m": la})
+                    rows.append(r)
+                    print(f"{t['server']:<32} {pname:<17} clients {c:>2}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
+                          f"p99 {r['p99_ms']:7.1f} ms  cpu/req {r['cpu_ms_per_req']:6.1f} ms, server's {r['server_cpu_ms_per_req'] or 0:6.1f} ms  "
+                          f"busy {cpu / wall:.2f} CPUs  load {la}  {st}", flush=True)
+                k += 1
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait()
+    meta["loadavg_at_end"] = loadavg()
+    meta["targets"] = [{k: t[k] for k in ("server", "isolation", "isolation_long")} for t in targets]
+    if a.quick:
+        return
+    write_results(a.out, run_code={"meta": meta, "rows": rows})
+
+
+def render_main(doc):
+    meta, rows = doc["meta"], doc["rows"]
+    lines = ["# `palisade serve` throughput and latency", "",
+             f"{meta['date']}; {meta['cpus']} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
+             f"`--max-concurrency {meta['max_concurrency']}`; closed-loop clients on loopback "
+             "(bench/server.sh). `(agent)`: the run goes through the in-sandbox agent (files in), as code in a "
+             "language does; the others start the command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
+             "says how busy the machine was.", "",
+             "| via | payload | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.get('via', 'POST /v1/run')} | {r['payload']} | {r['clients']} | {r['requests']} | "
+                     f"{r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+    return lines
+
+
+def render_run_code(doc):
+    meta, rows = doc["meta"], doc["rows"]
+    peers = ", ".join(f"`{p['label']}` at {p['url']}" for p in meta.get("peers", [])) or "none given"
+    lines = ["## `POST /run_code` beside SandboxFusion", "",
+             f"{meta['date']}; {meta['cpus']} CPUs, kernel {meta['kernel']}, as {meta['user']}; palisade "
+             f"{meta.get('palisade_commit', '?')} with `--max-concurrency {meta['max_concurrency']}`; SandboxFusion "
+             f"peers: {peers} (how they were set up: docs/benchmarks.md, \"SandboxFusion\"). Load average "
+             f"{' '.join(meta['loadavg_at_start'])} at the start, {' '.join(meta['loadavg_at_end'])} at the end. "
+             "`bench/server.sh --run-code --peer-sandboxfusion [LABEL=]URL`: the same SandboxFusion-shaped "
+             "requests to every server, closed-loop clients on loopback, each row at most "
+             f"{meta.get('row_seconds', '?')} s, the servers of one payload and client count measured one "
+             "after the other in a rotated order. errors: any answer but `Success` with the expected stdout. "
+             "CPU ms/req, machine: CPU seconds the whole machine spent during the row (user+system of every "
+             "process: the servers, their sandboxes, the load generator, and the other work on this shared VM; "
+             "and kernel threads) / requests; where the VM is saturated by other work this is about "
+             "2 CPUs × the row's length / requests and says little. server: CPU seconds of the server's "
+             "process tree (the server, its sandboxes and every process they waited for) / requests; it "
+             "leaves out work the kernel does in its own threads, e.g. tearing down palisade's per-run "
+             "network namespace (SandboxFusion reuses its network namespaces).", "",
+             "| server | isolation | payload | clients | requests | req/s | p50 ms | p99 ms | errors | CPU ms/req, machine | server |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['server']} | {r['isolation']} | {r['payload']} | {r['clients']} | {r['requests']} | "
+                     f"{r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | "
+                     f"{r['cpu_ms_per_req']:.1f} | "
+                     + (f"{r['server_cpu_ms_per_req']:.1f} |" if r.get("server_cpu_ms_per_req") is not None else "— |"))
+    peers_ = [t["server"] for t in meta["targets"] if t["server"].startswith("SandboxFusion")]
+    ours = [t["server"] for t in meta["targets"] if not t["server"].startswith("SandboxFusion")]
+    if peers_:
+        by = {(r["server"], r["payload"], r["clients"]): r for r in rows}
+        lines += ["", "### Throughput ratios, palisade / SandboxFusion (req/s of the same row)", "",
+                  "| payload | clients | " + " | ".join(f"{o} / {p}" for p in peers_ for o in ours) + " |",
+                  "|---|---:|" + "---:|" * (len(peers_) * len(ours))]
+        keys = sorted({(r["payload"], r["clients"]) for r in rows},
+                      key=lambda k: ([p for p, _, _ in RUN_CODE_PAYLOADS].index(k[0]), k[1]))
+        for pl, c in keys:
+            cells = []
+            for p in peers_:
+                for o in ours:
+                    a, b = by.get((o, pl, c)), by.get((p, pl, c))
+                    cells.append(f"{a['rps'] / b['rps']:.1f}×" if a and b and b["rps"] > 0 else "—")
+            lines.append(f"| {pl} | {c} | " + " | ".join(cells) + " |")
+        lines += ["", "### Server CPU per request, SandboxFusion / palisade (the `server` column of the same row)", "",
+                  "Less sensitive to the other work on the machine than req/s.", "",
+                  "| payload | clients | " + " | ".join(f"{p} / {o}" for p in peers_ for o in ours) + " |",
+                  "|---|---:|" + "---:|" * (len(peers_) * len(ours))]
+        for pl, c in keys:
+            cells = []
+            for p in peers_:
+                for o in ours:
+                    a, b = by.get((o, pl, c)), by.get((p, pl, c))
+                    ok = a and b and a.get("server_cpu_ms_per_req") and b.get("server_cpu_ms_per_req") is not None
+                    cells.append(f"{b['server_cpu_ms_per_req'] / a['server_cpu_ms_per_req']:.1f}×" if ok else "—")
+            lines.append(f"| {pl} | {c} | " + " | ".join(cells) + " |")
+    lines += ["", "### What each server isolates", "", "| server | per run |", "|---|---|"]
+    for t in meta["targets"]:
+        lines.append(f"| {t['server']} | {t['isolation_long']} |")
+    return lines
+
+
+def write_results(out, main=None, run_code=None):
+    """server.json holds both parts; a run replaces the part it measured and keeps the other."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "server.json")
+    doc = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+    if main is not None:
+        doc.update(main)
+    if run_code is not None:
+        doc["run_code"] = run_code
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+    lines = render_main(doc) if "rows" in doc else ["# `palisade serve` throughput and latency"]
+    if "run_code" in doc:
+        lines += [""] + render_run_code(doc["run_code"])
+    with open(os.path.join(out, "server.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few requests per row, no files written")
     ap.add_argument("--engines", action="store_true",
                     help="only cold vs template vs warm Python (docs/benchmarks/server-engines.*)")
+    ap.add_argument("--run-code", action="store_true",
+                    help="only POST /run_code through palisade's engines and each --peer-sandboxfusion")
+    ap.add_argument("--peer-sandboxfusion", action="append", metavar="[LABEL=]URL",
+                    default=os.environ.get("PALISADE_BENCH_SANDBOXFUSION", "").split(),
+                    help="a running SandboxFusion server to measure beside palisade on /run_code; LABEL is its "
+                         "isolation mode (lite, none; default lite); repeatable; default from "
+                         "$PALISADE_BENCH_SANDBOXFUSION (space-separated)")
+    ap.add_argument("--row-seconds", type=float, default=15.0, help="longest a /run_code row may take")
     ap.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "benchmarks"))
     a = ap.parse_args()
     if a.engines:
         engines(a)
+        return
+    if a.run_code:
+        run_code_compare(a)
         return
     clients_list = [1, 4] if a.quick else [1, 4, 16, 32, 64]
     per_client = 3 if a.quick else 60
@@ -193,25 +519,13 @@ def main():
         r["via"] = "palisade run (loop)"
         rows.append(r)
         print(f"run    {name:<20} sequential : {r['rps']:7.1f} runs/s p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms", flush=True)
-    if a.quick:
-        return
-    meta = benchlib.host_meta()
-    meta.update({"date": benchlib.now_utc(), "max_concurrency": concurrency})
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "server.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
-    lines = ["# `palisade serve` throughput and latency", "",
-             f"{meta['date']}; {cpus} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
-             f"`--max-concurrency {concurrency}`; closed-loop clients on loopback "
-             "(bench/server.sh). `(agent)`: the run goes through the in-sandbox agent (files in), as code in a "
-             "language does; the others start the command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
-             "says how busy the machine was.", "",
-             "| via | payload | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.get('via', 'POST /v1/run')} | {r['payload']} | {r['clients']} | {r['requests']} | "
-                     f"{r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
-    with open(os.path.join(a.out, "server.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    if not a.quick:
+        meta = benchlib.host_meta()
+        meta.update({"date": benchlib.now_utc(), "max_concurrency": concurrency})
+        write_results(a.out, main={"meta": meta, "rows": rows})
+    # With a peer, the /run_code comparison runs in the same invocation; without one, as before.
+    if a.peer_sandboxfusion:
+        run_code_compare(a)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
 # loopback, beside a loop of `palisade run`. Usage: bench/server.sh [--quick] [--engines] [--out DIR]
 # Results: docs/benchmarks/server.{json,md} (not with --quick); with --engines, cold vs template vs
 # warm Python for Python print(1) on /v1/run and /run_code: docs/benchmarks/server-engines.{json,md}.
+# With --peer-sandboxfusion [LABEL=]URL (repeatable; or $PALISADE_BENCH_SANDBOXFUSION), a running
+# SandboxFusion server (LABEL: its isolation mode, lite or none) is measured beside palisade's
+# /run_code on the same requests in the same run (--run-code: only that part); results go into
+# server.{json,md} too. How the peer is set up by hand: docs/benchmarks.md, "SandboxFusion".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin palisade
