@@ -926,7 +926,7 @@ fn a_link_through_a_project_link_out_of_it_is_refused() {
     let r = ws_run(
         &store,
         &p,
-        "ln -s web/shared-link/../../outside.txt x && ln -s ext/outside.txt y && ln -s web/shared-link/ok.txt fine",
+        "ln -s web/shared-link/../../outside.txt x && ln -s ext/outside.txt y && ln -s web/shared-link/ok.txt fine && ln -s later/outside.txt z",
         &[],
     );
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
@@ -944,6 +944,10 @@ fn a_link_through_a_project_link_out_of_it_is_refused() {
         "y",
         "through `ext`",
     );
+    // Apply judges again, over the project of the moment: `later` is a link out since the run.
+    assert!(!listed(&store, &id, "z").contains("REFUSED"));
+    std::os::unix::fs::symlink(d.path(), p.join("later")).unwrap();
+    refused(&store, &id, &["z"], &p, "z", "through `later`");
     let fine = cli(&store, &["apply", &id, "fine"]);
     assert_eq!(fine.code, 0, "{}", fine.stderr);
     assert_eq!(std::fs::read_to_string(p.join("fine")).unwrap(), "shared\n");
