@@ -592,7 +592,6 @@ fn ws_run(store: &TempDir, dir: &Path, argv: &[&str]) -> String {
 /// makes a link whose words stay inside and that resolves to any host path; `apply` puts it in
 /// the project.
 #[test]
-#[ignore = "finding 6: a link through a project link escapes the tree and is applied"]
 fn finding_6_a_link_through_a_project_link_is_refused() {
     let store = TempDir::new("atk-ws-link-store");
     let p = TempDir::new("atk-ws-link");

@@ -826,3 +826,218 @@ fn a_change_set_applies_in_parts() {
     assert_eq!(none.code, 125, "{}", none.stderr);
     assert!(none.stderr.contains("names no change"), "{}", none.stderr);
 }
+
+/// A project `proj` in a directory of its own that also holds `outside.txt`: a host file next
+/// to the project, which no link applied into it may reach.
+fn beside(tag: &str) -> (TempDir, std::path::PathBuf) {
+    let d = TempDir::new(tag);
+    let p = d.path().join("proj");
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(d.path().join("outside.txt"), "host secret\n").unwrap();
+    (d, p)
+}
+
+/// The line of `palisade changes ID` for `path`.
+fn listed(store: &TempDir, id: &str, path: &str) -> String {
+    let c = cli(store, &["changes", id]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    c.stdout
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(path))
+        .unwrap_or_else(|| panic!("{path} not listed:\n{}", c.stdout))
+        .to_owned()
+}
+
+/// Asserts that `apply ID ARGS` is held back with `path` refused, and changes nothing.
+fn refused(store: &TempDir, id: &str, args: &[&str], p: &Path, path: &str, why: &str) {
+    let before = tree(p);
+    let mut all = vec!["apply", id];
+    all.extend_from_slice(args);
+    let a = cli(store, &all);
+    assert_eq!(a.code, 1, "apply {args:?}: {}\n{}", a.stdout, a.stderr);
+    assert!(
+        a.stderr
+            .lines()
+            .any(|l| l.contains(path) && l.contains("refused") && l.contains(why)),
+        "apply {args:?}: {path}: {why}: {}",
+        a.stderr
+    );
+    assert_eq!(tree(p), before, "apply {args:?} changed the project");
+}
+
+/// Finding 6's second reproducer: `d1/b -> ..` is the project's root, and `d1/a -> b/..` its
+/// parent, though its words stay inside. `changes` shows it refused; `apply` refuses it, as a
+/// whole or named alone, and the rest applies without it.
+#[test]
+fn a_link_climbing_out_through_a_new_link_is_refused() {
+    let store = TempDir::new("ws-chain-store");
+    let (_d, p) = beside("ws-chain");
+    let r = ws_run(
+        &store,
+        &p,
+        "mkdir d1 && ln -s .. d1/b && ln -s b/.. d1/a",
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let id = change_set(&r);
+    assert!(listed(&store, &id, "d1/a").contains("REFUSED"));
+    assert!(!listed(&store, &id, "d1/b").contains("REFUSED"));
+    refused(&store, &id, &[], &p, "d1/a", "after a name");
+    refused(&store, &id, &["d1/a"], &p, "d1/a", "after a name");
+    let rest = cli(&store, &["apply", &id, "--exclude", "d1/a"]);
+    assert_eq!(rest.code, 0, "{}", rest.stderr);
+    assert_eq!(std::fs::read_link(p.join("d1/b")).unwrap(), Path::new(".."));
+    assert!(std::fs::symlink_metadata(p.join("d1/a")).is_err());
+}
+
+/// A partial apply naming the link alone, before and after the link it goes through: each
+/// apply judges it over the project as it stands then, and its words are refused either way.
+#[test]
+fn a_link_named_alone_is_refused_before_and_after_what_it_goes_through() {
+    let store = TempDir::new("ws-alone-store");
+    let (_d, p) = beside("ws-alone");
+    let r = ws_run(
+        &store,
+        &p,
+        "mkdir d1 && ln -s .. d1/b && ln -s b/.. d1/a",
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let id = change_set(&r);
+    refused(&store, &id, &["d1/a"], &p, "d1/a", "after a name");
+    let b = cli(&store, &["apply", &id, "d1/b"]);
+    assert_eq!(b.code, 0, "{}", b.stderr);
+    refused(&store, &id, &["d1/a"], &p, "d1/a", "after a name");
+    assert!(std::fs::read_to_string(p.join("d1/a/outside.txt")).is_err());
+}
+
+/// Through links the project already has: `web/shared-link -> ../shared` (the audit's case,
+/// `..` after it climbs from `shared`), and `ext`, a link of the user's to the directory above
+/// the project. A link into the project through a link that stays in it applies.
+#[test]
+fn a_link_through_a_project_link_out_of_it_is_refused() {
+    let store = TempDir::new("ws-hostlink-store");
+    let (d, p) = beside("ws-hostlink");
+    std::fs::create_dir_all(p.join("web")).unwrap();
+    std::fs::create_dir_all(p.join("shared")).unwrap();
+    std::fs::write(p.join("shared/ok.txt"), "shared\n").unwrap();
+    std::os::unix::fs::symlink("../shared", p.join("web/shared-link")).unwrap();
+    std::os::unix::fs::symlink(d.path(), p.join("ext")).unwrap();
+    let r = ws_run(
+        &store,
+        &p,
+        "ln -s web/shared-link/../../outside.txt x && ln -s ext/outside.txt y && ln -s web/shared-link/ok.txt fine && ln -s later/outside.txt z",
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let id = change_set(&r);
+    assert!(listed(&store, &id, "x").contains("REFUSED"));
+    assert!(listed(&store, &id, "y").contains("REFUSED"));
+    assert!(!listed(&store, &id, "fine").contains("REFUSED"));
+    refused(&store, &id, &[], &p, "x", "after a name");
+    refused(&store, &id, &[], &p, "y", "through `ext`");
+    refused(
+        &store,
+        &id,
+        &["y", "--include-risky", "--force"],
+        &p,
+        "y",
+        "through `ext`",
+    );
+    // Apply judges again, over the project of the moment: `later` is a link out since the run.
+    assert!(!listed(&store, &id, "z").contains("REFUSED"));
+    std::os::unix::fs::symlink(d.path(), p.join("later")).unwrap();
+    refused(&store, &id, &["z"], &p, "z", "through `later`");
+    let fine = cli(&store, &["apply", &id, "fine"]);
+    assert_eq!(fine.code, 0, "{}", fine.stderr);
+    assert_eq!(std::fs::read_to_string(p.join("fine")).unwrap(), "shared\n");
+}
+
+/// Through links of the same change set: `d/e/up -> ../..` is the project's root and
+/// `x -> d/e/up/../outside.txt` climbs above it; `l2 -> l1/outside.txt` goes through `l1`, a new
+/// link out of the project. Each is refused, named alone too, and `changes` says so.
+#[test]
+fn a_link_through_a_link_of_the_same_change_set_is_refused() {
+    let store = TempDir::new("ws-samecs-store");
+    let (d, p) = beside("ws-samecs");
+    let script = format!(
+        "mkdir -p d/e && ln -s ../.. d/e/up && ln -s d/e/up/../outside.txt x && ln -s {} l1 && ln -s l1/outside.txt l2",
+        d.path().display()
+    );
+    let r = ws_run(&store, &p, &script, &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let id = change_set(&r);
+    assert!(listed(&store, &id, "x").contains("REFUSED"));
+    assert!(listed(&store, &id, "l2").contains("REFUSED"));
+    refused(&store, &id, &["--exclude", "l1"], &p, "x", "after a name");
+    refused(&store, &id, &["--exclude", "l1"], &p, "l2", "through `l1`");
+    refused(&store, &id, &["l2"], &p, "l2", "through `l1`");
+    let rest = cli(
+        &store,
+        &[
+            "apply",
+            &id,
+            "--exclude",
+            "l1",
+            "--exclude",
+            "l2",
+            "--exclude",
+            "x",
+        ],
+    );
+    assert_eq!(rest.code, 0, "{}", rest.stderr);
+    assert_eq!(
+        std::fs::read_link(p.join("d/e/up")).unwrap(),
+        Path::new("../..")
+    );
+    assert!(std::fs::read_to_string(p.join("d/e/up/outside.txt")).is_err());
+}
+
+/// Links within the project still apply as links: up from a subdirectory, to a sibling, to a
+/// directory made in the same run, through another new link, through a link the project has,
+/// to the root itself, dangling ones.
+#[test]
+fn links_within_the_project_apply() {
+    let store = TempDir::new("ws-inlinks-store");
+    let (_d, p) = beside("ws-inlinks");
+    for dir in ["lib", "src", "shared", "web"] {
+        std::fs::create_dir_all(p.join(dir)).unwrap();
+    }
+    std::fs::write(p.join("lib/x.txt"), "lib x\n").unwrap();
+    std::fs::write(p.join("shared/a.txt"), "shared a\n").unwrap();
+    std::os::unix::fs::symlink("../shared", p.join("web/shared-link")).unwrap();
+    let script = "set -e
+ln -s ../lib src/lib
+mkdir v2 && echo two > v2/f.txt && ln -s v2 current
+ln -s current/f.txt cf
+mkdir -p pkg/sub && ln -s ../../lib/x.txt pkg/sub/x && ln -s .. pkg/root
+ln -s web/shared-link/a.txt sa
+ln -s ./lib/x.txt dotted
+ln -s not/yet/there later";
+    let r = ws_run(&store, &p, script, &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let id = change_set(&r);
+    let c = cli(&store, &["changes", &id]);
+    assert!(!c.stdout.contains("REFUSED"), "{}", c.stdout);
+    let a = cli(&store, &["apply", &id]);
+    assert_eq!(a.code, 0, "{}\n{}", a.stdout, a.stderr);
+    for (link, target, reads) in [
+        ("src/lib", "../lib", Some("src/lib/x.txt")),
+        ("current", "v2", Some("current/f.txt")),
+        ("cf", "current/f.txt", Some("cf")),
+        ("pkg/sub/x", "../../lib/x.txt", Some("pkg/sub/x")),
+        ("pkg/root", "..", Some("pkg/root/lib/x.txt")),
+        ("sa", "web/shared-link/a.txt", Some("sa")),
+        ("dotted", "./lib/x.txt", Some("dotted")),
+        ("later", "not/yet/there", None),
+    ] {
+        assert_eq!(
+            std::fs::read_link(p.join(link)).unwrap(),
+            Path::new(target),
+            "{link}"
+        );
+        if let Some(r) = reads {
+            assert!(std::fs::read_to_string(p.join(r)).is_ok(), "{r}");
+        }
+    }
+}

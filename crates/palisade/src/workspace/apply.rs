@@ -1,9 +1,9 @@
 //! Applying a change set to the project directory.
 //!
 //! Two passes over the entries. The first changes nothing: it checks every selected entry again
-//! (its path, kind, mode and link target, its contents against their hash, protected and risky
-//! paths, and the project's entry at that path against the state recorded when the change set was
-//! made) and refuses the whole apply if anything is held back. The second writes: each file or
+//! (its path, kind, mode and link target, where that link leads over the project as the apply
+//! will leave it, its contents against their hash, protected and risky paths, and the project's
+//! entry at that path against the state recorded when the change set was made) and refuses the whole apply if anything is held back. The second writes: each file or
 //! link is made under a temporary name in its directory and renamed over its path (`renameat2`,
 //! `RENAME_NOREPLACE` for a new path, `RENAME_EXCHANGE` where a directory is replaced), so a crash
 //! leaves every path old or new; a new directory is filled under a temporary name and renamed into
@@ -337,6 +337,16 @@ impl ChangeSet {
         // Directories this apply makes, so that what goes in them needs no project directory.
         let mut coming: std::collections::HashSet<String> = std::collections::HashSet::new();
         let mut cursor = Cursor::new(root).map_err(|e| self.damaged(e.to_string()))?;
+        // Where each link leads is judged over the project as it will be once every selected
+        // entry is in place (if one is held back, nothing is applied).
+        let mut tree = super::links::Tree::default();
+        for e in self.entries()? {
+            let e = e?;
+            if matches!(pick(&e, o), Pick::Yes | Pick::Parent) {
+                tree.add(&e);
+            }
+        }
+        let mut judge = super::links::Judge::new(root, &tree);
         let mut hold_it = |path: &str, why: String, count: &mut usize| {
             *count += 1;
             if held.len() < 50 {
@@ -360,6 +370,23 @@ impl ChangeSet {
             if let Some(why) = hold(&e, o, &self.meta.protected, matches!(picked, Pick::Parent)) {
                 hold_it(&e.path, why, &mut count);
                 continue;
+            }
+            if let (EntryKind::Symlink, Some(path), Some(target)) = (
+                e.kind,
+                decode_path(&e.path),
+                e.target.as_deref().and_then(decode_path),
+            ) {
+                match judge.judge(&path, &target) {
+                    super::links::Verdict::Inside => {}
+                    super::links::Verdict::Out(why) => {
+                        hold_it(&e.path, format!("refused: {why}"), &mut count);
+                        continue;
+                    }
+                    super::links::Verdict::Unchecked(why) => {
+                        hold_it(&e.path, format!("cannot be checked: {why}"), &mut count);
+                        continue;
+                    }
+                }
             }
             let comps = path_components(&e.path).expect("checked when read");
             let (name, parents) = comps.split_last().expect("one component at least");

@@ -98,6 +98,7 @@ pub(crate) fn capture(input: CaptureInput<'_>) -> Result<Option<Meta>, Workspace
             budget: palisade_linux::plan::WORKSPACE_MAX_INODES + 16,
             deleted_files: Vec::new(),
             added_files: Vec::new(),
+            links: super::links::Tree::default(),
         };
         w.walk(&upper, Some(&base), b"", 0)
             .map_err(|e| w.io_error(e, input.store))?;
@@ -114,6 +115,8 @@ pub(crate) fn capture(input: CaptureInput<'_>) -> Result<Option<Meta>, Workspace
             .map_err(|e| input.store.err(e.into_error()))?;
         entries.sync_all().map_err(|e| input.store.err(e))?;
         data.sync_all().map_err(|e| input.store.err(e))?;
+        drop(entries);
+        w.summary.refused += refuse_links(&dir, &base, &w.links).map_err(|e| input.store.err(e))?;
         use std::os::unix::ffi::OsStrExt;
         let meta = Meta {
             version: META_VERSION,
@@ -159,6 +162,48 @@ pub(crate) fn capture(input: CaptureInput<'_>) -> Result<Option<Meta>, Workspace
 
 use palisade_linux::fs::Rename;
 
+/// Follows each link of the change set (not refused yet) over the project as a whole apply would
+/// leave it (`tree` over `base`), and records those that lead out as refused, rewriting
+/// `entries.jsonl` through a temporary name; returns how many. `changes` then shows them as an
+/// apply would judge them (an apply judges again, against the project of the moment and the
+/// part it applies). A link that cannot be followed (a bound) is left to the apply.
+fn refuse_links(dir: &Dir, base: &Dir, tree: &super::links::Tree) -> io::Result<u64> {
+    if !tree.has_links() {
+        return Ok(0);
+    }
+    let tmp = b"entries.jsonl.tmp";
+    let mut judge = super::links::Judge::new(base, tree);
+    let lines = io::BufReader::new(dir.open_file(b"entries.jsonl")?);
+    let _ = dir.unlink(tmp, false);
+    let mut out = io::BufWriter::new(dir.create_file(tmp, 0o600)?);
+    let mut newly = 0;
+    for line in lines.split(b'\n') {
+        let mut e: Entry = serde_json::from_slice(&line?).map_err(io::Error::other)?;
+        if let (EntryKind::Symlink, None, Some(path), Some(target)) = (
+            e.kind,
+            &e.refused,
+            decode_path(&e.path),
+            e.target.as_deref().and_then(decode_path),
+        ) {
+            if let super::links::Verdict::Out(why) = judge.judge(&path, &target) {
+                e.refused = Some(why);
+                newly += 1;
+            }
+        }
+        let mut l = serde_json::to_vec(&e).map_err(io::Error::other)?;
+        l.push(b'\n');
+        out.write_all(&l)?;
+    }
+    if newly == 0 {
+        drop(out);
+        dir.unlink(tmp, false)?;
+        return Ok(0);
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    dir.rename(tmp, dir, b"entries.jsonl", Rename::Replace)?;
+    Ok(newly)
+}
+
 /// Writes `meta.json` in `dir` through a temporary name and a rename.
 pub(super) fn write_meta(dir: &Dir, meta: &Meta) -> io::Result<()> {
     let text = serde_json::to_vec_pretty(meta).map_err(io::Error::other)?;
@@ -183,6 +228,8 @@ struct Walker<'a> {
     budget: u64,
     deleted_files: Vec<(String, u64)>,
     added_files: Vec<(String, u64, String)>,
+    /// What decides where the change set's links lead ([`refuse_links`]).
+    links: super::links::Tree,
 }
 
 /// An error of the walk: the store's (fatal) or the layer's (the change set is kept, incomplete).
@@ -246,6 +293,7 @@ impl Walker<'_> {
         }
         e.protected = protected_by(&e.path, self.protected).map(str::to_owned);
         e.risky = risky(&e.path);
+        self.links.add(&e);
         self.summary.count(&e);
         let mut line = serde_json::to_vec(&e).map_err(io::Error::other)?;
         if line.len() >= MAX_LINE {

@@ -25,6 +25,7 @@
 mod apply;
 pub(crate) mod capture;
 mod diff;
+mod links;
 
 pub use apply::{Applied, ApplyOptions};
 pub(crate) use capture::capture;
@@ -670,34 +671,13 @@ pub fn refusal(path: &str, kind: EntryKind, mode: u32, target: Option<&[u8]>) ->
     None
 }
 
-/// Whether a symbolic link at `path` with target `t` points out of the project: an absolute
-/// target, or one whose `..` climbs above the project's root (judged on the words alone).
+/// Why a symbolic link at `path` with target `t` is refused by its words: empty, absolute, or
+/// with a `..` after a name or above the project's root ([`links::words`]; where it leads
+/// through other links is [`links::Judge`]'s to say).
 fn link_escapes(path: &str, t: &[u8]) -> Option<String> {
-    let shown = palisade_policy::untrusted::escape(t, 120);
-    if t.is_empty() {
-        return Some("a symbolic link with an empty target".into());
-    }
-    if t[0] == b'/' {
-        return Some(format!(
-            "a symbolic link out of the project (to `{shown}`, an absolute path)"
-        ));
-    }
-    let mut depth = path.matches('/').count() as i64;
-    for c in t.split(|&b| b == b'/') {
-        match c {
-            b"" | b"." => {}
-            b".." => {
-                depth -= 1;
-                if depth < 0 {
-                    return Some(format!(
-                        "a symbolic link out of the project (to `{shown}`, above its root)"
-                    ));
-                }
-            }
-            _ => depth += 1,
-        }
-    }
-    None
+    links::words(path.matches('/').count(), t)
+        .err()
+        .map(|f| f.own(t))
 }
 
 /// Hex of a SHA-256 digest.
@@ -1243,7 +1223,10 @@ mod tests {
             .unwrap()
             .contains("absolute"));
         assert!(r("l", EntryKind::Symlink, 0o777, Some(b"a/../../b")).is_some());
-        assert!(r("l", EntryKind::Symlink, 0o777, Some(b"a/b/../c")).is_none());
+        assert!(r("l", EntryKind::Symlink, 0o777, Some(b"a/b/../c"))
+            .unwrap()
+            .contains("after a name"));
+        assert!(r("d/e/l", EntryKind::Symlink, 0o777, Some(b"../../a/b")).is_none());
         assert!(risky(".git/hooks/pre-commit").unwrap().starts_with(".git"));
         assert!(risky("lib/python3/site-packages/evil.pth").is_some());
         assert!(risky("src/x.pth").unwrap().contains(".pth"));
