@@ -1,0 +1,105 @@
+//! Attacks that each guard one layer the other tests could lose unnoticed (docs/testing.md,
+//! "Mutation testing": each test here failed with its layer removed by hand and passes with it).
+//! Every attack runs from inside a real sandbox: cold runs through the `palisade` binary or the
+//! library, template and warm runs through the library's templates made by palisade's init
+//! program. Run as root and as an unprivileged user.
+
+mod common;
+use common::*;
+use palisade::policy::{Bind, Policy};
+use palisade::{Engine, Io, Report, Sandbox, Template};
+use std::sync::{Mutex, MutexGuard};
+
+/// One test at a time: templates and their zygotes are processes of this test binary.
+fn serial() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A template of `p` with the probe bound at `/probe`, made by palisade's init program.
+fn template(mut p: Policy) -> Template {
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    Sandbox::from_policy(p)
+        .unwrap()
+        .engine(Engine::InitProgram(palisade_bin()))
+        .prepare()
+        .expect("a template")
+}
+
+/// A warm-Python template of the default policy, the probe bound at `/probe`.
+fn warm_template() -> Template {
+    let mut p = Policy::new(["true"]).unwrap();
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &[])
+        .expect("python3 with its shared library");
+    Sandbox::from_policy(p)
+        .unwrap()
+        .engine(Engine::InitProgram(palisade_bin()))
+        .prepare_warm_python(warm)
+        .expect("a warm template")
+}
+
+/// `sh -c script` in a run of `t` (a warm template's run execs the shell from its interpreter).
+fn trun(t: &Template, warm: bool, script: &str) -> (Run, Report) {
+    let cmd: Vec<&str> = if warm {
+        vec![
+            "python3",
+            "-c",
+            "import os, sys; os.execv('/bin/sh', ['/bin/sh', '-c', sys.argv[1]])",
+            script,
+        ]
+    } else {
+        vec!["/bin/sh", "-c", script]
+    };
+    let out = t.start(cmd, &[], Io::default()).wait_output();
+    let want = if warm { "template-warm" } else { "template" };
+    assert_eq!(out.report.engine, Some(want), "{:?}", out.report);
+    let r = Run {
+        code: out.report.exit_code_for_cli(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (r, out.report)
+}
+
+/// Landlock in a template's runs, seen from inside through the two refusals only Landlock makes
+/// (boundary.rs has them for cold runs): a write to the payload's own `/proc/self/oom_score_adj`,
+/// which the mount view leaves writable (the control outside shows raising it needs no
+/// privilege), and a signal to init (same uid, outside the payload's domain; ABI 6 and later).
+/// A template run whose payload skipped `landlock_restrict_self` passed every other test: the
+/// report states the plan, not what the payload entered.
+#[test]
+fn landlock_holds_in_template_and_warm_runs() {
+    let _one = serial();
+    let script =
+        "echo 500 > /proc/self/oom_score_adj && echo proc-write-ok || echo proc-write-denied; \
+                  kill -0 1 2>/dev/null && echo signal-ok || echo signal-denied";
+    let control = std::process::Command::new("/bin/sh")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    let control = String::from_utf8_lossy(&control.stdout).into_owned();
+    assert!(control.contains("proc-write-ok"), "control: {control}");
+    for (t, warm) in [
+        (template(Policy::new(["true"]).unwrap()), false),
+        (warm_template(), true),
+    ] {
+        let (r, rep) = trun(&t, warm, script);
+        assert_eq!(r.code, 0, "warm {warm}: {}\n{}", r.stdout, r.stderr);
+        assert!(
+            r.stdout.contains("proc-write-denied"),
+            "warm {warm}: {}",
+            r.stdout
+        );
+        if rep.landlock_abi.unwrap_or(0) >= 6 {
+            assert!(
+                r.stdout.contains("signal-denied"),
+                "warm {warm}: {}",
+                r.stdout
+            );
+        }
+    }
+}
+
