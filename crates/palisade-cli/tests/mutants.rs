@@ -103,3 +103,33 @@ fn landlock_holds_in_template_and_warm_runs() {
     }
 }
 
+/// A cold run started by palisade's exec'd init program holds descriptors 0, 1, 2 only. That init
+/// inherits its channels to the supervisor across its own exec (they cannot be close-on-exec
+/// there), so here only the payload's own close-on-exec pass (step 18) keeps the supervisor's
+/// "go" socket and message pipe out of the payload; the in-process engine's are close-on-exec
+/// from the start, which is why the CLI's tests (in-process) did not notice that pass missing.
+#[test]
+fn an_exec_engine_payload_holds_only_its_standard_streams() {
+    let _one = serial();
+    let mut p = Policy::new(["/probe", "fds"]).unwrap();
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    let out = Sandbox::from_policy(p)
+        .unwrap()
+        .engine(Engine::InitProgram(palisade_bin()))
+        .output();
+    assert_eq!(out.report.engine, Some("exec"), "{:?}", out.report);
+    let r = Run {
+        code: out.report.exit_code_for_cli(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    let fds = r.probe("fds");
+    let nums: Vec<&str> = fds
+        .trim_start_matches("ok ")
+        .split(',')
+        .map(|e| e.split("->").next().unwrap())
+        .collect();
+    assert_eq!(nums, ["0", "1", "2"], "{fds}");
+}
+
