@@ -133,3 +133,75 @@ fn an_exec_engine_payload_holds_only_its_standard_streams() {
     assert_eq!(nums, ["0", "1", "2"], "{fds}");
 }
 
+/// Mount points under which the sandbox's view puts something (docs/layers/filesystem.md).
+const VIEW: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/opt",
+    "/etc",
+    "/proc",
+    "/dev",
+    "/tmp",
+    "/workspace",
+    "/probe",
+];
+
+/// The mount points in a `/proc/self/mountinfo` text that lie outside the sandbox's view.
+fn outside_view(mountinfo: &str) -> Vec<String> {
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| {
+            *m != "/"
+                && !VIEW
+                    .iter()
+                    .any(|v| m == v || m.strip_prefix(v).is_some_and(|r| r.starts_with('/')))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The old root is detached after `pivot_root`, in cold and in template runs: the sandbox's
+/// mount table holds its own view and nothing of the host's. Kept attached beneath the new root,
+/// the host's tree is no longer reachable by path, but every host mount (`/sys`, `/run`, `/home`,
+/// whatever the host has) is listed to the payload with its source and options, and the whole
+/// host tree stays pinned in the sandbox's namespace; no other test looked at the table.
+#[test]
+fn the_sandboxs_mount_table_holds_nothing_of_the_hosts() {
+    let _one = serial();
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let host_only = outside_view(&host);
+    assert!(
+        !host_only.is_empty(),
+        "control: the host should have mounts outside the sandbox's view:\n{host}"
+    );
+    let cold = run(&[], &["/bin/cat", "/proc/self/mountinfo"]);
+    assert_eq!(cold.code, 0, "{}", cold.stderr);
+    assert_eq!(
+        outside_view(&cold.stdout),
+        Vec::<String>::new(),
+        "cold run:\n{}",
+        cold.stdout
+    );
+    assert!(
+        cold.stdout.lines().count() < 64,
+        "cold run:\n{}",
+        cold.stdout
+    );
+    let t = template(Policy::new(["true"]).unwrap());
+    let (r, _) = trun(&t, false, "cat /proc/self/mountinfo");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        outside_view(&r.stdout),
+        Vec::<String>::new(),
+        "template run:\n{}",
+        r.stdout
+    );
+    assert!(r.stdout.lines().count() < 64, "template run:\n{}", r.stdout);
+}
+
