@@ -205,3 +205,40 @@ fn the_sandboxs_mount_table_holds_nothing_of_the_hosts() {
     assert!(r.stdout.lines().count() < 64, "template run:\n{}", r.stdout);
 }
 
+/// Init is not dumpable, in cold and template runs: its `/proc/1/*` files are not the payload's
+/// (the kernel gives a non-dumpable process's files to root, or the overflow id where root is not
+/// mapped), so the payload cannot ptrace init or open its memory, environment or descriptors by
+/// ownership. Landlock refuses those too, which is why no read attempt showed a dumpable init:
+/// the owner is what tells. For a root launch the switch to the run's host id clears
+/// dumpability already; it is the unprivileged run (same ids before and after) where the explicit
+/// `PR_SET_DUMPABLE 0` is all there is.
+#[test]
+fn init_is_not_the_payloads_to_inspect() {
+    let _one = serial();
+    let script = "stat -c 'owner %u' /proc/1/environ; echo \"me $(id -u)\"";
+    let field = |out: &str, key: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no `{key}` line in:\n{out}"))
+            .trim()
+            .to_owned()
+    };
+    let cold = run(&[], &["/bin/sh", "-c", script]);
+    assert_eq!(cold.code, 0, "{}", cold.stderr);
+    let t = template(Policy::new(["true"]).unwrap());
+    let (tr, _) = trun(&t, false, script);
+    assert_eq!(tr.code, 0, "{}", tr.stderr);
+    for (r, what) in [(&cold, "cold"), (&tr, "template")] {
+        let (owner, me) = (field(&r.stdout, "owner "), field(&r.stdout, "me "));
+        // A root-launched template run is uid 0 inside with 0 mapped: the owner the kernel gives
+        // a non-dumpable process's files is then the payload's uid too, and tells nothing.
+        if what == "template" && me == "0" {
+            continue;
+        }
+        assert_ne!(
+            owner, me,
+            "{what}: init's /proc files belong to the payload's uid"
+        );
+    }
+}
+
