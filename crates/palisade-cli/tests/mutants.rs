@@ -242,3 +242,19 @@ fn init_is_not_the_payloads_to_inspect() {
     }
 }
 
+/// Each process ceiling is in place on its own: the payload's `RLIMIT_NPROC` is the policy's
+/// `--pids` (counted per user namespace, so it bounds this sandbox alone). The fork-bomb test in
+/// limits.rs sees the lower of this and the cgroup's `pids.max`, so it could not tell either one
+/// missing.
+#[test]
+fn the_process_rlimit_is_the_policys() {
+    let r = run(&["--pids", "77"], &["/bin/cat", "/proc/self/limits"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Max processes"))
+        .unwrap_or_else(|| panic!("no `Max processes` in:\n{}", r.stdout));
+    let v: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(v[2..4], ["77", "77"], "{line}");
+}
