@@ -676,9 +676,13 @@ fn held() -> Held {
             })
             .count(),
         children,
+        // Only mounts that are palisade's (a `palisade` tmpfs, a path under a palisade temp or
+        // state directory): other work on the machine (another suite, the test internet's
+        // namespace) mounts and unmounts in the host's namespace while this runs.
         mounts: std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
             .lines()
+            .filter(|l| l.contains("palisade") && !l.contains("/run/netns/"))
             .count(),
         cgroups,
     }
