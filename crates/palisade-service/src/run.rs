@@ -570,6 +570,14 @@ impl Service {
             ms = t0.elapsed().as_secs_f64() * 1000.0,
             "agent stages done"
         );
+        if conn.is_dead() {
+            // The agent stopped answering (or died): nothing more of the run goes through it,
+            // and its sandbox goes at once rather than at its own deadline.
+            held.kill();
+            if result.status == RunStatus::SandboxError && result.error.is_none() {
+                result.error = Some(ServiceError::internal(format!("the agent: {}", conn.why())));
+            }
+        }
         conn.close().await;
         let out = held.finish().await;
         tracing::debug!(

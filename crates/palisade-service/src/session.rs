@@ -359,7 +359,8 @@ impl Service {
                         }
                     }
                     _ = s2.conn.gone() => {
-                        svc.remove_session(&s2.id, "its agent ended (the sandbox was killed, or a limit of the whole session was reached)").await;
+                        let why = format!("its agent ended (the sandbox was killed, or a limit of the whole session was reached, or the agent was stopped: {})", s2.conn.why());
+                        svc.remove_session(&s2.id, &why).await;
                         return;
                     }
                     _ = wake => {
@@ -508,7 +509,21 @@ impl Service {
         let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let c = capture(&s.conn, e, stdin, timeout, cap, None).await;
-        Ok(self.exec_ended(&s, eid, &c, oom0).await)
+        let stage = self.exec_ended(&s, eid, &c, oom0).await;
+        if c.exit.is_none() && s.conn.is_dead() {
+            // The agent stopped answering (or died) during the exec: the session is destroyed
+            // with everything in it, the exec with it.
+            return Err(ServiceError::gone(
+                &s.id,
+                &format!(
+                    "exec {eid} ({:?} after {} ms) did not end through its agent, and the session was destroyed: {}",
+                    stage.status,
+                    c.wall.as_millis(),
+                    s.conn.why()
+                ),
+            ));
+        }
+        Ok(stage)
     }
 
     /// `stream` and `sse` modes: the exec's events as they come. Dropping the stream kills the exec.
@@ -1001,11 +1016,13 @@ fn file_reply(
     }
 }
 
-/// Closes the agent and kills the sandbox; returns its report.
+/// Kills the sandbox and closes the agent; returns its report. The kill comes first: closing
+/// waits for the connection's writer, which a call to an agent that stopped reading may hold
+/// until the sandbox is gone.
 async fn teardown(s: &Session) -> Option<serde_json::Value> {
     let held = s.held.lock().await.take()?;
-    s.conn.close().await;
     held.kill();
+    s.conn.close().await;
     let out = held.finish().await;
     serde_json::to_value(&out.report).ok()
 }
