@@ -268,7 +268,6 @@ fn finding_1_a_stopped_agent_cannot_stall_an_exec_past_its_deadline() {
 /// running past its deadline, and the exec listed as running for good: the session then never
 /// reaches its idle timeout (it lives to its TTL).
 #[test]
-#[ignore = "finding 2: a sync exec whose client left outlives its deadline and pins the session"]
 fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
     let s = Server::start(&[]);
     let id = s.session(&json!({"idle_timeout_s": 5}));

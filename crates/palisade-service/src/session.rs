@@ -503,13 +503,23 @@ impl Service {
         }
     }
 
-    /// `POST /v1/sandboxes/{id}/exec` in `sync` mode: runs and answers when it ends.
+    /// `POST /v1/sandboxes/{id}/exec` in `sync` mode: runs and answers when it ends. The exec
+    /// is kept (its deadline, its output cap, its end) by a task of its own, not by the
+    /// request: a client that goes away does not take the exec's deadline with it, and the
+    /// exec still leaves the session's running list when it ends.
     pub async fn exec(&self, id: &str, req: api::ExecRequest) -> Result<Stage, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
         let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
-        let c = capture(&s.conn, e, stdin, timeout, cap, None).await;
-        let stage = self.exec_ended(&s, eid, &c, oom0).await;
+        let (svc, s2) = (self.clone(), s.clone());
+        let kept = tokio::spawn(async move {
+            let c = capture(&s2.conn, e, stdin, timeout, cap, None).await;
+            let stage = svc.exec_ended(&s2, eid, &c, oom0).await;
+            (c, stage)
+        });
+        let (c, stage) = kept
+            .await
+            .map_err(|e| ServiceError::internal(format!("exec {eid}: {e}")))?;
         if c.exit.is_none() && s.conn.is_dead() {
             // The agent stopped answering (or died) during the exec: the session is destroyed
             // with everything in it, the exec with it.

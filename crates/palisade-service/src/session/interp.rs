@@ -219,6 +219,25 @@ impl Service {
                 .cloned()
                 .ok_or_else(|| ServiceError::not_found("context", name))?,
         };
+        // The cell is kept (its timeout, its end) by a task of its own, not by the request: a
+        // client that goes away leaves it to end at its timeout and to leave the session's
+        // running list.
+        let svc = self.clone();
+        let code = req.code;
+        tokio::spawn(async move { svc.cell(s, ctx, code, cap, timeout).await })
+            .await
+            .map_err(|e| ServiceError::internal(format!("a cell: {e}")))?
+    }
+
+    /// Runs one cell in `ctx` (see [`Service::run_cell`]).
+    async fn cell(
+        &self,
+        s: Arc<Session>,
+        ctx: Arc<Context>,
+        code: String,
+        cap: u64,
+        timeout: u64,
+    ) -> Result<CellResult, ServiceError> {
         let Ok(mut guard) = ctx.proc.try_lock() else {
             return Err(ServiceError::conflict(
                 "context",
@@ -245,7 +264,7 @@ impl Service {
         let line = {
             let p = guard.as_mut().expect("started above");
             let mut req_line =
-                serde_json::to_vec(&serde_json::json!({"code": req.code, "output": cap}))
+                serde_json::to_vec(&serde_json::json!({"code": code, "output": cap}))
                     .map_err(|e| ServiceError::internal(format!("encoding a cell: {e}")))?;
             req_line.push(b'\n');
             // The answer holds the output, the value and the traceback (each at most `cap`
