@@ -308,17 +308,18 @@ fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
 /// the session's life, with no bound on how many: one session's client grows the server's memory
 /// by the output of every exec it starts (16 × 30 MB: 0.55 GB of RSS), for every tenant.
 #[test]
-#[ignore = "finding 3: background exec results are kept without a bound (server memory)"]
 fn finding_3_the_results_a_session_keeps_are_bounded() {
     let s = Server::start(&[]);
     let id = s.session(&json!({}));
     let before = rss_kib(s.pid());
+    let mut ids = Vec::new();
     for _ in 0..12 {
         let r = s.post(
             &format!("/v1/sandboxes/{id}/exec"),
             &json!({"command": ["sh", "-c", "head -c 25000000 /dev/zero | tr '\\0' a"], "mode": "background"}),
         );
         assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+        ids.push(r.json()["id"].as_u64().expect("an exec id"));
     }
     assert!(wait_until(
         "every exec ended",
@@ -333,6 +334,28 @@ fn finding_3_the_results_a_session_keeps_are_bounded() {
         grown_mib < 128,
         "the server grew by {grown_mib} MiB keeping one session's exec results"
     );
+    // What was dropped says so; a result still kept is whole.
+    let kept: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|e| s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).status == 200)
+        .collect();
+    assert!(
+        !kept.is_empty() && kept.len() < ids.len(),
+        "kept {kept:?} of {ids:?}"
+    );
+    let dropped = ids.iter().find(|e| !kept.contains(e)).unwrap();
+    let r = s.get(&format!("/v1/sandboxes/{id}/exec/{dropped}"));
+    assert_eq!(r.status, 410, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("exec {dropped}")) && m.contains("dropped")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let last = s.get(&format!("/v1/sandboxes/{id}/exec/{}", kept[kept.len() - 1]));
+    assert_eq!(last.json()["result"]["stdout"]["bytes"], 25_000_000);
 }
 
 /// Finding 5: a directory listing or an archive that does not fit the agent's frame bounds (2000

@@ -32,6 +32,14 @@ pub(crate) struct Registry {
 
 /// How many ended sessions are remembered.
 const ENDED_KEPT: usize = 4096;
+/// Most results of finished background execs a session keeps (the oldest dropped first).
+pub const KEPT_RESULTS: usize = 64;
+/// Most bytes of output (stdout and stderr) the kept results of a session's finished background
+/// execs hold together (the oldest dropped first; the newest is always kept, at most its own
+/// output cap).
+pub const KEPT_RESULT_BYTES: u64 = 32 << 20;
+/// How many dropped results are remembered (a poll of one is 410, not 404).
+const DROPPED_KEPT: usize = 4096;
 
 impl Registry {
     pub(crate) fn len(&self) -> usize {
@@ -50,7 +58,7 @@ pub(crate) struct Session {
     env: Vec<(String, String)>,
     conn: AgentConn,
     held: tokio::sync::Mutex<Option<Held>>,
-    execs: Mutex<HashMap<u64, Bg>>,
+    execs: Mutex<Execs>,
     count: AtomicU64,
     /// Execs running now (all modes).
     running: Mutex<Vec<u64>>,
@@ -65,6 +73,65 @@ pub(crate) struct Session {
 struct Bg {
     stdin: Option<Arc<tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>>>,
     result: Option<Stage>,
+}
+
+/// A session's background execs: running ones, and the results of finished ones within
+/// [`KEPT_RESULTS`] and [`KEPT_RESULT_BYTES`], the oldest dropped first.
+#[derive(Default)]
+struct Execs {
+    map: HashMap<u64, Bg>,
+    /// Finished ones whose results are kept, oldest first, with their output's size.
+    done: std::collections::VecDeque<(u64, u64)>,
+    bytes: u64,
+    /// Finished ones whose results were dropped (the latest [`DROPPED_KEPT`]).
+    dropped: std::collections::VecDeque<u64>,
+}
+
+impl Execs {
+    /// Keeps `result` as exec `eid`'s, then drops the oldest results past the bounds.
+    fn finish(&mut self, eid: u64, mut result: Stage) {
+        let Some(bg) = self.map.get_mut(&eid) else {
+            return;
+        };
+        // Held as long as the session may keep it: no spare capacity.
+        result.stdout.data.shrink_to_fit();
+        result.stderr.data.shrink_to_fit();
+        let size = result.stdout.data.len() as u64 + result.stderr.data.len() as u64;
+        bg.result = Some(result);
+        bg.stdin = None;
+        self.done.push_back((eid, size));
+        self.bytes += size;
+        while self.done.len() > KEPT_RESULTS
+            || (self.bytes > KEPT_RESULT_BYTES && self.done.len() > 1)
+        {
+            let Some((old, n)) = self.done.pop_front() else {
+                break;
+            };
+            self.bytes -= n;
+            self.map.remove(&old);
+            if self.dropped.len() >= DROPPED_KEPT {
+                self.dropped.pop_front();
+            }
+            self.dropped.push_back(old);
+        }
+    }
+
+    /// Exec `eid`, or why not: 410 for a dropped result, 404 for an unknown id.
+    fn get(&self, eid: u64) -> Result<&Bg, ServiceError> {
+        if let Some(bg) = self.map.get(&eid) {
+            return Ok(bg);
+        }
+        if self.dropped.contains(&eid) {
+            return Err(ServiceError::result_dropped(
+                eid,
+                &format!(
+                    "a session keeps the results of its last {KEPT_RESULTS} finished background execs, at most {} MiB of output together (the newest always), the oldest dropped first",
+                    KEPT_RESULT_BYTES >> 20
+                ),
+            ));
+        }
+        Err(ServiceError::not_found("exec", &eid.to_string()))
+    }
 }
 
 impl Session {
@@ -308,7 +375,7 @@ impl Service {
             env: env_pairs,
             conn,
             held: tokio::sync::Mutex::new(Some(held)),
-            execs: Mutex::new(HashMap::new()),
+            execs: Mutex::new(Execs::default()),
             count: AtomicU64::new(0),
             running: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
@@ -513,8 +580,8 @@ impl Service {
         let eid = e.id;
         let (svc, s2) = (self.clone(), s.clone());
         let kept = tokio::spawn(async move {
-            let c = capture(&s2.conn, e, stdin, timeout, cap, None).await;
-            let stage = svc.exec_ended(&s2, eid, &c, oom0).await;
+            let mut c = capture(&s2.conn, e, stdin, timeout, cap, None).await;
+            let stage = svc.exec_ended(&s2, eid, &mut c, oom0).await;
             (c, stage)
         });
         let (c, stage) = kept
@@ -572,10 +639,10 @@ impl Service {
             }
         });
         tokio::spawn(async move {
-            let c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
+            let mut c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
             drop(ctx);
             let _ = fwd.await;
-            let result = svc.exec_ended(&s, eid, &c, oom0).await;
+            let result = svc.exec_ended(&s, eid, &mut c, oom0).await;
             let _ = tx.send(ExecEvent::Exit { result }).await;
         });
         Ok(rx)
@@ -596,27 +663,27 @@ impl Service {
                 let _ = w.write_all(&stdin).await;
             }
         }
-        s.execs.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            eid,
-            Bg {
-                stdin: Some(pipe),
-                result: None,
-            },
-        );
+        s.execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .insert(
+                eid,
+                Bg {
+                    stdin: Some(pipe),
+                    result: None,
+                },
+            );
         let svc = self.clone();
         let s2 = s.clone();
         tokio::spawn(async move {
-            let c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
-            let result = svc.exec_ended(&s2, eid, &c, oom0).await;
-            if let Some(bg) = s2
-                .execs
+            let mut c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
+            let result = svc.exec_ended(&s2, eid, &mut c, oom0).await;
+            drop(c);
+            s2.execs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .get_mut(&eid)
-            {
-                bg.result = Some(result);
-                bg.stdin = None;
-            }
+                .finish(eid, result);
         });
         Ok(ExecInfo {
             id: eid,
@@ -630,9 +697,7 @@ impl Service {
         let s = self.session(id)?;
         s.touch();
         let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
-        let bg = execs
-            .get(&exec)
-            .ok_or_else(|| ServiceError::not_found("exec", &exec.to_string()))?;
+        let bg = execs.get(exec)?;
         Ok(ExecInfo {
             id: exec,
             running: bg.result.is_none(),
@@ -653,9 +718,7 @@ impl Service {
         s.touch();
         let pipe = {
             let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
-            let bg = execs
-                .get(&exec)
-                .ok_or_else(|| ServiceError::not_found("exec", &exec.to_string()))?;
+            let bg = execs.get(exec)?;
             bg.stdin
                 .clone()
                 .ok_or_else(|| ServiceError::conflict("exec", format!("exec {exec} has ended")))?
@@ -811,7 +874,7 @@ impl Service {
         &self,
         s: &Arc<Session>,
         eid: u64,
-        c: &crate::run::Captured,
+        c: &mut crate::run::Captured,
         oom0: Option<u64>,
     ) -> Stage {
         let mut stage = stage_of(c);
