@@ -43,6 +43,8 @@ pub enum Reply {
         pid: Option<i32>,
         fds: Vec<OwnedFd>,
         skipped: Option<u64>,
+        /// A listing cut to what fits in one frame.
+        truncated: bool,
     },
     /// Failed, with the agent's code and message.
     Err { code: String, message: String },
@@ -403,6 +405,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
             entries,
             pid,
             skipped,
+            truncated,
         } => {
             // An exec's reply takes the three descriptors that came with it; any other reply
             // takes none (and a stray descriptor is closed when the queue is dropped or trimmed).
@@ -423,6 +426,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                     pid,
                     fds: mine,
                     skipped,
+                    truncated,
                 });
             }
         }

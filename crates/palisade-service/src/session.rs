@@ -971,13 +971,17 @@ impl Service {
                 .await,
         )
         .map(|r| match r {
-            Reply::Ok { entries, .. } => api::Listing {
+            Reply::Ok {
+                entries, truncated, ..
+            } => api::Listing {
                 path: path.into(),
                 entries,
+                truncated,
             },
             Reply::Err { .. } => api::Listing {
                 path: path.into(),
                 entries: Vec::new(),
+                truncated: false,
             },
         })
     }
