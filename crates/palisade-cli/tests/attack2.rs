@@ -418,7 +418,6 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
 /// `output_bytes: 1000` (up to 18 times the cap and 64 KiB more pass), marked not truncated; the
 /// driver's own answer then answers the next cell.
 #[test]
-#[ignore = "finding 8: a cell's answer is not held to the cell's output_bytes"]
 fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
     let s = Server::start(&[]);
     let id = s.session(&json!({}));
@@ -441,6 +440,46 @@ fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
         j["status"],
         j["stdout"]["truncated"]
     );
+    // The same answer with whatever the driver's protocol asks of it that the cell can read (its
+    // own request is in the driver's globals): still held to the cap, and marked.
+    let forged = concat!(
+        "import sys, json\n",
+        "m = sys.modules['__main__']\n",
+        "a = {'stdout': 'A' * 30000, 'stdout_truncated': False, 'stderr': 'E' * 30000,\n",
+        "     'stderr_truncated': False, 'value': 'V' * 5000, 'error': None}\n",
+        "for k in ('nonce', 'id', 'seq'):\n",
+        "    if k in getattr(m, 'req', {}): a[k] = m.req[k]\n",
+        "m._out.write((json.dumps(a) + '\\n').encode())\n",
+        "m._out.flush()\n",
+    );
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/run_code"),
+            &json!({"code": forged, "output_bytes": 1000}),
+        )
+        .json();
+    let out = j["stdout"]["bytes"].as_u64().unwrap_or(0)
+        + j["stderr"]["bytes"].as_u64().unwrap_or(0)
+        + j["value"].as_str().map_or(0, |v| v.len() as u64);
+    assert!(
+        out <= 1000 || j["status"] != "ok",
+        "{out} bytes answered under output_bytes 1000 (forged with the cell's own request): status {}, stdout.truncated {}",
+        j["status"],
+        j["stdout"]["truncated"]
+    );
+    if j["status"] == "ok" && j["stdout"]["bytes"].as_u64() != Some(0) {
+        assert_eq!(j["stdout"]["truncated"], true, "{j}");
+    }
+    // The cells after it are answered in step: their own answers, not the forged cell's leftovers.
+    for n in 2..5 {
+        let j = s
+            .post(
+                &format!("/v1/sandboxes/{id}/run_code"),
+                &json!({"code": format!("{n} * 10"), "output_bytes": 1000}),
+            )
+            .json();
+        assert_eq!(j["value"], format!("{}", n * 10), "{j}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
