@@ -551,6 +551,10 @@ struct ToolResult {
     /// A directory's entries (sandbox_list_files).
     #[serde(skip_serializing_if = "Option::is_none")]
     entries: Option<Vec<palisade_service::proto::Entry>>,
+    /// `true` when the directory has more entries than one listing holds (the first by name are
+    /// in `entries`): list a subdirectory for the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entries_truncated: Option<bool>,
     /// Files written (sandbox_write_files).
     #[serde(skip_serializing_if = "Option::is_none")]
     written: Option<Vec<String>>,
@@ -1133,6 +1137,7 @@ impl Server {
             status: "ok".into(),
             sandbox_id: Some(a.sandbox_id),
             entries: Some(l.entries),
+            entries_truncated: l.truncated.then_some(true),
             ..ToolResult::default()
         })
     }

@@ -219,7 +219,6 @@ fn signal_agent(sig: &str) -> String {
 /// then never takes effect: the server waits forever for the agent to answer the kill, the
 /// program runs on, the request never answers (until the session's TTL, an hour by default).
 #[test]
-#[ignore = "finding 1: a stopped agent stalls the server: exec deadlines are not kept"]
 fn finding_1_a_stopped_agent_cannot_stall_an_exec_past_its_deadline() {
     let s = Server::start(&[]);
     let id = s.session(&json!({}));
@@ -260,13 +259,15 @@ fn finding_1_a_stopped_agent_cannot_stall_an_exec_past_its_deadline() {
         "the program outlived its deadline: {:?}",
         host_pids_with(&marker)
     );
+    // The server stays healthy: a new session runs.
+    let id2 = s.session(&json!({}));
+    s.exec(&id2, "true");
 }
 
 /// Finding 2: a client that goes away during a synchronous exec of a session leaves the program
 /// running past its deadline, and the exec listed as running for good: the session then never
 /// reaches its idle timeout (it lives to its TTL).
 #[test]
-#[ignore = "finding 2: a sync exec whose client left outlives its deadline and pins the session"]
 fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
     let s = Server::start(&[]);
     let id = s.session(&json!({"idle_timeout_s": 5}));
@@ -307,17 +308,18 @@ fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
 /// the session's life, with no bound on how many: one session's client grows the server's memory
 /// by the output of every exec it starts (16 × 30 MB: 0.55 GB of RSS), for every tenant.
 #[test]
-#[ignore = "finding 3: background exec results are kept without a bound (server memory)"]
 fn finding_3_the_results_a_session_keeps_are_bounded() {
     let s = Server::start(&[]);
     let id = s.session(&json!({}));
     let before = rss_kib(s.pid());
+    let mut ids = Vec::new();
     for _ in 0..12 {
         let r = s.post(
             &format!("/v1/sandboxes/{id}/exec"),
             &json!({"command": ["sh", "-c", "head -c 25000000 /dev/zero | tr '\\0' a"], "mode": "background"}),
         );
         assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+        ids.push(r.json()["id"].as_u64().expect("an exec id"));
     }
     assert!(wait_until(
         "every exec ended",
@@ -332,13 +334,34 @@ fn finding_3_the_results_a_session_keeps_are_bounded() {
         grown_mib < 128,
         "the server grew by {grown_mib} MiB keeping one session's exec results"
     );
+    // What was dropped says so; a result still kept is whole.
+    let kept: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|e| s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).status == 200)
+        .collect();
+    assert!(
+        !kept.is_empty() && kept.len() < ids.len(),
+        "kept {kept:?} of {ids:?}"
+    );
+    let dropped = ids.iter().find(|e| !kept.contains(e)).unwrap();
+    let r = s.get(&format!("/v1/sandboxes/{id}/exec/{dropped}"));
+    assert_eq!(r.status, 410, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("exec {dropped}")) && m.contains("dropped")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let last = s.get(&format!("/v1/sandboxes/{id}/exec/{}", kept[kept.len() - 1]));
+    assert_eq!(last.json()["result"]["stdout"]["bytes"], 25_000_000);
 }
 
 /// Finding 5: a directory listing or an archive that does not fit the agent's frame bounds (2000
 /// file names; 5000 empty files, whose tar headers pass `--max-fetch`) makes the server take the
 /// agent for broken and destroy the whole session, instead of answering the call with an error.
 #[test]
-#[ignore = "finding 5: a large listing or archive destroys the session"]
 fn finding_5_a_large_listing_or_archive_keeps_the_session() {
     let s = Server::start(&["--max-fetch", "1MiB"]);
     let id = s.session(&json!({}));
@@ -353,6 +376,16 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
         l.status,
         String::from_utf8_lossy(&l.body)
     );
+    if l.status == 200 {
+        // Cut, and said so.
+        let j = l.json();
+        let n = j["entries"].as_array().map_or(0, |e| e.len());
+        assert!(
+            j["truncated"] == true && n > 0 && n < 2000,
+            "{n} entries, {}",
+            j["truncated"]
+        );
+    }
     assert_eq!(
         s.get(&format!("/v1/sandboxes/{id}")).status,
         200,
@@ -365,6 +398,14 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
         a.status,
         String::from_utf8_lossy(&a.body)
     );
+    if a.status != 200 {
+        // An error that names the limit.
+        assert!(
+            String::from_utf8_lossy(&a.body).contains("--max-fetch"),
+            "{}",
+            String::from_utf8_lossy(&a.body)
+        );
+    }
     assert_eq!(
         s.get(&format!("/v1/sandboxes/{id}")).status,
         200,
@@ -377,7 +418,6 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
 /// `output_bytes: 1000` (up to 18 times the cap and 64 KiB more pass), marked not truncated; the
 /// driver's own answer then answers the next cell.
 #[test]
-#[ignore = "finding 8: a cell's answer is not held to the cell's output_bytes"]
 fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
     let s = Server::start(&[]);
     let id = s.session(&json!({}));
@@ -400,6 +440,46 @@ fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
         j["status"],
         j["stdout"]["truncated"]
     );
+    // The same answer with whatever the driver's protocol asks of it that the cell can read (its
+    // own request is in the driver's globals): still held to the cap, and marked.
+    let forged = concat!(
+        "import sys, json\n",
+        "m = sys.modules['__main__']\n",
+        "a = {'stdout': 'A' * 30000, 'stdout_truncated': False, 'stderr': 'E' * 30000,\n",
+        "     'stderr_truncated': False, 'value': 'V' * 5000, 'error': None}\n",
+        "for k in ('nonce', 'id', 'seq'):\n",
+        "    if k in getattr(m, 'req', {}): a[k] = m.req[k]\n",
+        "m._out.write((json.dumps(a) + '\\n').encode())\n",
+        "m._out.flush()\n",
+    );
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/run_code"),
+            &json!({"code": forged, "output_bytes": 1000}),
+        )
+        .json();
+    let out = j["stdout"]["bytes"].as_u64().unwrap_or(0)
+        + j["stderr"]["bytes"].as_u64().unwrap_or(0)
+        + j["value"].as_str().map_or(0, |v| v.len() as u64);
+    assert!(
+        out <= 1000 || j["status"] != "ok",
+        "{out} bytes answered under output_bytes 1000 (forged with the cell's own request): status {}, stdout.truncated {}",
+        j["status"],
+        j["stdout"]["truncated"]
+    );
+    if j["status"] == "ok" && j["stdout"]["bytes"].as_u64() != Some(0) {
+        assert_eq!(j["stdout"]["truncated"], true, "{j}");
+    }
+    // The cells after it are answered in step: their own answers, not the forged cell's leftovers.
+    for n in 2..5 {
+        let j = s
+            .post(
+                &format!("/v1/sandboxes/{id}/run_code"),
+                &json!({"code": format!("{n} * 10"), "output_bytes": 1000}),
+            )
+            .json();
+        assert_eq!(j["value"], format!("{}", n * 10), "{j}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

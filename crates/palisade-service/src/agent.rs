@@ -151,8 +151,8 @@ impl Agent {
     fn handle(&self, req: Request, data: Vec<u8>) {
         let id = req.id();
         let r = match req {
-            Request::Write { path, mode, .. } => self.write(&path, mode, &data).map(|_| Vec::new()),
-            Request::Mkdir { path, .. } => self.dir(&path, true).map(|_| Vec::new()),
+            Request::Write { path, mode, .. } => self.write(&path, mode, &data),
+            Request::Mkdir { path, .. } => self.dir(&path, true).map(|_| ()),
             Request::Read { path, max, .. } => match self.read(&path, max) {
                 Ok(bytes) => {
                     self.send(
@@ -161,6 +161,7 @@ impl Agent {
                             entries: Vec::new(),
                             pid: None,
                             skipped: None,
+                            truncated: false,
                         },
                         &bytes,
                         &[],
@@ -169,17 +170,33 @@ impl Agent {
                 }
                 Err(e) => Err(e),
             },
-            Request::List { path, .. } => self.list(&path),
+            Request::List { path, .. } => match self.list(&path) {
+                Ok((entries, truncated)) => {
+                    self.send(
+                        &Event::Ok {
+                            id,
+                            entries,
+                            pid: None,
+                            skipped: None,
+                            truncated,
+                        },
+                        &[],
+                        &[],
+                    );
+                    return;
+                }
+                Err(e) => Err(e),
+            },
             Request::Remove {
                 path, recursive, ..
-            } => self.remove(&path, recursive).map(|_| Vec::new()),
+            } => self.remove(&path, recursive),
             Request::Exec { argv, env, cwd, .. } => {
                 if let Err(Fail(code, message)) = self.exec(id, argv, env, &cwd) {
                     self.send(
                         &Event::Err {
                             id,
                             code: code.into(),
-                            message,
+                            message: bounded(message),
                         },
                         &[],
                         &[],
@@ -187,7 +204,7 @@ impl Agent {
                 }
                 return;
             }
-            Request::Signal { exec, signal, .. } => self.signal(exec, signal).map(|_| Vec::new()),
+            Request::Signal { exec, signal, .. } => self.signal(exec, signal),
             Request::TarOut { path, max, .. } => match self.tar_out(&path, max) {
                 Ok((bytes, skipped)) => {
                     self.send(
@@ -196,6 +213,7 @@ impl Agent {
                             entries: Vec::new(),
                             pid: None,
                             skipped: Some(skipped),
+                            truncated: false,
                         },
                         &bytes,
                         &[],
@@ -204,15 +222,16 @@ impl Agent {
                 }
                 Err(e) => Err(e),
             },
-            Request::TarIn { path, .. } => self.tar_in(&path, &data).map(|_| Vec::new()),
+            Request::TarIn { path, .. } => self.tar_in(&path, &data),
         };
         match r {
-            Ok(entries) => self.send(
+            Ok(()) => self.send(
                 &Event::Ok {
                     id,
-                    entries,
+                    entries: Vec::new(),
                     pid: None,
                     skipped: None,
+                    truncated: false,
                 },
                 &[],
                 &[],
@@ -221,7 +240,7 @@ impl Agent {
                 &Event::Err {
                     id,
                     code: code.into(),
-                    message,
+                    message: bounded(message),
                 },
                 &[],
                 &[],
@@ -357,22 +376,34 @@ impl Agent {
         Ok(v)
     }
 
-    fn list(&self, path: &str) -> Result<Vec<Entry>, Fail> {
+    /// The directory's entries by name, as many as fit in one reply's header ([`LIST_BUDGET`]);
+    /// `true` when some were left out.
+    fn list(&self, path: &str) -> Result<(Vec<Entry>, bool), Fail> {
         let dir = if path.is_empty() || path == "." {
             self.open_dir(&[], false)?
         } else {
             self.dir(path, false)?
         };
-        let mut out = Vec::new();
-        let d = rustix::fs::Dir::read_from(&dir)?;
-        for e in d {
+        let mut names = Vec::new();
+        let mut truncated = false;
+        for e in rustix::fs::Dir::read_from(&dir)? {
             let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == "." || name == ".." {
+            let n = e.file_name();
+            if n.to_bytes() == b"." || n.to_bytes() == b".." {
                 continue;
             }
+            if names.len() >= LIST_READ_MAX {
+                truncated = true;
+                break;
+            }
+            names.push(n.to_owned());
+        }
+        names.sort();
+        let mut out = Vec::new();
+        let mut used = 0usize;
+        for n in names {
             let st =
-                rustix::fs::statat(&dir, e.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok();
+                rustix::fs::statat(&dir, n.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok();
             let kind = match st.map(|s| FileType::from_raw_mode(s.st_mode)) {
                 Some(FileType::RegularFile) => "file",
                 Some(FileType::Directory) => "dir",
@@ -381,17 +412,21 @@ impl Agent {
                 Some(FileType::Socket) => "socket",
                 _ => "other",
             };
-            out.push(Entry {
-                name,
+            let entry = Entry {
+                name: n.to_string_lossy().into_owned(),
                 kind: kind.into(),
                 size: st.map(|s| s.st_size as u64).unwrap_or(0),
-            });
-            if out.len() >= 10_000 {
+            };
+            // Its bytes in the reply's JSON, and the comma before it.
+            let cost = serde_json::to_vec(&entry).map_or(usize::MAX, |v| v.len()) + 1;
+            if used.saturating_add(cost) > LIST_BUDGET {
+                truncated = true;
                 break;
             }
+            used += cost;
+            out.push(entry);
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        Ok((out, truncated))
     }
 
     fn remove(&self, path: &str, recursive: bool) -> Result<(), Fail> {
@@ -462,6 +497,7 @@ impl Agent {
                 entries: Vec::new(),
                 pid: Some(pid),
                 skipped: None,
+                truncated: false,
             },
             &[],
             &[in_w.as_fd(), out_r.as_fd(), err_r.as_fd()],
@@ -543,6 +579,27 @@ fn exit_cpu_ms(pid: i32) -> Option<f64> {
     Some(f.iter().sum::<u64>() as f64 * 1000.0 / hz as f64)
 }
 
+/// Room for a listing's entries in a reply's header: [`proto::MAX_HEADER`] less what the rest
+/// of the reply takes (its kind, id, flags and brackets take under a hundred bytes).
+const LIST_BUDGET: usize = proto::MAX_HEADER - 1024;
+/// Most names a listing reads from a directory (they are sorted, then cut to [`LIST_BUDGET`]).
+const LIST_READ_MAX: usize = 100_000;
+/// Longest error message the agent sends (a name inside it may be long).
+const MESSAGE_MAX: usize = 4096;
+
+/// `m`, cut to [`MESSAGE_MAX`] bytes (at a character's boundary).
+fn bounded(mut m: String) -> String {
+    if m.len() > MESSAGE_MAX {
+        let mut end = MESSAGE_MAX - 3;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push('…');
+    }
+    m
+}
+
 /// A file to write: its mode and content.
 type FileData = (u32, Vec<u8>);
 
@@ -561,17 +618,22 @@ impl Agent {
         ))
     }
 
+    /// The archive, at most `max` bytes whole (headers, padding and its end included: the
+    /// server takes no larger reply).
     fn tar_out(&self, path: &str, max: u64) -> Result<(Vec<u8>, u64), Fail> {
         let (dir, _) = self.base_dir(path, false)?;
         let mut w = TarWalk {
             b: tar::Builder::new(Vec::new()),
-            total: 0,
             max,
             skipped: 0,
             entries: 0,
         };
         w.walk(&dir, "", 0)?;
+        let too_large = w.too_large();
         let bytes = w.b.into_inner().map_err(|e| Fail("io", e.to_string()))?;
+        if bytes.len() as u64 > max {
+            return Err(too_large);
+        }
         Ok((bytes, w.skipped))
     }
 
@@ -648,13 +710,44 @@ impl Agent {
 /// Builds an archive from inside, never following a link.
 struct TarWalk {
     b: tar::Builder<Vec<u8>>,
-    total: u64,
+    /// The largest archive, whole.
     max: u64,
     skipped: u64,
     entries: usize,
 }
 
+/// The end of an archive: two empty blocks.
+const TAR_END: u64 = 1024;
+/// Most an entry's headers take: its own block and, for a long name, a GNU long-name entry
+/// (a block and the name padded to blocks; a name is at most [`proto::MAX_PATH`] bytes).
+const TAR_HEADERS_MAX: u64 = 512 + 512 + (proto::MAX_PATH as u64 + 512);
+
 impl TarWalk {
+    fn too_large(&self) -> Fail {
+        Fail(
+            "too-large",
+            format!(
+                "the archive would have more than {} bytes (the server's --max-fetch, tar headers included)",
+                self.max
+            ),
+        )
+    }
+
+    /// Bytes the archive may still take before its end.
+    fn room(&self) -> u64 {
+        self.max
+            .saturating_sub(self.b.get_ref().len() as u64)
+            .saturating_sub(TAR_END)
+    }
+
+    /// After an entry: the archive so far and its end must fit.
+    fn check(&self) -> Result<(), Fail> {
+        if self.b.get_ref().len() as u64 + TAR_END > self.max {
+            return Err(self.too_large());
+        }
+        Ok(())
+    }
+
     fn walk(&mut self, dir: &OwnedFd, prefix: &str, depth: usize) -> Result<(), Fail> {
         if depth > proto::MAX_DEPTH {
             return Err(Fail("invalid", "directory tree too deep".into()));
@@ -705,6 +798,7 @@ impl TarWalk {
                     self.b
                         .append_data(&mut h, format!("{rel}/"), std::io::empty())
                         .map_err(|e| Fail("io", e.to_string()))?;
+                    self.check()?;
                     self.walk(&sub, &format!("{rel}/"), depth + 1)?;
                 }
                 FileType::RegularFile => {
@@ -719,27 +813,22 @@ impl TarWalk {
                         self.skipped += 1;
                         continue;
                     }
-                    let room = self.max.saturating_sub(self.total);
+                    // Its content may take what is left after its headers at most.
+                    let room = self.room().saturating_sub(TAR_HEADERS_MAX);
                     let mut v = Vec::new();
                     std::fs::File::from(f)
                         .take(room + 1)
                         .read_to_end(&mut v)
                         .map_err(|e| Fail("io", e.to_string()))?;
                     if v.len() as u64 > room {
-                        return Err(Fail(
-                            "too-large",
-                            format!(
-                                "the files under the directory have more than {} bytes",
-                                self.max
-                            ),
-                        ));
+                        return Err(self.too_large());
                     }
-                    self.total += v.len() as u64;
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(v.len() as u64);
                     self.b
                         .append_data(&mut h, &rel, &v[..])
                         .map_err(|e| Fail("io", e.to_string()))?;
+                    self.check()?;
                 }
                 _ => self.skipped += 1,
             }

@@ -441,6 +441,11 @@ pub struct Listing {
     pub path: String,
     /// Its entries, by name.
     pub entries: Vec<Entry>,
+    /// Whether entries were left out: a listing holds the first entries by name that fit in the
+    /// agent's reply (64 KiB of JSON, some 1500 entries of 20-byte names; 100 000 names read at
+    /// most); list a subdirectory, or fetch an archive, for the rest.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// The error body of every 4xx/5xx answer.

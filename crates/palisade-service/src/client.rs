@@ -2,12 +2,20 @@
 //! sizes are bounded, headers must parse as the protocol's types, descriptors are accepted only
 //! with an exec's reply (three, each a pipe of the right direction) and closed otherwise, and no
 //! path that comes back is ever used on the host.
+//!
+//! Nothing the agent controls is waited for without a bound: every call has a deadline, and an
+//! agent that misses one (stopped by the code, which runs as its user, or stuck) is taken for
+//! broken at once: the connection is declared gone, which wakes every waiter and lets the
+//! session's reaper kill the whole sandbox. The agent serves one request at a time, in order,
+//! so a call's deadline counts from the latest deadline of the calls before it still waiting
+//! (a `signal` queued behind a long file operation is given that operation's time too).
 
 use crate::proto::{self, Entry, Event, Request};
 use rustix::fd::OwnedFd;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::io::Interest;
 use tokio::net::unix::pipe;
@@ -15,6 +23,15 @@ use tokio::sync::oneshot;
 
 /// Most descriptors that may wait for their frame.
 const MAX_PENDING_FDS: usize = 16;
+/// How long the agent may take to answer a control call (start a program, send a signal): it
+/// does either at once, so missing this means it is stopped or broken.
+pub const CONTROL_DEADLINE: Duration = Duration::from_secs(20);
+/// How long the agent may take for a file call (write, read, list, remove, archive) on top of
+/// the time to move its data at [`TRANSFER_FLOOR`].
+pub const FILE_DEADLINE: Duration = Duration::from_secs(120);
+/// The slowest rate at which the agent is still taken to be moving a file's data, in bytes per
+/// second.
+pub const TRANSFER_FLOOR: u64 = 1 << 20;
 
 /// A reply to one request.
 #[derive(Debug)]
@@ -26,6 +43,8 @@ pub enum Reply {
         pid: Option<i32>,
         fds: Vec<OwnedFd>,
         skipped: Option<u64>,
+        /// A listing cut to what fits in one frame.
+        truncated: bool,
     },
     /// Failed, with the agent's code and message.
     Err { code: String, message: String },
@@ -47,11 +66,46 @@ pub struct Exit {
 pub struct Lost(pub String);
 
 struct Shared {
-    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    /// Calls waiting for their reply, each with its deadline.
+    pending: Mutex<HashMap<u64, (oneshot::Sender<Reply>, tokio::time::Instant)>>,
     exits: Mutex<HashMap<u64, oneshot::Sender<Exit>>>,
     dead: AtomicBool,
     why: Mutex<Option<String>>,
     gone: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// The agent is gone (the first reason given stays): every waiter wakes with an error.
+    fn die(&self, why: String) {
+        {
+            let mut w = self.why.lock().unwrap_or_else(|p| p.into_inner());
+            if w.is_none() {
+                *w = Some(why);
+            }
+        }
+        self.dead.store(true, Ordering::SeqCst);
+        // Dropping the senders wakes every waiter with an error.
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.exits.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.gone.notify_waiters();
+    }
+}
+
+/// How long the agent may take to answer `req`, whose frame carries `data` bytes.
+fn allowance(req: &Request, data: usize) -> Duration {
+    let moving = |bytes: u64| Duration::from_secs(bytes / TRANSFER_FLOOR);
+    match req {
+        Request::Exec { .. } | Request::Signal { .. } => CONTROL_DEADLINE,
+        Request::Read { max, .. } | Request::TarOut { max, .. } => FILE_DEADLINE + moving(*max),
+        Request::Write { .. }
+        | Request::TarIn { .. }
+        | Request::Mkdir { .. }
+        | Request::List { .. }
+        | Request::Remove { .. } => FILE_DEADLINE + moving(data as u64),
+    }
 }
 
 /// A connection to one agent.
@@ -90,12 +144,7 @@ impl AgentConn {
         let sh = shared.clone();
         let reader = tokio::spawn(async move {
             let why = read_loop(r, &sh, max_data).await;
-            sh.dead.store(true, Ordering::SeqCst);
-            *sh.why.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            // Dropping the senders wakes every waiter with an error.
-            sh.pending.lock().unwrap_or_else(|p| p.into_inner()).clear();
-            sh.exits.lock().unwrap_or_else(|p| p.into_inner()).clear();
-            sh.gone.notify_waiters();
+            sh.die(why);
         });
         Ok(AgentConn {
             shared,
@@ -114,6 +163,11 @@ impl AgentConn {
                 .clone()
                 .unwrap_or_else(|| "the agent is gone".into()),
         )
+    }
+
+    /// Why the agent is gone (or "the agent is gone" while it is not).
+    pub fn why(&self) -> String {
+        self.lost().0
     }
 
     /// Whether the agent is gone.
@@ -135,20 +189,45 @@ impl AgentConn {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Sends `req` with `data` and waits for its reply.
+    /// Sends `req` with `data` and waits for its reply, until its deadline: the agent serves
+    /// requests in order, so the deadline is the latest of the calls still waiting (or now),
+    /// plus this call's own allowance. Past it the agent is taken for broken (see the module's
+    /// doc): the connection is gone and every call fails.
     pub async fn call(&self, req: Request, data: &[u8]) -> Result<Reply, Lost> {
         let id = req.id();
         let (tx, rx) = oneshot::channel();
         if self.is_dead() {
             return Err(self.lost());
         }
-        self.shared
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, tx);
-        self.send(&req, data).await?;
-        rx.await.map_err(|_| self.lost())
+        let own = allowance(&req, data.len());
+        let deadline = {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            let before = pending.values().map(|(_, d)| *d).max().unwrap_or(now);
+            let deadline = before.max(now) + own;
+            pending.insert(id, (tx, deadline));
+            deadline
+        };
+        let exchange = async {
+            self.send(&req, data).await?;
+            rx.await.map_err(|_| self.lost())
+        };
+        match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(r) => r,
+            Err(_) => {
+                let why = format!(
+                    "the agent stopped answering: no reply to its `{}` request within its deadline (it was stopped, or is stuck)",
+                    op_name(&req)
+                );
+                tracing::warn!(why, "agent taken for broken");
+                self.shared.die(why);
+                Err(self.lost())
+            }
+        }
     }
 
     async fn send(&self, req: &Request, data: &[u8]) -> Result<(), Lost> {
@@ -234,6 +313,21 @@ impl AgentConn {
     }
 }
 
+/// The operation's name, for messages.
+fn op_name(req: &Request) -> &'static str {
+    match req {
+        Request::Write { .. } => "write",
+        Request::Mkdir { .. } => "mkdir",
+        Request::Read { .. } => "read",
+        Request::List { .. } => "list",
+        Request::Remove { .. } => "remove",
+        Request::Exec { .. } => "exec",
+        Request::Signal { .. } => "signal",
+        Request::TarOut { .. } => "tar_out",
+        Request::TarIn { .. } => "tar_in",
+    }
+}
+
 impl Drop for AgentConn {
     fn drop(&mut self) {
         self.reader.abort();
@@ -311,6 +405,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
             entries,
             pid,
             skipped,
+            truncated,
         } => {
             // An exec's reply takes the three descriptors that came with it; any other reply
             // takes none (and a stray descriptor is closed when the queue is dropped or trimmed).
@@ -325,12 +420,13 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id)
             {
-                let _ = tx.send(Reply::Ok {
+                let _ = tx.0.send(Reply::Ok {
                     entries,
                     data,
                     pid,
                     fds: mine,
                     skipped,
+                    truncated,
                 });
             }
         }
@@ -341,7 +437,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id)
             {
-                let _ = tx.send(Reply::Err { code, message });
+                let _ = tx.0.send(Reply::Err { code, message });
             }
         }
         Event::Exit {

@@ -179,6 +179,19 @@ impl ServiceError {
         }
     }
 
+    /// A background exec whose result the session no longer keeps.
+    pub fn result_dropped(exec: u64, why: &str) -> ServiceError {
+        ServiceError {
+            field: Some("exec".into()),
+            value: Some(exec.to_string()),
+            ..Self::new(
+                Class::Gone,
+                "gone",
+                format!("the result of exec {exec} was dropped: {why}"),
+            )
+        }
+    }
+
     /// A conflict with the current state.
     pub fn conflict(field: &str, message: impl Into<String>) -> ServiceError {
         ServiceError {

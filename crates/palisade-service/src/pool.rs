@@ -15,6 +15,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// The first pause before the pool tries again after a sandbox failed to start (doubled per
+/// failure in a row, up to [`REFILL_PAUSE_MAX`]).
+const REFILL_PAUSE: Duration = Duration::from_millis(250);
+/// The longest pause between the pool's attempts to start a sandbox.
+const REFILL_PAUSE_MAX: Duration = Duration::from_secs(30);
+
 /// A ready sandbox.
 pub(crate) struct Warm {
     pub held: Held,
@@ -107,6 +113,7 @@ impl Service {
         let svc = self.clone();
         tokio::spawn(async move {
             let policy = svc.pool_policy();
+            let mut failures: u32 = 0;
             while let Ok(p) = &policy {
                 if svc.inner.stopping.load(Ordering::SeqCst)
                     || svc.inner.pool.len() >= svc.inner.config.pool_size
@@ -124,16 +131,26 @@ impl Service {
                 let mut held = Held::start(&svc, sandbox, io).await;
                 let Some(sock) = held.run_mut().take_stdin() else {
                     let out = held.finish().await;
+                    failures += 1;
+                    let pause = REFILL_PAUSE
+                        .saturating_mul(1 << failures.min(5))
+                        .min(REFILL_PAUSE_MAX);
                     tracing::warn!(
                         error = out.report.error.as_deref().unwrap_or("?"),
+                        retry_in_s = pause.as_secs_f64(),
                         "the warm pool could not start a sandbox"
                     );
-                    break;
+                    // A start that failed (a passing error of the host's) is tried again after a
+                    // pause, growing while it keeps failing: the pool does not stay short until
+                    // the next run takes from it.
+                    tokio::time::sleep(pause).await;
+                    continue;
                 };
                 let Ok(conn) = AgentConn::new(sock, svc.inner.config.max_fetch_bytes as usize + 1)
                 else {
                     break;
                 };
+                failures = 0;
                 svc.inner.pool.started.fetch_add(1, Ordering::Relaxed);
                 if svc.inner.stopping.load(Ordering::SeqCst) {
                     break;

@@ -98,6 +98,10 @@ pub enum Event {
         /// For a tar: entries skipped (neither a regular file nor a directory).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         skipped: Option<u64>,
+        /// For a list: more entries than fit in one frame's header ([`MAX_HEADER`]); `entries`
+        /// holds the first ones by name.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        truncated: bool,
     },
     /// The request `id` failed.
     Err {

@@ -570,6 +570,14 @@ impl Service {
             ms = t0.elapsed().as_secs_f64() * 1000.0,
             "agent stages done"
         );
+        if conn.is_dead() {
+            // The agent stopped answering (or died): nothing more of the run goes through it,
+            // and its sandbox goes at once rather than at its own deadline.
+            held.kill();
+            if result.status == RunStatus::SandboxError && result.error.is_none() {
+                result.error = Some(ServiceError::internal(format!("the agent: {}", conn.why())));
+            }
+        }
         conn.close().await;
         let out = held.finish().await;
         tracing::debug!(
@@ -821,8 +829,8 @@ async fn stage(conn: &AgentConn, s: &StagePlan, stdin: Vec<u8>) -> Result<Stage,
         Ok(Err((code, message))) => return Err(exec_error(&code, &message)),
         Err(e) => return Err(ServiceError::internal(format!("the agent: {}", e.0))),
     };
-    let c = capture(conn, exec, stdin, s.timeout, s.output, None).await;
-    Ok(stage_of(&c))
+    let mut c = capture(conn, exec, stdin, s.timeout, s.output, None).await;
+    Ok(stage_of(&mut c))
 }
 
 /// The program could not be started (not found, not executable): in a run's result, a sandbox
@@ -838,8 +846,9 @@ pub(crate) fn exec_error(code: &str, message: &str) -> ServiceError {
     }
 }
 
-/// How a captured exec ended, in the run vocabulary.
-pub(crate) fn stage_of(c: &Captured) -> Stage {
+/// How a captured exec ended, in the run vocabulary; its output moves into the stage (not
+/// copied: an exec may have captured up to its whole output cap).
+pub(crate) fn stage_of(c: &mut Captured) -> Stage {
     let (status, code, signal) = if c.timed_out {
         (RunStatus::Timeout, None, None)
     } else if c.output_hit {
@@ -864,8 +873,8 @@ pub(crate) fn stage_of(c: &Captured) -> Stage {
             .unwrap_or(c.wall.as_secs_f64() * 1000.0),
         cpu_time_ms: c.exit.and_then(|e| e.cpu_ms),
         oom_kills: None,
-        stdout: Data::new(c.stdout.clone(), c.output_hit),
-        stderr: Data::new(c.stderr.clone(), c.output_hit),
+        stdout: Data::new(std::mem::take(&mut c.stdout), c.output_hit),
+        stderr: Data::new(std::mem::take(&mut c.stderr), c.output_hit),
     }
 }
 

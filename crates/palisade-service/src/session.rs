@@ -32,6 +32,14 @@ pub(crate) struct Registry {
 
 /// How many ended sessions are remembered.
 const ENDED_KEPT: usize = 4096;
+/// Most results of finished background execs a session keeps (the oldest dropped first).
+pub const KEPT_RESULTS: usize = 64;
+/// Most bytes of output (stdout and stderr) the kept results of a session's finished background
+/// execs hold together (the oldest dropped first; the newest is always kept, at most its own
+/// output cap).
+pub const KEPT_RESULT_BYTES: u64 = 32 << 20;
+/// How many dropped results are remembered (a poll of one is 410, not 404).
+const DROPPED_KEPT: usize = 4096;
 
 impl Registry {
     pub(crate) fn len(&self) -> usize {
@@ -50,7 +58,7 @@ pub(crate) struct Session {
     env: Vec<(String, String)>,
     conn: AgentConn,
     held: tokio::sync::Mutex<Option<Held>>,
-    execs: Mutex<HashMap<u64, Bg>>,
+    execs: Mutex<Execs>,
     count: AtomicU64,
     /// Execs running now (all modes).
     running: Mutex<Vec<u64>>,
@@ -65,6 +73,65 @@ pub(crate) struct Session {
 struct Bg {
     stdin: Option<Arc<tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>>>,
     result: Option<Stage>,
+}
+
+/// A session's background execs: running ones, and the results of finished ones within
+/// [`KEPT_RESULTS`] and [`KEPT_RESULT_BYTES`], the oldest dropped first.
+#[derive(Default)]
+struct Execs {
+    map: HashMap<u64, Bg>,
+    /// Finished ones whose results are kept, oldest first, with their output's size.
+    done: std::collections::VecDeque<(u64, u64)>,
+    bytes: u64,
+    /// Finished ones whose results were dropped (the latest [`DROPPED_KEPT`]).
+    dropped: std::collections::VecDeque<u64>,
+}
+
+impl Execs {
+    /// Keeps `result` as exec `eid`'s, then drops the oldest results past the bounds.
+    fn finish(&mut self, eid: u64, mut result: Stage) {
+        let Some(bg) = self.map.get_mut(&eid) else {
+            return;
+        };
+        // Held as long as the session may keep it: no spare capacity.
+        result.stdout.data.shrink_to_fit();
+        result.stderr.data.shrink_to_fit();
+        let size = result.stdout.data.len() as u64 + result.stderr.data.len() as u64;
+        bg.result = Some(result);
+        bg.stdin = None;
+        self.done.push_back((eid, size));
+        self.bytes += size;
+        while self.done.len() > KEPT_RESULTS
+            || (self.bytes > KEPT_RESULT_BYTES && self.done.len() > 1)
+        {
+            let Some((old, n)) = self.done.pop_front() else {
+                break;
+            };
+            self.bytes -= n;
+            self.map.remove(&old);
+            if self.dropped.len() >= DROPPED_KEPT {
+                self.dropped.pop_front();
+            }
+            self.dropped.push_back(old);
+        }
+    }
+
+    /// Exec `eid`, or why not: 410 for a dropped result, 404 for an unknown id.
+    fn get(&self, eid: u64) -> Result<&Bg, ServiceError> {
+        if let Some(bg) = self.map.get(&eid) {
+            return Ok(bg);
+        }
+        if self.dropped.contains(&eid) {
+            return Err(ServiceError::result_dropped(
+                eid,
+                &format!(
+                    "a session keeps the results of its last {KEPT_RESULTS} finished background execs, at most {} MiB of output together (the newest always), the oldest dropped first",
+                    KEPT_RESULT_BYTES >> 20
+                ),
+            ));
+        }
+        Err(ServiceError::not_found("exec", &eid.to_string()))
+    }
 }
 
 impl Session {
@@ -308,7 +375,7 @@ impl Service {
             env: env_pairs,
             conn,
             held: tokio::sync::Mutex::new(Some(held)),
-            execs: Mutex::new(HashMap::new()),
+            execs: Mutex::new(Execs::default()),
             count: AtomicU64::new(0),
             running: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
@@ -359,7 +426,8 @@ impl Service {
                         }
                     }
                     _ = s2.conn.gone() => {
-                        svc.remove_session(&s2.id, "its agent ended (the sandbox was killed, or a limit of the whole session was reached)").await;
+                        let why = format!("its agent ended (the sandbox was killed, or a limit of the whole session was reached, or the agent was stopped: {})", s2.conn.why());
+                        svc.remove_session(&s2.id, &why).await;
                         return;
                     }
                     _ = wake => {
@@ -502,13 +570,37 @@ impl Service {
         }
     }
 
-    /// `POST /v1/sandboxes/{id}/exec` in `sync` mode: runs and answers when it ends.
+    /// `POST /v1/sandboxes/{id}/exec` in `sync` mode: runs and answers when it ends. The exec
+    /// is kept (its deadline, its output cap, its end) by a task of its own, not by the
+    /// request: a client that goes away does not take the exec's deadline with it, and the
+    /// exec still leaves the session's running list when it ends.
     pub async fn exec(&self, id: &str, req: api::ExecRequest) -> Result<Stage, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
         let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
-        let c = capture(&s.conn, e, stdin, timeout, cap, None).await;
-        Ok(self.exec_ended(&s, eid, &c, oom0).await)
+        let (svc, s2) = (self.clone(), s.clone());
+        let kept = tokio::spawn(async move {
+            let mut c = capture(&s2.conn, e, stdin, timeout, cap, None).await;
+            let stage = svc.exec_ended(&s2, eid, &mut c, oom0).await;
+            (c, stage)
+        });
+        let (c, stage) = kept
+            .await
+            .map_err(|e| ServiceError::internal(format!("exec {eid}: {e}")))?;
+        if c.exit.is_none() && s.conn.is_dead() {
+            // The agent stopped answering (or died) during the exec: the session is destroyed
+            // with everything in it, the exec with it.
+            return Err(ServiceError::gone(
+                &s.id,
+                &format!(
+                    "exec {eid} ({:?} after {} ms) did not end through its agent, and the session was destroyed: {}",
+                    stage.status,
+                    c.wall.as_millis(),
+                    s.conn.why()
+                ),
+            ));
+        }
+        Ok(stage)
     }
 
     /// `stream` and `sse` modes: the exec's events as they come. Dropping the stream kills the exec.
@@ -547,10 +639,10 @@ impl Service {
             }
         });
         tokio::spawn(async move {
-            let c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
+            let mut c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
             drop(ctx);
             let _ = fwd.await;
-            let result = svc.exec_ended(&s, eid, &c, oom0).await;
+            let result = svc.exec_ended(&s, eid, &mut c, oom0).await;
             let _ = tx.send(ExecEvent::Exit { result }).await;
         });
         Ok(rx)
@@ -571,27 +663,27 @@ impl Service {
                 let _ = w.write_all(&stdin).await;
             }
         }
-        s.execs.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            eid,
-            Bg {
-                stdin: Some(pipe),
-                result: None,
-            },
-        );
+        s.execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .insert(
+                eid,
+                Bg {
+                    stdin: Some(pipe),
+                    result: None,
+                },
+            );
         let svc = self.clone();
         let s2 = s.clone();
         tokio::spawn(async move {
-            let c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
-            let result = svc.exec_ended(&s2, eid, &c, oom0).await;
-            if let Some(bg) = s2
-                .execs
+            let mut c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
+            let result = svc.exec_ended(&s2, eid, &mut c, oom0).await;
+            drop(c);
+            s2.execs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .get_mut(&eid)
-            {
-                bg.result = Some(result);
-                bg.stdin = None;
-            }
+                .finish(eid, result);
         });
         Ok(ExecInfo {
             id: eid,
@@ -605,9 +697,7 @@ impl Service {
         let s = self.session(id)?;
         s.touch();
         let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
-        let bg = execs
-            .get(&exec)
-            .ok_or_else(|| ServiceError::not_found("exec", &exec.to_string()))?;
+        let bg = execs.get(exec)?;
         Ok(ExecInfo {
             id: exec,
             running: bg.result.is_none(),
@@ -628,9 +718,7 @@ impl Service {
         s.touch();
         let pipe = {
             let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
-            let bg = execs
-                .get(&exec)
-                .ok_or_else(|| ServiceError::not_found("exec", &exec.to_string()))?;
+            let bg = execs.get(exec)?;
             bg.stdin
                 .clone()
                 .ok_or_else(|| ServiceError::conflict("exec", format!("exec {exec} has ended")))?
@@ -786,7 +874,7 @@ impl Service {
         &self,
         s: &Arc<Session>,
         eid: u64,
-        c: &crate::run::Captured,
+        c: &mut crate::run::Captured,
         oom0: Option<u64>,
     ) -> Stage {
         let mut stage = stage_of(c);
@@ -883,13 +971,17 @@ impl Service {
                 .await,
         )
         .map(|r| match r {
-            Reply::Ok { entries, .. } => api::Listing {
+            Reply::Ok {
+                entries, truncated, ..
+            } => api::Listing {
                 path: path.into(),
                 entries,
+                truncated,
             },
             Reply::Err { .. } => api::Listing {
                 path: path.into(),
                 entries: Vec::new(),
+                truncated: false,
             },
         })
     }
@@ -1001,11 +1093,13 @@ fn file_reply(
     }
 }
 
-/// Closes the agent and kills the sandbox; returns its report.
+/// Kills the sandbox and closes the agent; returns its report. The kill comes first: closing
+/// waits for the connection's writer, which a call to an agent that stopped reading may hold
+/// until the sandbox is gone.
 async fn teardown(s: &Session) -> Option<serde_json::Value> {
     let held = s.held.lock().await.take()?;
-    s.conn.close().await;
     held.kill();
+    s.conn.close().await;
     let out = held.finish().await;
     serde_json::to_value(&out.report).ok()
 }

@@ -2,8 +2,9 @@
 # writes one JSON line per cell on its stdin; it answers one JSON line on its stdout. While a cell
 # runs, fds 0, 1 and 2 are /dev/null and two memory files, so the cell's output (and that of
 # the processes it starts) never mixes with the answers; the control pipes are kept on private
-# close-on-exec descriptors. Everything here runs inside the boundary and is treated by the server
-# as untrusted (lines bounded, JSON checked).
+# close-on-exec descriptors. Each answer repeats its cell's nonce. Everything here runs inside the
+# boundary and is treated by the server as untrusted (lines bounded, JSON checked, every field
+# held to the cap again, answers matched to their cell by the nonce).
 import ast, json, linecache, os, sys, traceback
 
 _inp = os.fdopen(os.dup(0), "rb")
@@ -28,7 +29,13 @@ def _take(fd, cap):
 
 
 def _cut(s, cap):
-    return s if len(s) <= cap else s[:cap] + "…"
+    # At most cap bytes of UTF-8, marked when cut (the server holds the answer to the same rule).
+    b = s.encode("utf-8", "replace")
+    if len(b) <= cap:
+        return s
+    if cap < 3:
+        return b[:cap].decode("utf-8", "ignore")
+    return b[: cap - 3].decode("utf-8", "ignore") + "…"
 
 
 def _cell(src, name):
@@ -81,13 +88,17 @@ while True:
     os.dup2(saved[1], 2)
     os.close(saved[0])
     os.close(saved[1])
-    so, so_cut = _take(fo, cap)
-    se, se_cut = _take(fe, max(0, cap - len(so.encode())))
+    # The cap holds the value first, then stdout and stderr share what is left.
+    value = None if value is None else _cut(value, cap)
+    room = cap - (0 if value is None else len(value.encode("utf-8", "replace")))
+    so, so_cut = _take(fo, room)
+    se, se_cut = _take(fe, max(0, room - len(so.encode("utf-8", "replace"))))
     os.close(fo)
     os.close(fe)
     ans = {
+        "nonce": req["nonce"],
         "stdout": so, "stdout_truncated": so_cut, "stderr": se, "stderr_truncated": se_cut,
-        "value": None if value is None else _cut(value, cap), "error": error,
+        "value": value, "error": error,
     }
     _out.write(json.dumps(ans).encode() + b"\n")
     _out.flush()

@@ -7,8 +7,17 @@
 //! (the request's `output_bytes`, at most the ceiling's output limit), its wall time (the
 //! request's `timeout_ms`, at most the ceiling's timeout; past it the interpreter is killed and
 //! the context starts afresh at its next cell), the contexts of a session ([`MAX_CONTEXTS`]), and
-//! the line the interpreter answers with (read with a cap, checked as JSON). The interpreter is
-//! inside the boundary, so its answer is the code's own word, never trusted further than that.
+//! the line the interpreter answers with (read with a cap, checked as JSON).
+//!
+//! The driver runs in the cell's own interpreter, so the cell can write on the driver's answer
+//! pipe: its answer is the code's own word, never trusted further than that. Two things hold
+//! whatever it writes. The server holds every field of an answer to the cell's `output_bytes`
+//! itself (the value first, then stdout and stderr share what is left; the error's value and
+//! traceback each at most the cap). And answers cannot be put out of step: each cell's request
+//! carries a fresh random nonce that its answer must repeat; the server skips the answers of
+//! earlier cells and takes the first with this cell's nonce. A cell can read its own nonce (it
+//! runs in the driver's process) and forge its own answer, but not a later cell's, whose nonce
+//! does not exist yet.
 
 use super::Session;
 use crate::api::{
@@ -37,6 +46,10 @@ const LANGUAGES: &str = "python";
 const DEFAULT_CONTEXT: &str = "default";
 /// How much of the interpreter's own stderr (outside cells: its start-up) is kept for messages.
 const STDERR_KEPT: usize = 4 << 10;
+/// Most answers of earlier cells skipped before this cell's (more: the interpreter is broken).
+const STALE_MAX: usize = 16;
+/// Longest error name kept (a class name).
+const ERROR_NAME_MAX: usize = 256;
 
 /// The contexts of one session.
 #[derive(Default)]
@@ -73,6 +86,8 @@ struct Proc {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Answer {
+    /// The nonce of the cell it answers.
+    nonce: String,
     stdout: String,
     stdout_truncated: bool,
     stderr: String,
@@ -219,6 +234,25 @@ impl Service {
                 .cloned()
                 .ok_or_else(|| ServiceError::not_found("context", name))?,
         };
+        // The cell is kept (its timeout, its end) by a task of its own, not by the request: a
+        // client that goes away leaves it to end at its timeout and to leave the session's
+        // running list.
+        let svc = self.clone();
+        let code = req.code;
+        tokio::spawn(async move { svc.cell(s, ctx, code, cap, timeout).await })
+            .await
+            .map_err(|e| ServiceError::internal(format!("a cell: {e}")))?
+    }
+
+    /// Runs one cell in `ctx` (see [`Service::run_cell`]).
+    async fn cell(
+        &self,
+        s: Arc<Session>,
+        ctx: Arc<Context>,
+        code: String,
+        cap: u64,
+        timeout: u64,
+    ) -> Result<CellResult, ServiceError> {
         let Ok(mut guard) = ctx.proc.try_lock() else {
             return Err(ServiceError::conflict(
                 "context",
@@ -241,19 +275,30 @@ impl Service {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(exec);
+        let nonce = match new_nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                s.running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|x| *x != exec);
+                return Err(e);
+            }
+        };
         let t0 = Instant::now();
         let line = {
             let p = guard.as_mut().expect("started above");
-            let mut req_line =
-                serde_json::to_vec(&serde_json::json!({"code": req.code, "output": cap}))
-                    .map_err(|e| ServiceError::internal(format!("encoding a cell: {e}")))?;
+            let mut req_line = serde_json::to_vec(
+                &serde_json::json!({"code": code, "output": cap, "nonce": nonce}),
+            )
+            .map_err(|e| ServiceError::internal(format!("encoding a cell: {e}")))?;
             req_line.push(b'\n');
             // The answer holds the output, the value and the traceback (each at most `cap`
             // bytes, JSON-escaped at most six times larger) and a little more.
             let max_line = cap.saturating_mul(3 * 6).saturating_add(64 << 10);
             tokio::time::timeout(
                 Duration::from_millis(timeout),
-                exchange(p, &req_line, max_line),
+                exchange(p, &req_line, max_line, &nonce),
             )
             .await
         };
@@ -285,6 +330,7 @@ impl Service {
             .contains_key(&ctx.id);
         let out = match line {
             Ok(Ok(a)) => {
+                let a = hold(a, cap as usize);
                 let status = if a.error.is_some() {
                     CellStatus::Error
                 } else {
@@ -452,13 +498,89 @@ fn new_context(
     Ok(c)
 }
 
-/// Sends one cell and reads its answer: one line of at most `max_line` bytes, JSON of the
-/// answer's shape. An error says why the interpreter is no longer usable.
-async fn exchange(p: &mut Proc, req: &[u8], max_line: u64) -> Result<Answer, String> {
+/// A fresh nonce for a cell: 128 random bits, in hex.
+fn new_nonce() -> Result<String, ServiceError> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .map_err(|e| ServiceError::internal(format!("a cell's nonce from /dev/urandom: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// `s` cut to at most `max` bytes at a character's boundary; whether it was cut.
+fn cut(mut s: String, max: usize) -> (String, bool) {
+    if s.len() <= max {
+        return (s, false);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    (s, true)
+}
+
+/// `s` cut to at most `max` bytes, its end marked `…` when it was cut (and `max` leaves room).
+fn cut_marked(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mark = '…'.len_utf8();
+    if max < mark {
+        return cut(s, max).0;
+    }
+    let (mut s, _) = cut(s, max - mark);
+    s.push('…');
+    s
+}
+
+/// The answer held to the cell's cap, whatever the interpreter wrote: the value first, then
+/// stdout and stderr share what is left (each marked truncated when cut); the error's value and
+/// traceback each at most the cap, its name at most [`ERROR_NAME_MAX`].
+fn hold(a: Answer, cap: usize) -> Answer {
+    let value = a.value.map(|v| cut_marked(v, cap));
+    let room = cap - value.as_ref().map_or(0, |v| v.len());
+    let (stdout, out_cut) = cut(a.stdout, room);
+    let room = room - stdout.len();
+    let (stderr, err_cut) = cut(a.stderr, room);
+    let error = a.error.map(|e| CellError {
+        name: cut_marked(e.name, ERROR_NAME_MAX),
+        value: cut_marked(e.value, cap),
+        traceback: cut_marked(e.traceback, cap),
+    });
+    Answer {
+        nonce: a.nonce,
+        stdout,
+        stdout_truncated: a.stdout_truncated || out_cut,
+        stderr,
+        stderr_truncated: a.stderr_truncated || err_cut,
+        value,
+        error,
+    }
+}
+
+/// Sends one cell and reads its answer: the first line with the cell's `nonce` (answers of
+/// earlier cells, which a cell that wrote on the answer pipe left behind, are skipped, at most
+/// [`STALE_MAX`]), each line at most `max_line` bytes, JSON of the answer's shape. An error
+/// says why the interpreter is no longer usable.
+async fn exchange(p: &mut Proc, req: &[u8], max_line: u64, nonce: &str) -> Result<Answer, String> {
     p.stdin
         .write_all(req)
         .await
         .map_err(|e| format!("the interpreter does not read its input ({e})"))?;
+    for _ in 0..=STALE_MAX {
+        let a = read_answer(p, max_line).await?;
+        if a.nonce == nonce {
+            return Ok(a);
+        }
+    }
+    Err(format!(
+        "the interpreter answered more than {STALE_MAX} times with another cell's nonce"
+    ))
+}
+
+/// One answer line.
+async fn read_answer(p: &mut Proc, max_line: u64) -> Result<Answer, String> {
     let mut line = Vec::new();
     let n = (&mut p.stdout)
         .take(max_line + 1)
