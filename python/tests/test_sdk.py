@@ -116,6 +116,23 @@ def test_sandbox_commands(client: palisade.Client) -> None:
         sbx.commands.run("true")
 
 
+def test_a_listing_too_large_for_one_answer_says_so(client: palisade.Client) -> None:
+    with Sandbox() as sbx:
+        r = sbx.commands.run("mkdir big && cd big && for i in $(seq -w 1 3000); do : > f$i; done && mkdir zz")
+        assert r.exit_code == 0, r.stderr
+        listing = sbx.files.list("big")
+        assert isinstance(listing, palisade.Listing)
+        assert listing.truncated and 0 < len(listing) < 3001
+        names = [e.name for e in listing]
+        assert names == sorted(names) and names[0] == "f0001"
+        # Past the cut, exists() asks about the path itself.
+        assert "zz" not in names and "f3000" not in names
+        assert sbx.files.exists("big/f3000") and sbx.files.exists("big/zz")
+        assert not sbx.files.exists("big/f3001")
+        small = sbx.files.list(".")
+        assert not small.truncated
+
+
 def test_sandbox_files(client: palisade.Client) -> None:
     with Sandbox() as sbx:
         sbx.files.write("d/a.txt", "hello")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 
 def _data(d: Any) -> tuple[bytes, bool]:
@@ -212,6 +212,15 @@ class EntryInfo:
     type: str
     size: int | None
     raw: dict[str, Any] = field(repr=False)
+
+
+class Listing(list[EntryInfo]):
+    """A directory listing: the entries, and ``truncated`` when the directory held more names than
+    one answer carries (the server returns the first ones in name order)."""
+
+    def __init__(self, entries: Iterable[EntryInfo] = (), truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
 
 
 @dataclass(frozen=True)

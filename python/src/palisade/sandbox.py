@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 from .client import AsyncClient, Client, Limits, content, merged_limits, policy_file
-from .errors import ChangesNotReadyError, NotFoundError
-from .results import Applied, ChangeSet, Context, Diff, EntryInfo, Execution, Stage
+from .errors import ChangesNotReadyError, InvalidRequestError, NotFoundError
+from .results import Applied, ChangeSet, Context, Diff, EntryInfo, Execution, Listing, Stage
 from .server import workspace_server
 
 Command = Union[str, Sequence[str]]
@@ -110,6 +110,13 @@ def _finish(res: Stage, on_stdout: OutputHandler | None, on_stderr: OutputHandle
         on_stderr(res.stderr)
     return res
 
+
+
+def _listing(d: dict[str, Any]) -> Listing:
+    return Listing(
+        (EntryInfo(e["name"], e["kind"], e.get("size"), e) for e in d["entries"]),
+        bool(d.get("truncated", False)),
+    )
 
 class CommandHandle:
     """A command started with ``background=True``."""
@@ -228,16 +235,34 @@ class Files:
         b = data.encode() if isinstance(data, str) else data
         self._s._client.request("PUT", f"{self._s._path}/files/{_url_path(path)}", content=b)
 
-    def list(self, path: str = ".") -> list[EntryInfo]:
+    def list(self, path: str = ".") -> Listing:
+        """The directory's entries; ``.truncated`` when it held more than one answer carries."""
         d = self._s._client.request("GET", f"{self._s._path}/files", params={"path": _rel(path)}).json()
-        return [EntryInfo(e["name"], e["kind"], e.get("size"), e) for e in d["entries"]]
+        return _listing(d)
 
     def exists(self, path: str) -> bool:
         parent, _, name = _rel(path).rstrip("/").rpartition("/")
         try:
-            return any(e.name == name for e in self.list(parent or "."))
+            listing = self.list(parent or ".")
         except NotFoundError:
             return False
+        if any(e.name == name for e in listing):
+            return True
+        if not listing.truncated:
+            return False
+        # A directory too large to list whole: ask about the path itself.
+        try:
+            self.list(path)
+        except NotFoundError:
+            return False
+        except InvalidRequestError as e:
+            # The agent's reason is the error's value: a file is `not-directory`.
+            if e.value == "not-found":
+                return False
+            if e.value == "not-directory":
+                return True
+            raise
+        return True
 
     def remove(self, path: str, recursive: bool = True) -> None:
         self._s._client.request(
@@ -650,9 +675,10 @@ class AsyncFiles:
         b = data.encode() if isinstance(data, str) else data
         await self._s._client.request("PUT", f"{self._s._path}/files/{_url_path(path)}", content=b)
 
-    async def list(self, path: str = ".") -> list[EntryInfo]:
+    async def list(self, path: str = ".") -> Listing:
+        """The directory's entries; ``.truncated`` when it held more than one answer carries."""
         d = (await self._s._client.request("GET", f"{self._s._path}/files", params={"path": _rel(path)})).json()
-        return [EntryInfo(e["name"], e["kind"], e.get("size"), e) for e in d["entries"]]
+        return _listing(d)
 
     async def remove(self, path: str, recursive: bool = True) -> None:
         await self._s._client.request(
