@@ -258,3 +258,59 @@ fn the_process_rlimit_is_the_policys() {
     let v: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(v[2..4], ["77", "77"], "{line}");
 }
+
+/// The cgroup's own process ceiling, read from the host: from inside, the per-user-namespace
+/// `RLIMIT_NPROC` stops a fork bomb at the same count, so only the host can see that `pids.max`
+/// was written (the mutant that skipped it survived every test from inside).
+#[test]
+fn the_run_cgroups_pids_max_is_the_policys() {
+    let marker = unique("pidsmax");
+    let mut child = std::process::Command::new(palisade_bin())
+        .args(["run", "--quiet", "--pids", "77", "--", "sh", "-c"])
+        .arg(format!("sleep 60; : {marker}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let pid = loop {
+        // The payload's `sh` (palisade and its init carry the marker in their arguments too).
+        let payload = host_pids_where(|c| {
+            c.starts_with(b"sh\0") && String::from_utf8_lossy(c).contains(&marker)
+        });
+        if let Some(&p) = payload.first() {
+            break p;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("palisade run ended ({st}) before its payload was seen");
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the payload never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // The payload's cgroup as the host names it: the v1 pids hierarchy's line, else the v2 one.
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let file = cg
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (ctls, path) = rest.split_once(':')?;
+            ctls.split(',')
+                .any(|c| c == "pids")
+                .then(|| format!("/sys/fs/cgroup/pids{path}/pids.max"))
+        })
+        .or_else(|| {
+            cg.lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .map(|path| format!("/sys/fs/cgroup{path}/pids.max"))
+        })
+        .unwrap_or_else(|| panic!("no pids cgroup in:\n{cg}"));
+    let max = std::fs::read_to_string(&file);
+    let _ = child.kill();
+    let _ = child.wait();
+    let max = max.unwrap_or_else(|e| panic!("{file}: {e}"));
+    assert_eq!(max.trim(), "77", "{file}");
+}

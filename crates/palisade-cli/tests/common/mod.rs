@@ -163,7 +163,7 @@ pub fn euid() -> u32 {
 }
 
 /// Host pids whose command line (arguments separated by NUL) satisfies `pred`.
-fn host_pids_where(pred: impl Fn(&[u8]) -> bool) -> Vec<u32> {
+pub fn host_pids_where(pred: impl Fn(&[u8]) -> bool) -> Vec<u32> {
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
