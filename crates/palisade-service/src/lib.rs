@@ -367,8 +367,8 @@ pub fn raise_open_files() {
     }
 }
 
-/// Binds a unix socket at `path` that only this user can connect to: created under a umask of
-/// 0177 (never group- or world-accessible, not even between bind and a chmod). A socket left there
+/// Binds a unix socket at `path` that only this user can connect to: created with mode 0600
+/// (never group- or world-accessible, not even between bind and a chmod). A socket left there
 /// by a server that died (nobody accepts on it) is replaced; any other file is an error.
 ///
 /// The socket appears at `path` only once it listens: it is bound and listening under a
@@ -415,10 +415,22 @@ pub fn bind_private_unix(
             }
         }
     }
-    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-    let r = std::os::unix::net::UnixListener::bind(if direct { path } else { &tmp });
-    rustix::process::umask(old);
-    let l = r?;
+    // The socket's mode is set on the socket itself before bind, which the kernel takes for the
+    // file it creates (less the umask): never group- or world-accessible, and without changing
+    // the process-wide umask under the other threads' feet.
+    let l = {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))?;
+        rustix::net::bind(&fd, &SocketAddrUnix::new(if direct { path } else { &tmp })?)?;
+        rustix::net::listen(&fd, 1024)?;
+        std::os::unix::net::UnixListener::from(fd)
+    };
     if !direct {
         if let Err(e) = rustix::fs::renameat_with(
             rustix::fs::CWD,
