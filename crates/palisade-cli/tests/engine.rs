@@ -423,6 +423,70 @@ fn left_behind(t: &Template, trun: Runner) {
     );
 }
 
+/// A template without egress keeps the network namespace of a run that made no socket for a
+/// later run (docs/engine.md, "The network namespace"), and never one a run made a socket in: a
+/// socket that only tried an abstract unix name (no packet, nothing left once closed; only the
+/// filter saw it) and a name lookup that sent packets over `lo` (which the next run would read in
+/// its counters) each send the next run to a namespace of its own, with `lo` untouched. The first
+/// pair is the control that the namespace is handed on at all.
+#[test]
+fn a_network_namespace_goes_to_a_later_run_only_if_no_socket_was_made() {
+    let _one = serial();
+    a_later_runs_network(&default_template(), trun);
+    a_later_runs_network(&warm_template(Policy::new(["true"]).unwrap()), wrun);
+}
+
+fn a_later_runs_network(t: &Template, trun: Runner) {
+    // The namespace, and lo's packets received and sent (`/proc/net/dev`: the fields after the
+    // name are rx bytes, packets, ...; the 9th and 10th are tx bytes and packets).
+    let look =
+        "readlink /proc/self/ns/net; awk '$1 == \"lo:\" { print \"lo\", $3, $11 }' /proc/net/dev";
+    let seen = |t: &Template, before: &str| -> (String, String) {
+        let (r, rep) = trun(t, &format!("{before}{look}"), &[]);
+        assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+        let ns = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("net:["))
+            .unwrap_or_else(|| panic!("no namespace in {}", r.stdout))
+            .to_owned();
+        let lo = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("lo "))
+            .unwrap_or_else(|| panic!("no lo in {}", r.stdout))
+            .to_owned();
+        (ns, lo)
+    };
+    let (first, lo) = seen(t, "");
+    assert_eq!(lo, "lo 0 0", "a fresh namespace has sent nothing");
+    let (second, _) = seen(t, "");
+    assert_eq!(
+        first, second,
+        "control: a namespace no socket was made in is handed to the next run"
+    );
+    for (attack, what) in [
+        (
+            "/probe unix-abstract palisade-nobody-listens; ",
+            "a socket that sent nothing",
+        ),
+        // A lookup: UDP to the DNS stub on 127.0.0.1:53 (TCP to any other port is refused by
+        // Landlock before a packet leaves).
+        ("getent hosts palisade-lookup.invalid; ", "packets over lo"),
+    ] {
+        let (dirty, lo) = seen(t, attack);
+        if what == "packets over lo" {
+            assert_ne!(lo, "lo 0 0", "control: the connect went over lo");
+        }
+        let (next, lo) = seen(t, "");
+        assert_ne!(
+            dirty, next,
+            "the namespace of a run with {what} was handed to the next run"
+        );
+        assert_eq!(lo, "lo 0 0", "after {what}: the next run's lo has traffic");
+    }
+}
+
 /// Two runs of one template at the same time: the one cannot reach the other's TCP listener, its
 /// abstract unix socket, its processes, its files or its SysV segments, while the other shows
 /// (a control) that they are there.

@@ -341,18 +341,43 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
         ready.ruleset = landlock_ruleset(ll)?;
     }
 
-    finish_view(plan, fds, ready)
+    finish_view(plan, fds, ready, None)
 }
 
 /// Steps 11 and 12, the last of init's setup (the per-run init of a template runs them too):
 /// host name, loopback, the egress proxy's listeners, the pty.
-pub(crate) fn finish_view(plan: &Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fail> {
+///
+/// `lent_dns`: the run is in a network namespace of a template's pool, where `lo` is up and the
+/// DNS stub's socket (the plan's one listener) is this one, bound by the zygote.
+pub(crate) fn finish_view(
+    plan: &Plan,
+    fds: &ChildFds,
+    ready: &mut Prepared,
+    lent_dns: Option<c_int>,
+) -> Result<(), Fail> {
     // 11. Host name, then loopback up (the only interface of the new network namespace).
     sys::sethostname(plan.hostname.as_bytes()).map_err(at(Step::Hostname))?;
-    sys::loopback_up().map_err(at(Step::Loopback))?;
-    // 11b. The egress proxy's listeners, made here so that they belong to this network namespace,
-    //      then sent to the supervisor, which serves them from outside. Init keeps no copy, so
-    //      the payload never holds them.
+    if let Some(sock) = lent_dns {
+        // A namespace of the pool: `lo` is up, the DNS stub bound; sent on as below.
+        let r = sys::send_fds(fds.go, b'n', &[sock]);
+        sys::close(sock);
+        r.map_err(|e| (Step::EgressSocket, 0, e))?;
+    } else {
+        sys::loopback_up().map_err(at(Step::Loopback))?;
+        egress_sockets(plan, fds)?;
+    }
+
+    // 12. With a terminal: a pty from the sandbox's own devpts; the master goes to the supervisor.
+    if plan.tty {
+        ready.slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
+    }
+    Ok(())
+}
+
+/// 11b. The egress proxy's listeners, made here so that they belong to this network namespace,
+/// then sent to the supervisor, which serves them from outside. Init keeps no copy, so the
+/// payload never holds them.
+fn egress_sockets(plan: &Plan, fds: &ChildFds) -> Result<(), Fail> {
     for (c, chunk) in plan.sockets.chunks(sys::MAX_FDS).enumerate() {
         let mut made = [-1 as c_int; sys::MAX_FDS];
         for (i, spec) in chunk.iter().enumerate() {
@@ -367,11 +392,6 @@ pub(crate) fn finish_view(plan: &Plan, fds: &ChildFds, ready: &mut Prepared) -> 
         let r = sys::send_fds(fds.go, b'n', &made[..chunk.len()]);
         made[..chunk.len()].iter().for_each(|&fd| sys::close(fd));
         r.map_err(|e| (Step::EgressSocket, (c * sys::MAX_FDS) as u32, e))?;
-    }
-
-    // 12. With a terminal: a pty from the sandbox's own devpts; the master goes to the supervisor.
-    if plan.tty {
-        ready.slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
     }
     Ok(())
 }

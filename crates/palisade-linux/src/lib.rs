@@ -59,4 +59,4 @@ pub use spawn::{
     ROOT_MAPPED_IDS,
 };
 pub use warm::WarmPython;
-pub use zygote::Template;
+pub use zygote::{NetLease, Template};

@@ -309,15 +309,38 @@ pub fn program(allow_ptrace: bool) -> Vec<SockFilter> {
     program_with(allow_ptrace, false)
 }
 
-/// Whether the supervisor watches this call without deciding it (it records the destination of
-/// a `connect` when the sandbox has no egress, then lets the kernel run the call).
-pub fn watched(nr: i32, arch: u32) -> bool {
-    arch == AUDIT_ARCH && nr as i64 == libc::SYS_connect
+/// A call the supervisor watches without deciding it, then lets the kernel run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watched {
+    /// A `connect` of a sandbox without egress: the supervisor records where it was going (the
+    /// report's attempts).
+    Connect,
+    /// A `socket` or `socketpair` of an allowed family, in a sandbox without egress: the
+    /// supervisor notes that the run made a socket, so that its network namespace is never
+    /// handed to a later run (docs/engine.md, "The network namespace").
+    Socket,
 }
 
-/// [`program`], with `watch_connect`: every `connect` goes to the supervisor too, which records
-/// where it goes (`watched`) and lets it run (the attempts of a run without egress).
-pub fn program_with(allow_ptrace: bool, watch_connect: bool) -> Vec<SockFilter> {
+/// Whether the supervisor watches this call without deciding it, and why; `None` for a call the
+/// filter refused, which the supervisor answers with [`answer`]. The family of a `socket` is
+/// read from the call's registers, which no other thread of the caller can change.
+pub fn watched(nr: i32, arch: u32, args: &[u64; 6]) -> Option<Watched> {
+    if arch != AUDIT_ARCH {
+        return None;
+    }
+    match nr as i64 {
+        libc::SYS_connect => Some(Watched::Connect),
+        libc::SYS_socket | libc::SYS_socketpair if FAMILIES.contains(&(args[0] as i32)) => {
+            Some(Watched::Socket)
+        }
+        _ => None,
+    }
+}
+
+/// [`program`], with `watch_net`: every `connect`, and every `socket` and `socketpair` of an
+/// allowed family, goes to the supervisor too, which notes it ([`watched`]) and lets it run (a
+/// run without egress: its attempts, and whether its network namespace stayed unused).
+pub fn program_with(allow_ptrace: bool, watch_net: bool) -> Vec<SockFilter> {
     let mut a = Asm::default();
     // The shared answers, placed at the end. A refusal the report lists goes to the supervisor,
     // which records the call and answers with the errno `answer` gives (the call never runs).
@@ -350,7 +373,7 @@ pub fn program_with(allow_ptrace: bool, watch_connect: bool) -> Vec<SockFilter> 
     }
     // clone3: ENOSYS, so that libc falls back to clone. openat2 takes its mode in a struct a
     // filter cannot read: ENOSYS, callers fall back to openat.
-    if watch_connect {
+    if watch_net {
         a.jeq(libc::SYS_connect as u32, To::At(refuse), To::Next);
     }
     a.jeq(libc::SYS_clone3 as u32, To::At(enosys), To::Next);
@@ -376,16 +399,18 @@ pub fn program_with(allow_ptrace: bool, watch_connect: bool) -> Vec<SockFilter> 
     a.jeq(libc::TIOCSTI as u32, To::At(refuse), To::Next);
     a.jeq(libc::TIOCLINUX as u32, To::At(refuse), To::At(allow));
     // socket and socketpair: only unix, inet, inet6 (socketpair runs the family's own socket
-    // creation before it finds out the family has no pairs).
+    // creation before it finds out the family has no pairs). Watching, an allowed family goes to
+    // the supervisor too, which tells it from a refused one by the same register.
     a.place(family);
     a.load(arg_lo(0));
+    let made = if watch_net { refuse } else { allow };
     for (i, f) in FAMILIES.into_iter().enumerate() {
         let other = if i + 1 == FAMILIES.len() {
             To::At(refuse)
         } else {
             To::Next
         };
-        a.jeq(f as u32, To::At(allow), other);
+        a.jeq(f as u32, To::At(made), other);
     }
     // RLIMIT_CORE stays at CORE_LIMIT: a payload that lowers it to 0 would have its crashes piped
     // to the host's core helper. setrlimit(RLIMIT_CORE) and prlimit64(pid, RLIMIT_CORE, new, NULL)
@@ -544,6 +569,7 @@ mod tests {
     /// does (`answer`): so each check covers both halves of a refusal.
     fn decide(p: &[SockFilter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
         match run(p, nr, arch, args) {
+            RET_USER_NOTIF if watched(nr as i32, arch, &args).is_some() => RET_ALLOW,
             RET_USER_NOTIF => RET_ERRNO | answer(nr as i32, arch, &args).1 as u32,
             v => v,
         }
@@ -654,8 +680,8 @@ mod tests {
     #[test]
     fn socket_and_socketpair_create_only_unix_inet_inet6_on_every_abi() {
         const EAFNOSUPPORT: u32 = RET_ERRNO | libc::EAFNOSUPPORT as u32;
-        for allow_ptrace in [false, true] {
-            let p = program(allow_ptrace);
+        for (allow_ptrace, watch_net) in [(false, false), (true, false), (false, true)] {
+            let p = program_with(allow_ptrace, watch_net);
             for (call, nr) in [
                 ("socket", libc::SYS_socket),
                 ("socketpair", libc::SYS_socketpair),
@@ -665,6 +691,15 @@ mod tests {
                     let got = decide(&p, nr as u32, AUDIT_ARCH, args);
                     if FAMILIES.contains(&(family as u32 as i32)) {
                         assert_eq!(got, RET_ALLOW, "{call} family {family:#x}");
+                        // Watching, an allowed family reaches the supervisor (which notes the
+                        // socket, then lets it be made); otherwise the filter allows it alone.
+                        let seen = run(&p, nr as u32, AUDIT_ARCH, args) == RET_USER_NOTIF;
+                        assert_eq!(seen, watch_net, "{call} family {family:#x}");
+                        assert_eq!(
+                            watched(nr as i32, AUDIT_ARCH, &args),
+                            Some(Watched::Socket),
+                            "{call} family {family:#x}"
+                        );
                     } else {
                         assert_eq!(got, EAFNOSUPPORT, "{call} family {family:#x}");
                         let (name, _) = answer(nr as i32, AUDIT_ARCH, &args);

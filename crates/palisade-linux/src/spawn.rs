@@ -151,6 +151,9 @@ pub struct Outcome {
     pub attempts: Vec<Attempt>,
     /// Attempts to destinations past [`MAX_ATTEMPTS`], counted only.
     pub attempts_dropped: u64,
+    /// The filter showed the supervisor every `socket` and `socketpair` of the run (a sandbox
+    /// without egress), and there was none: the run left its network namespace as it found it.
+    pub made_no_socket: bool,
 }
 
 /// Most destinations of `connect` attempts listed for a run without egress.
@@ -263,6 +266,12 @@ pub struct Running {
     /// With a workspace: the root of its private tmpfs (see [`plan::WORKSPACE_TAG`]), and the
     /// host directory under it.
     workspace: Option<(OwnedFd, plan::WorkspaceBase)>,
+    /// The filter shows the supervisor every `socket` and `socketpair` (no egress).
+    watch_sockets: bool,
+    /// Sockets the run made, as the filter showed them.
+    sockets_made: u64,
+    /// A network namespace lent by a template's pool, given back when the caller drops it.
+    net_lease: Option<crate::zygote::NetLease>,
 }
 
 /// Kills a running sandbox from any thread; see [`Running::killer`].
@@ -951,6 +960,10 @@ impl Running {
             setup_cpu: Duration::ZERO,
             engine,
             workspace: None,
+            // The plan's filter watches them whenever the sandbox has no egress.
+            watch_sockets: !policy.network.enabled(),
+            sockets_made: 0,
+            net_lease: None,
         })
     }
 
@@ -1233,6 +1246,17 @@ impl Running {
     /// sandbox writes it.
     pub fn take_workspace(&mut self) -> Option<(OwnedFd, plan::WorkspaceBase)> {
         self.workspace.take()
+    }
+
+    /// Takes the lease of the run's network namespace, when a template's pool lent it: drop it
+    /// once the run is over and the egress proxy's listeners are closed, after saying
+    /// [`crate::NetLease::unused`] if [`Outcome::made_no_socket`].
+    pub fn take_net_lease(&mut self) -> Option<crate::zygote::NetLease> {
+        self.net_lease.take()
+    }
+
+    pub(crate) fn lend_net(&mut self, lease: crate::zygote::NetLease) {
+        self.net_lease = Some(lease);
     }
 
     /// Takes the egress proxy's listeners (bound inside the sandbox's network namespace), for the
@@ -1596,6 +1620,7 @@ impl Running {
             refusals_throttled,
             attempts: std::mem::take(&mut self.attempts),
             attempts_dropped: self.attempts_dropped,
+            made_no_socket: self.watch_sockets && self.sockets_made == 0,
         })
     }
 
@@ -1608,14 +1633,25 @@ impl Running {
         let Ok(n) = sys::seccomp_notif_recv(listener) else {
             return;
         };
-        if crate::seccomp::watched(n.nr, n.arch) {
-            // Recorded only if the caller is still the one that called (its pid not reused),
-            // then the kernel runs the call and decides it.
-            if let Some(a) = read_attempt(&n).filter(|_| sys::seccomp_notif_valid(listener, n.id)) {
-                self.record_attempt(a);
+        match crate::seccomp::watched(n.nr, n.arch, &n.args) {
+            Some(crate::seccomp::Watched::Connect) => {
+                // Recorded only if the caller is still the one that called (its pid not
+                // reused), then the kernel runs the call and decides it.
+                if let Some(a) =
+                    read_attempt(&n).filter(|_| sys::seccomp_notif_valid(listener, n.id))
+                {
+                    self.record_attempt(a);
+                }
+                let _ = sys::seccomp_notif_continue(listener, n.id);
+                return;
             }
-            let _ = sys::seccomp_notif_continue(listener, n.id);
-            return;
+            Some(crate::seccomp::Watched::Socket) => {
+                // Counted whether or not the call then succeeds: a socket may have been made.
+                self.sockets_made += 1;
+                let _ = sys::seccomp_notif_continue(listener, n.id);
+                return;
+            }
+            None => {}
         }
         let (name, errno) = crate::seccomp::answer(n.nr, n.arch, &n.args);
         // Recorded before the answer: until then the caller waits in the call, so its pid can

@@ -43,6 +43,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Message kinds on a template's socket.
@@ -50,6 +51,8 @@ const KIND_TEMPLATE: u8 = 2;
 const KIND_READY: u8 = 3;
 const KIND_RUN: u8 = 4;
 const KIND_FAILED: u8 = 5;
+/// The supervisor gives a run's network namespace back (see [`NetLease`]).
+const KIND_RETURN: u8 = 6;
 
 /// Most bytes of one message on a template's socket (a `SOCK_SEQPACKET` record, which the
 /// kernel refuses past the socket's send buffer, ~208 KiB by default): a run's program,
@@ -68,7 +71,8 @@ const ZYGOTE_NAMESPACES: u64 = sys::CLONE_NEWUSER | sys::CLONE_NEWNS;
 /// parent-death signal is tied to it): keep that thread alive as long as the template and its
 /// runs.
 pub struct Template {
-    ctl: OwnedFd,
+    /// Shared with the runs' [`NetLease`]s, which give their network namespaces back on it.
+    ctl: Arc<OwnedFd>,
     zygote: i32,
     _zygote_pidfd: OwnedFd,
     /// Root: the template's user namespace, through which a run's writable trees are idmapped.
@@ -237,7 +241,7 @@ impl Template {
         drop((theirs, null));
         let pid = z.pid;
         let mut t = Template {
-            ctl,
+            ctl: Arc::new(ctl),
             zygote: pid,
             _zygote_pidfd: z.pidfd,
             userns: None,
@@ -449,7 +453,7 @@ impl Template {
         // The zygote's answer: the init's pid. An error of the init itself may come first (the
         // init reports it before the zygote has written the pid), and is the one to report.
         let mut early: Option<Msg> = None;
-        let pid = loop {
+        let (pid, lease_no) = loop {
             let mut b = [0u8; 16];
             // The zygote answers at once; one that does not within the bound is broken, and the
             // run fails instead of waiting for it (no deadline of the run is running yet).
@@ -473,11 +477,17 @@ impl Template {
             }
             let m = Msg::from_bytes(&b);
             if m.kind == child::MSG_SPAWNED && m.value > 0 {
-                break m.value;
+                break (m.value, m.index);
             }
             early.get_or_insert(m);
         };
         // The init is our child (CLONE_PARENT) and unreaped: its pid cannot name another process.
+        // Given back as soon as it exists: a failure below drops it, and the namespace with it.
+        let lease = (lease_no != 0).then(|| NetLease {
+            ctl: self.ctl.clone(),
+            lease: lease_no,
+            unused: false,
+        });
         let pidfd = sys::pidfd_open(pid).map_err(|e| supervisor("open a pidfd for the run", e))?;
         let mut running = Running::new(
             pid,
@@ -494,6 +504,9 @@ impl Template {
                 "template"
             },
         )?;
+        if let Some(l) = lease {
+            running.lend_net(l);
+        }
         let views = self.views(&part, fresh.as_ref(), policy);
         running.complete(before_start, early, &views, setup_cpu0)?;
         Ok(running)
@@ -538,6 +551,11 @@ struct Zygote {
     rule_fds: Vec<c_int>,
     /// The started interpreter, with warm Python.
     warm: Option<sys::Python>,
+    /// Network namespaces made ahead and given back unused (a template without egress).
+    net: Option<NetPool>,
+    /// In a run's init cloned with a namespace of the pool: the DNS stub's socket, bound in it by
+    /// the zygote (the init has no capability there); -1 otherwise.
+    lent_dns: c_int,
 }
 
 /// A zygote's setup failure: the step, an index, the errno.
@@ -605,6 +623,7 @@ pub(crate) fn main(ctl: c_int) -> ! {
     });
     match prepared {
         Ok(mut z) => {
+            z.net = NetPool::new(&z.plan, z.host_proc);
             if sys::send_msg(ctl, &Writer::new(KIND_READY).into_bytes(), &[]).is_err() {
                 sys::exit(1);
             }
@@ -730,6 +749,8 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
         host_proc,
         rule_fds,
         warm: None,
+        net: None,
+        lent_dns: -1,
     })
 }
 
@@ -810,9 +831,24 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
     })
 }
 
+/// A network namespace given back: its lease number and whether the run left it unused.
+fn decode_return(bytes: &[u8]) -> Option<(u32, bool)> {
+    let (kind, mut r) = Reader::new(bytes).ok()?;
+    if kind != KIND_RETURN {
+        return None;
+    }
+    let lease = r.u32("lease").ok()?;
+    let unused = r.bool("unused").ok()?;
+    r.finish().ok()?;
+    Some((lease, unused))
+}
+
 /// Serves runs until the supervisor closes the socket.
 fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
     loop {
+        if let Some(p) = z.net.as_mut() {
+            p.fill(|| !sys::readable_within(ctl, 0));
+        }
         let got = match sys::recv_msg(ctl, buf) {
             Ok(g) if g.len == 0 => sys::exit(0),
             Ok(g) => g,
@@ -826,6 +862,15 @@ fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
             *slot = fd.into_raw_fd();
         }
         let received = &fds[..nfds];
+        if !got.truncated && got.len <= MAX_RECORD {
+            if let Some((lease, unused)) = decode_return(&buf[..got.len]) {
+                received.iter().for_each(|&fd| sys::close(fd));
+                if let Some(p) = z.net.as_mut() {
+                    p.given_back(lease, unused);
+                }
+                continue;
+            }
+        }
         let req = if got.truncated || got.len > MAX_RECORD {
             Err(WireError("longer than a record"))
         } else {
@@ -912,6 +957,11 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
         .filter(|s| s.tree >= 0 && !req.all.contains(&s.tree))
         .map(|s| s.tree)
         .collect();
+    // A network namespace of the pool, entered now so that the init is made in it, with the DNS
+    // stub's socket bound in it (the init has no capability there to bind port 53).
+    let dns = z.plan.sockets.first().copied();
+    let lent = z.net.as_mut().zip(dns).and_then(|(p, dns)| p.lend(&dns));
+    z.lent_dns = lent.map_or(-1, |(_, sock)| sock);
     std::mem::swap(&mut z.plan.exec, &mut req.exec);
     #[allow(unsafe_code)]
     // EXCEPTION (sys module docs): the clone of a run's init itself.
@@ -927,7 +977,8 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
                 Msg {
                     kind: child::MSG_SPAWNED,
                     step: 0,
-                    index: 0,
+                    // The lease of its network namespace, 0 for one of its own.
+                    index: lent.map_or(0, |(lease, _)| lease),
                     value: pid,
                 },
             );
@@ -937,8 +988,16 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
         Err(e) => {
             made.iter().for_each(|&fd| sys::close(fd));
             fail(&req, (Step::Fork, 0, e));
+            if let (Some(p), Some((lease, _))) = (z.net.as_mut(), lent) {
+                p.given_back(lease, false);
+            }
         }
     }
+    // Only the init holds the DNS stub's socket now.
+    if let Some((_, sock)) = lent {
+        sys::close(sock);
+    }
+    z.lent_dns = -1;
     // This run's program back out of the plan at once, for the caller to wipe: the next run's
     // init (a copy of this process) must not hold it.
     std::mem::swap(&mut z.plan.exec, &mut req.exec);
@@ -1045,6 +1104,9 @@ fn run_setup(
     keep.extend_from_slice(made);
     keep.push(z.host_proc);
     keep.extend(z.rule_fds.iter().copied().filter(|&fd| fd >= 0));
+    if z.lent_dns >= 0 {
+        keep.push(z.lent_dns);
+    }
     keep.sort_unstable();
     keep.dedup();
     sys::close_all_but(&keep).map_err(at(Step::CloseFds))?;
@@ -1074,8 +1136,15 @@ fn run_setup(
     sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(at(Step::Dumpable))?;
     // Modes in the plan exact.
     sys::umask(0);
-    // The run's own mount, network, IPC and UTS namespaces, owned by its user namespace.
-    sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
+    // The run's own mount, network, IPC and UTS namespaces, owned by its user namespace; or,
+    // with a network namespace of the template's pool (owned by T, where the init has no
+    // capability), the others only.
+    let net = if z.lent_dns >= 0 {
+        0
+    } else {
+        libc::CLONE_NEWNET
+    };
+    sys::unshare(libc::CLONE_NEWNS | net | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
         .map_err(at(Step::MountsPrivate))?;
     // 7. The run's part of the view, on the prepared view's mount points.
     for (i, op) in part.ops.iter().enumerate() {
@@ -1088,5 +1157,228 @@ fn run_setup(
     }
     z.rule_fds.iter().for_each(|&fd| sys::close(fd));
     // 11, 12: host name, loopback, egress listeners, pty.
-    child::finish_view(&z.plan, fds, ready)
+    let lent = (z.lent_dns >= 0).then_some(z.lent_dns);
+    child::finish_view(&z.plan, fds, ready, lent)
+}
+
+// ---- Network namespaces given back unused (docs/engine.md, "The network namespace"). ----
+
+/// Most namespaces the zygote keeps ready; more given back are let go.
+const NET_FREE_MAX: usize = 8;
+/// How many it makes ahead while no request waits.
+const NET_FREE_TARGET: usize = 2;
+/// Most namespaces out with runs that the zygote remembers; past it the oldest is forgotten (its
+/// run keeps it; given back later, it is let go).
+const NET_LENT_MAX: usize = 256;
+
+/// The network namespaces of a template without egress. Each is made by the zygote (owned by the
+/// template's user namespace T, so a run, in a user namespace of its own under T, has no
+/// capability in it: it cannot add an address, a route, a rule or change a setting), with `lo` up
+/// and nothing else. A run gets one of them instead of making its own; the supervisor gives it
+/// back when the run is over, saying whether the run made any socket (the seccomp filter shows
+/// it every `socket` and `socketpair`). One that a run made no socket in is as it was made, and
+/// the zygote checks that no socket of any kind remains in it (its counts in `sockstat`) before it
+/// hands it to another run; any other is let go and the kernel tears it down.
+struct NetPool {
+    /// Ready: descriptors of `/proc/thread-self/ns/net`.
+    free: Vec<c_int>,
+    /// Out with a run: (lease number, descriptor), oldest first.
+    lent: std::collections::VecDeque<(u32, c_int)>,
+    next: u32,
+    /// The host's `/proc`.
+    proc_: c_int,
+}
+
+impl NetPool {
+    /// The pool of a template whose runs have no egress (their one listener is the DNS stub),
+    /// with its first namespace made; `None` for any other, or where one cannot be made (each
+    /// run then makes its own, as without a pool).
+    fn new(plan: &Plan, proc_: c_int) -> Option<NetPool> {
+        if !matches!(plan.sockets.as_slice(), [s] if s.role == plan::SockRole::Dns) {
+            return None;
+        }
+        let mut p = NetPool {
+            free: Vec::new(),
+            lent: std::collections::VecDeque::new(),
+            next: 0,
+            proc_,
+        };
+        let first = p.make().ok()?;
+        p.free.push(first);
+        Some(p)
+    }
+
+    /// A new network namespace with `lo` up; the zygote is left in it.
+    fn make(&self) -> Result<c_int, Fail> {
+        sys::unshare(libc::CLONE_NEWNET).map_err(|e| (Step::MountsPrivate, 1, e))?;
+        sys::loopback_up().map_err(|e| (Step::Loopback, 0, e))?;
+        sys::openat(self.proc_, c"thread-self/ns/net", libc::O_RDONLY, 0)
+            .map(IntoRawFd::into_raw_fd)
+            .map_err(|e| (Step::MountsPrivate, 2, e))
+    }
+
+    /// Makes namespaces ahead while none is waiting to be asked for (`idle`).
+    fn fill(&mut self, idle: impl Fn() -> bool) {
+        while self.free.len() < NET_FREE_TARGET && idle() {
+            match self.make() {
+                Ok(fd) => self.free.push(fd),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Enters a namespace for the next run and binds the DNS stub's socket in it: the lease
+    /// number (never 0) and the socket. `None` when none can be had: the run makes its own.
+    fn lend(&mut self, dns: &plan::SockSpec) -> Option<(u32, c_int)> {
+        let fd = match self.free.pop() {
+            Some(fd) => fd,
+            None => self.make().ok()?,
+        };
+        let sock = sys::setns(fd, libc::CLONE_NEWNET)
+            .and_then(|()| sys::bound_inet_socket(true, dns.addr, dns.port));
+        let Ok(sock) = sock else {
+            sys::close(fd);
+            return None;
+        };
+        self.next = self.next.wrapping_add(1).max(1);
+        if self.lent.len() == NET_LENT_MAX {
+            if let Some((_, old)) = self.lent.pop_front() {
+                sys::close(old);
+            }
+        }
+        self.lent.push_back((self.next, fd));
+        Some((self.next, sock))
+    }
+
+    /// A namespace given back: kept for another run only if the run made no socket and none
+    /// remains in it; otherwise let go.
+    fn given_back(&mut self, lease: u32, unused: bool) {
+        let Some(at) = self.lent.iter().position(|&(n, _)| n == lease) else {
+            return;
+        };
+        let (_, fd) = self.lent.remove(at).expect("found above");
+        if unused && self.free.len() < NET_FREE_MAX && self.empty(fd) {
+            self.free.push(fd);
+        } else {
+            sys::close(fd);
+        }
+    }
+
+    /// Whether no socket is left in the namespace `fd`: every count of its `sockstat` and
+    /// `sockstat6` zero (sockets in use of every family, TCP orphans and time-wait, fragments).
+    fn empty(&self, fd: c_int) -> bool {
+        if sys::setns(fd, libc::CLONE_NEWNET).is_err() {
+            return false;
+        }
+        [c"thread-self/net/sockstat", c"thread-self/net/sockstat6"]
+            .iter()
+            .all(|f| {
+                let mut buf = [0u8; 1024];
+                let Ok(file) = sys::openat(self.proc_, f, libc::O_RDONLY, 0) else {
+                    return false;
+                };
+                let n = sys::read_full(file.as_raw_fd(), &mut buf);
+                sys::close_owned(file);
+                match n {
+                    Ok(n) if n < buf.len() => sockstat_empty(&buf[..n]),
+                    _ => false,
+                }
+            })
+    }
+}
+
+/// Whether a `sockstat` or `sockstat6` text counts no socket: each line's `used`, `inuse`,
+/// `orphan`, `tw` and `memory` (fragments) zero. `alloc` and `mem` are the protocol's across
+/// every namespace, and not looked at. A line that does not parse counts as a socket.
+fn sockstat_empty(text: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(text) else {
+        return false;
+    };
+    let mut lines = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        lines += 1;
+        let mut words = line.split_whitespace();
+        if words.next().is_none_or(|label| !label.ends_with(':')) {
+            return false;
+        }
+        let words: Vec<&str> = words.collect();
+        if !words.len().is_multiple_of(2) {
+            return false;
+        }
+        for kv in words.chunks(2) {
+            let Ok(v) = kv[1].parse::<u64>() else {
+                return false;
+            };
+            if matches!(kv[0], "used" | "inuse" | "orphan" | "tw" | "memory") && v != 0 {
+                return false;
+            }
+        }
+    }
+    lines > 0
+}
+
+/// A run's network namespace, lent by its template's pool: dropping it gives it back to the
+/// zygote, which keeps it for another run only if [`NetLease::unused`] was said and it finds no
+/// socket left in it. Give it back only once nothing of the run can use it any more: the run's
+/// processes gone and the supervisor's own socket in it (the DNS stub's) closed.
+pub struct NetLease {
+    ctl: Arc<OwnedFd>,
+    lease: u32,
+    unused: bool,
+}
+
+impl NetLease {
+    /// The run made no socket (the filter showed the supervisor every one): its namespace is as
+    /// it was made.
+    pub fn unused(mut self) {
+        self.unused = true;
+    }
+}
+
+impl Drop for NetLease {
+    fn drop(&mut self) {
+        let mut w = Writer::new(KIND_RETURN);
+        w.u32(self.lease);
+        w.bool(self.unused);
+        // A template already gone has taken its namespaces with it.
+        let _ = sys::send_msg(self.ctl.as_raw_fd(), &w.into_bytes(), &[]);
+    }
+}
+
+#[cfg(test)]
+mod net_tests {
+    use super::sockstat_empty;
+
+    #[test]
+    fn sockstat_counts_any_socket_and_ignores_the_protocols_global_figures() {
+        let fresh = b"sockets: used 0\nTCP: inuse 0 orphan 0 tw 0 alloc 1 mem 148\nUDP: inuse 0 mem 12\nUDPLITE: inuse 0\nRAW: inuse 0\nFRAG: inuse 0 memory 0\n";
+        assert!(sockstat_empty(fresh));
+        assert!(sockstat_empty(
+            b"TCP6: inuse 0\nUDP6: inuse 0\nUDPLITE6: inuse 0\nRAW6: inuse 0\nFRAG6: inuse 0 memory 0\n"
+        ));
+        for (from, to) in [
+            ("used 0", "used 1"),
+            ("TCP: inuse 0", "TCP: inuse 2"),
+            ("orphan 0", "orphan 1"),
+            ("tw 0", "tw 3"),
+            ("UDP: inuse 0", "UDP: inuse 1"),
+            ("RAW: inuse 0", "RAW: inuse 1"),
+            ("memory 0", "memory 4096"),
+        ] {
+            let t = String::from_utf8_lossy(fresh).replace(from, to);
+            assert!(!sockstat_empty(t.as_bytes()), "{to}");
+        }
+        // Not a count of sockets in this namespace: the protocol's allocations and memory.
+        let t = String::from_utf8_lossy(fresh).replace("alloc 1 mem 148", "alloc 90 mem 9000");
+        assert!(sockstat_empty(t.as_bytes()));
+        for bad in [
+            &b""[..],
+            b"sockets used 0\n",
+            b"sockets: used\n",
+            b"sockets: used x\n",
+            b"\xff",
+        ] {
+            assert!(!sockstat_empty(bad), "{bad:?}");
+        }
+    }
 }

@@ -972,6 +972,7 @@ mod protection_tests {
             refusals_throttled: 0,
             attempts: Vec::new(),
             attempts_dropped: 0,
+            made_no_socket: false,
         };
         let ids = Ids {
             uid: 1000,
@@ -1110,6 +1111,7 @@ mod tests {
             refusals_throttled: 0,
             attempts: Vec::new(),
             attempts_dropped: 0,
+            made_no_socket: false,
         }
     }
 

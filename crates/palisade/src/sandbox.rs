@@ -776,8 +776,13 @@ impl Sandbox {
             refusal_share: quota.unwrap_or(1.0).min(1.0),
         };
         let mut attempts = (Vec::new(), 0);
+        // A network namespace lent by the template's pool: given back below, once the proxy's
+        // listeners in it are closed, as unused only if the run made no socket at all.
+        let net_lease = running.take_net_lease();
+        let mut net_unused = false;
         let mut report = match running.wait(watch) {
             Ok(mut o) => {
+                net_unused = o.made_no_socket;
                 attempts = (std::mem::take(&mut o.attempts), o.attempts_dropped);
                 Report::from_outcome(&o, ids, &landlock, scratch, policy.limits)
             }
@@ -809,6 +814,10 @@ impl Sandbox {
             Some(e) if policy.network.enabled() => report.set_network(e.finish(), &policy.network),
             Some(e) => report.set_attempts(e.finish(), attempts.0, attempts.1),
             None => report.set_attempts(palisade_net::NetLog::default(), attempts.0, attempts.1),
+        }
+        match net_lease {
+            Some(l) if net_unused => l.unused(),
+            lease => drop(lease),
         }
         report.set_protected(&protection, disarmed);
         // The workspace's upper layer, now that nothing of the sandbox can write it any more, and
