@@ -1060,6 +1060,66 @@ print('rand', random.random())
     assert_eq!(out.stdout, b"plain\n");
 }
 
+/// A warm run ends as `python3 -c` does (docs/engine.md, "How a warm run ends"): it waits for
+/// its non-daemon threads, runs its `atexit` handlers, and what its own objects hold is
+/// finalized: a file left open in `__main__` or in a module the run imported is flushed, a
+/// `__del__` of the run's runs. The same code in a cold `python3 -c` is the control.
+#[test]
+fn a_warm_run_ends_as_python_does() {
+    let _one = serial();
+    let t = warm_template(Policy::new(["true"]).unwrap());
+    let code = r#"import atexit, os, sys, threading, time
+out = open(sys.stdout.fileno(), 'w', closefd=False)
+out.write('main-unflushed;')
+class Late:
+    def __del__(self):
+        os.write(1, b'del-ran;')
+late = Late()
+def later():
+    time.sleep(0.3)
+    os.write(1, b'thread-done;')
+threading.Thread(target=later).start()
+atexit.register(lambda: os.write(1, b'atexit-ran;'))
+with open('/tmp/palisade_mod.py', 'w') as f:
+    f.write("import sys\nkept = open(sys.stdout.fileno(), 'w', closefd=False)\nkept.write('module-unflushed;')\n")
+sys.path.insert(0, '/tmp')
+import palisade_mod
+print('printed', end=';')
+"#;
+    let cold = Sandbox::from_policy(Policy::new(["python3", "-c", code]).unwrap())
+        .unwrap()
+        .output();
+    assert_eq!(
+        cold.report.status,
+        Status::Ok,
+        "{}",
+        String::from_utf8_lossy(&cold.stderr)
+    );
+    let (warm, rep) = pyrun(&t, code, &[], &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?} {}", warm.stderr);
+    assert_eq!(rep.engine, Some("template-warm"));
+    let parts = |s: &str| {
+        let mut v: Vec<String> = s
+            .split(';')
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    };
+    let want = parts("main-unflushed;del-ran;thread-done;atexit-ran;module-unflushed;printed;");
+    assert_eq!(
+        parts(&String::from_utf8_lossy(&cold.stdout)),
+        want,
+        "control: python3 -c"
+    );
+    assert_eq!(parts(&warm.stdout), want, "{}", warm.stderr);
+    // The exit status of a failure in an atexit handler is python's too (0: it is only printed).
+    let (r, _) = pyrun(&t, "import atexit\natexit.register(lambda: 1/0)", &[], &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("ZeroDivisionError"), "{}", r.stderr);
+}
+
 /// Nothing of run N's code or environment is in run N+1's memory: run N+1 scans every readable
 /// mapping of its own for run N's secret, and finds it no more often than a secret no run ever
 /// had (the scan's own copies of its needle); as a control, it finds a string of its own code.

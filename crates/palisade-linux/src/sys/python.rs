@@ -22,6 +22,9 @@ pub struct Python {
     bytes_from: unsafe extern "C" fn(*const c_char, isize) -> *mut c_void,
     decode_fs: unsafe extern "C" fn(*const c_char) -> *mut c_void,
     decref: unsafe extern "C" fn(*mut c_void),
+    sys_get_object: unsafe extern "C" fn(*const c_char) -> *mut c_void,
+    call_object: unsafe extern "C" fn(*mut c_void, *mut c_void) -> *mut c_void,
+    err_print: unsafe extern "C" fn(),
 }
 
 /// Looks a symbol up in `lib`; the caller names the type it has in the C API.
@@ -78,6 +81,9 @@ impl Python {
                 bytes_from: sym(lib, c"PyBytes_FromStringAndSize")?,
                 decode_fs: sym(lib, c"PyUnicode_DecodeFSDefault")?,
                 decref: sym(lib, c"Py_DecRef")?,
+                sys_get_object: sym(lib, c"PySys_GetObject")?,
+                call_object: sym(lib, c"PyObject_CallObject")?,
+                err_print: sym(lib, c"PyErr_Print")?,
             }
         };
         // SAFETY: the type of Py_SetProgramName; the wide string is leaked, as the API requires
@@ -172,6 +178,34 @@ impl Python {
                 return Err(());
             }
             Ok((py.run_simple)(argv[2].as_ptr(), std::ptr::null_mut()))
+        }
+    }
+
+    /// Runs `code` in `__main__`; whether it ran without an uncaught exception (which is
+    /// printed).
+    pub fn run(&self, code: &CStr) -> bool {
+        // SAFETY: this thread holds the interpreter's lock (`start`'s contract, or the copy of
+        // that thread in a fork; see `run_command`).
+        unsafe { (self.run_simple)(code.as_ptr(), std::ptr::null_mut()) == 0 }
+    }
+
+    /// Calls `sys.NAME()` from C, with no Python frame under it (so no module's globals are held
+    /// by the call); whether it returned without an exception (which is printed).
+    pub fn call_sys(&self, name: &CStr) -> bool {
+        // SAFETY: as in `run`; PySys_GetObject returns a borrowed reference (or NULL), the call's
+        // result is a new reference, released.
+        unsafe {
+            let f = (self.sys_get_object)(name.as_ptr());
+            if f.is_null() {
+                return false;
+            }
+            let r = (self.call_object)(f, std::ptr::null_mut());
+            if r.is_null() {
+                (self.err_print)();
+                return false;
+            }
+            (self.decref)(r);
+            true
         }
     }
 
