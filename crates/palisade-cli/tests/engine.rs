@@ -487,6 +487,62 @@ fn a_later_runs_network(t: &Template, trun: Runner) {
     }
 }
 
+/// What a run can change in its network namespace without a socket: the modes of the
+/// namespace's own `/proc/net` entries (one set per namespace, shared by every procfs; owned by
+/// root of T, onto which a root launch maps the run's root: the run owns them). A run that
+/// changed one leaves the next run a namespace of its own, with the entry as the kernel made it:
+/// otherwise the modes are a channel to the next run (about ten bits an entry) and a way to
+/// refuse it its own `/proc/net`. The first pair is the control that the namespace is handed on.
+#[test]
+fn a_network_namespace_whose_proc_net_was_changed_goes_to_no_later_run() {
+    let _one = serial();
+    proc_net_changed(&default_template(), trun);
+    proc_net_changed(&warm_template(Policy::new(["true"]).unwrap()), wrun);
+}
+
+fn proc_net_changed(t: &Template, trun: Runner) {
+    // The namespace, then the mode of its `dev` entry (neither makes a socket).
+    let look = "readlink /proc/self/ns/net; stat -c 'mode %a' /proc/self/net/dev";
+    let seen = |t: &Template, before: &str| -> (String, String) {
+        let (r, rep) = trun(t, &format!("{before}{look}"), &[]);
+        assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+        let line = |p: &str| {
+            r.stdout
+                .lines()
+                .find(|l| l.starts_with(p))
+                .unwrap_or_else(|| panic!("no {p} in {}", r.stdout))
+                .to_owned()
+        };
+        (line("net:["), line("mode "))
+    };
+    let (first, mode) = seen(t, "");
+    assert_eq!(mode, "mode 444", "as the kernel makes it");
+    let (changer, mode) = seen(t, "chmod 1000 /proc/self/net/dev; ");
+    assert_eq!(
+        first, changer,
+        "control: a namespace no socket was made in is handed to the next run"
+    );
+    if euid() != 0 {
+        // Launched unprivileged, T maps only the caller's id, not root: the entries belong to
+        // the host's root and the run cannot change them (its namespace is as made).
+        assert_eq!(
+            mode, "mode 444",
+            "an unprivileged launch's run changed /proc/net"
+        );
+        let (next, mode) = seen(t, "");
+        assert_eq!(changer, next, "control: the namespace is handed on");
+        assert_eq!(mode, "mode 444");
+        return;
+    }
+    assert_eq!(mode, "mode 1000", "control: the run changed the entry");
+    let (next, mode) = seen(t, "");
+    assert_ne!(
+        changer, next,
+        "the namespace of a run that changed /proc/net was handed to the next run"
+    );
+    assert_eq!(mode, "mode 444", "the next run sees the entry as changed");
+}
+
 /// Two runs of one template at the same time: the one cannot reach the other's TCP listener, its
 /// abstract unix socket, its processes, its files or its SysV segments, while the other shows
 /// (a control) that they are there.
