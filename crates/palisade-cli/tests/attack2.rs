@@ -7,115 +7,18 @@
 
 mod common;
 
-use common::{host_pids_with, palisade_bin, unique, TempDir};
+use common::serve::{within, McpHttp, Server, POLICY};
+use common::{cli, host_pids_with, run_in_workspace, unique, TempDir};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
 // A `palisade serve` on a unix socket.
 
-struct Server {
-    child: Option<Child>,
-    dir: TempDir,
-    sock: PathBuf,
-}
-
-const POLICY: &str = "[limits]\nmemory = \"512MiB\"\ntimeout = \"60s\"\n";
-
+/// A session, the way a client drives it.
 impl Server {
-    fn start(opts: &[&str]) -> Server {
-        let dir = TempDir::new(&unique("atk-serve").replace('-', ""));
-        std::fs::write(dir.path().join("policy.toml"), POLICY).unwrap();
-        let sock = dir.path().join("s.sock");
-        let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = Command::new(palisade_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--policy")
-            .arg(dir.path().join("policy.toml"))
-            .args(opts)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("palisade serve starts");
-        let mut s = Server {
-            child: Some(child),
-            dir,
-            sock,
-        };
-        let t0 = Instant::now();
-        loop {
-            if s.sock.exists() && s.try_get("/healthz").is_some_and(|r| r.status == 200) {
-                return s;
-            }
-            if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("palisade serve exited {st}: {}", s.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "palisade serve did not come up: {}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-    }
-
-    /// Sends a request and leaves the connection open (for a test that walks away from it).
-    fn send(&self, method: &str, path: &str, body: &[u8]) -> UnixStream {
-        let mut s = UnixStream::connect(&self.sock).expect("connect to the server");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: palisade\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        let mut all = head.into_bytes();
-        all.extend_from_slice(body);
-        let _ = s.write_all(&all);
-        s
-    }
-
-    /// One request; `None` when no complete answer came within `wait`.
-    fn req_within(&self, method: &str, path: &str, body: &[u8], wait: Duration) -> Option<Resp> {
-        let mut s = self.send(method, path, body);
-        s.set_read_timeout(Some(wait)).unwrap();
-        let mut raw = Vec::new();
-        match s.read_to_end(&mut raw) {
-            Ok(_) => Some(parse(&raw)),
-            Err(_) => None,
-        }
-    }
-
-    fn req(&self, method: &str, path: &str, body: &[u8]) -> Resp {
-        self.req_within(method, path, body, Duration::from_secs(300))
-            .unwrap_or_else(|| panic!("no answer to {method} {path}: {}", self.log()))
-    }
-
-    fn try_get(&self, path: &str) -> Option<Resp> {
-        UnixStream::connect(&self.sock).ok()?;
-        self.req_within("GET", path, b"", Duration::from_secs(30))
-    }
-
-    fn get(&self, path: &str) -> Resp {
-        self.req("GET", path, b"")
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Resp {
-        self.req("POST", path, body.to_string().as_bytes())
-    }
-
     fn session(&self, req: &Value) -> String {
         let r = self.post("/v1/sandboxes", req);
         assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
@@ -132,67 +35,6 @@ impl Server {
         assert_eq!(j["status"], "ok", "{j}");
         j
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct Resp {
-    status: u16,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-}
-
-/// An HTTP/1.1 answer (chunked bodies decoded).
-fn parse(raw: &[u8]) -> Resp {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no complete head in {:?}", String::from_utf8_lossy(raw)));
-    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let mut body = raw[end + 4..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    Resp { status, body }
-}
-
-fn dechunk(mut rest: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") {
-        let n = usize::from_str_radix(String::from_utf8_lossy(&rest[..nl]).trim(), 16).unwrap();
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
-        rest = &rest[nl + 2 + n + 2..];
-    }
-    out
-}
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!("not within {limit:?}: {what}");
-    false
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -220,7 +62,7 @@ fn signal_agent(sig: &str) -> String {
 /// program runs on, the request never answers (until the session's TTL, an hour by default).
 #[test]
 fn finding_1_a_stopped_agent_cannot_stall_an_exec_past_its_deadline() {
-    let s = Server::start(&[]);
+    let s = Server::start(POLICY, &[]);
     let id = s.session(&json!({}));
     let marker = unique("stalled");
     let script = format!("{}; sleep 1000 # {marker}", signal_agent("STOP"));
@@ -253,7 +95,7 @@ fn finding_1_a_stopped_agent_cannot_stall_an_exec_past_its_deadline() {
         );
     }
     assert!(
-        wait_until("the program is gone", Duration::from_secs(30), || {
+        within("the program is gone", Duration::from_secs(30), || {
             host_pids_with(&marker).is_empty()
         }),
         "the program outlived its deadline: {:?}",
@@ -269,7 +111,7 @@ fn finding_1_a_stopped_agent_cannot_stall_an_exec_past_its_deadline() {
 /// reaches its idle timeout (it lives to its TTL).
 #[test]
 fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
-    let s = Server::start(&[]);
+    let s = Server::start(POLICY, &[]);
     let id = s.session(&json!({"idle_timeout_s": 5}));
     let marker = unique("orphan");
     let body =
@@ -280,7 +122,7 @@ fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
         body.to_string().as_bytes(),
     );
     assert!(
-        wait_until("the program started", Duration::from_secs(30), || {
+        within("the program started", Duration::from_secs(30), || {
             !host_pids_with(&marker).is_empty()
         }),
         "{}",
@@ -288,7 +130,7 @@ fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
     );
     drop(conn);
     // Its deadline is 3 s after it started, the session's idle timeout 5 s after that.
-    let gone = wait_until(
+    let gone = within(
         "the program is killed and the session idles out",
         Duration::from_secs(60),
         || {
@@ -309,7 +151,7 @@ fn finding_2_a_sync_exec_whose_client_left_still_ends_at_its_deadline() {
 /// by the output of every exec it starts (16 × 30 MB: 0.55 GB of RSS), for every tenant.
 #[test]
 fn finding_3_the_results_a_session_keeps_are_bounded() {
-    let s = Server::start(&[]);
+    let s = Server::start(POLICY, &[]);
     let id = s.session(&json!({}));
     let before = rss_kib(s.pid());
     let mut ids = Vec::new();
@@ -321,13 +163,11 @@ fn finding_3_the_results_a_session_keeps_are_bounded() {
         assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
         ids.push(r.json()["id"].as_u64().expect("an exec id"));
     }
-    assert!(wait_until(
-        "every exec ended",
-        Duration::from_secs(120),
-        || s.get(&format!("/v1/sandboxes/{id}")).json()["running"]
-            .as_array()
-            .is_some_and(|a| a.is_empty())
-    ));
+    assert!(within("every exec ended", Duration::from_secs(120), || s
+        .get(&format!("/v1/sandboxes/{id}"))
+        .json()["running"]
+        .as_array()
+        .is_some_and(|a| a.is_empty())));
     let grown_mib = rss_kib(s.pid()).saturating_sub(before) >> 10;
     // 12 × 25 MB of output were made; a bounded server keeps a fraction of it.
     assert!(
@@ -363,7 +203,7 @@ fn finding_3_the_results_a_session_keeps_are_bounded() {
 /// agent for broken and destroy the whole session, instead of answering the call with an error.
 #[test]
 fn finding_5_a_large_listing_or_archive_keeps_the_session() {
-    let s = Server::start(&["--max-fetch", "1MiB"]);
+    let s = Server::start(POLICY, &["--max-fetch", "1MiB"]);
     let id = s.session(&json!({}));
     s.exec(
         &id,
@@ -419,7 +259,7 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
 /// driver's own answer then answers the next cell.
 #[test]
 fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
-    let s = Server::start(&[]);
+    let s = Server::start(POLICY, &[]);
     let id = s.session(&json!({}));
     let cell = "import sys, json\n\
         m = sys.modules['__main__']\n\
@@ -485,81 +325,30 @@ fn finding_8_a_cells_answer_is_held_to_its_output_cap() {
 // ---------------------------------------------------------------------------------------------
 // `palisade mcp` over Streamable HTTP.
 
-struct Mcp {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Mcp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+struct Mcp(McpHttp);
 
 impl Mcp {
     fn start() -> Mcp {
         let dir = TempDir::new("atk-mcp");
         std::fs::write(dir.path().join("policy.toml"), POLICY).unwrap();
-        let mut child = Command::new(palisade_bin())
-            .args([
-                "mcp",
-                "--listen",
-                "127.0.0.1:0",
-                "--output-shown",
-                "256B",
-                "--policy",
-            ])
-            .arg(dir.path().join("policy.toml"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("palisade mcp starts");
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        err.read_line(&mut line).unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|r| r.split('/').next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
-        // Keep draining its stderr so that it never blocks on it.
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut err, &mut std::io::sink());
-        });
-        Mcp { child, addr }
+        let policy = dir.path().join("policy.toml").display().to_string();
+        Mcp(McpHttp::start(&[
+            "--output-shown",
+            "256B",
+            "--policy",
+            &policy,
+        ]))
     }
 
     /// One JSON-RPC message; the session id the server gave, and the JSON-RPC answers.
     fn post(&self, session: Option<&str>, msg: &Value) -> (Option<String>, Vec<Value>) {
-        let body = msg.to_string();
-        let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
-        let mut head = format!(
-            "POST /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n",
-            self.addr,
-            body.len()
-        );
+        let mut headers = vec![("MCP-Protocol-Version", "2025-06-18")];
         if let Some(id) = session {
-            head.push_str(&format!("Mcp-Session-Id: {id}\r\n"));
+            headers.push(("Mcp-Session-Id", id));
         }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body.as_bytes()).unwrap();
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-        let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
-        let sid = head
-            .lines()
-            .find_map(|l| l.strip_prefix("mcp-session-id:"))
-            .map(|v| v.trim().to_owned());
-        let mut body = raw[end + 4..].to_vec();
-        if head.contains("transfer-encoding: chunked") {
-            body = dechunk(&body);
-        }
-        let text = String::from_utf8_lossy(&body).into_owned();
+        let r = self.0.post(&headers, &msg.to_string());
+        let sid = r.header("mcp-session-id").map(str::to_owned);
+        let text = r.text();
         let msgs = text
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
@@ -635,37 +424,6 @@ fn finding_4_mcp_kept_outputs_are_private_to_their_session() {
 // ---------------------------------------------------------------------------------------------
 // The workspace.
 
-fn cli(store: &TempDir, args: &[&str]) -> common::Run {
-    Command::new(palisade_bin())
-        .args(args)
-        .env("PALISADE_CHANGES_DIR", store.path())
-        .stdin(Stdio::null())
-        .output()
-        .expect("palisade could not be started")
-        .into()
-}
-
-fn ws_run(store: &TempDir, dir: &Path, argv: &[&str]) -> String {
-    let d = dir.display().to_string();
-    let mut args = vec![
-        "run",
-        "-q",
-        "--no-tty",
-        "--json",
-        "-",
-        "--workspace",
-        &d,
-        "--",
-    ];
-    args.extend_from_slice(argv);
-    let r = cli(store, &args);
-    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-    r.report()["workspace"]["change_set"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no change set: {}\n{}", r.stdout, r.stderr))
-        .to_owned()
-}
-
 /// Finding 6: "links out of the tree are refused" is judged on the link's words alone, but the
 /// kernel resolves `..` after following the project's own links. Through a directory link the
 /// project already has (`web/shared-link -> ../shared`, as monorepos and pnpm have), the code
@@ -686,8 +444,8 @@ fn finding_6_a_link_through_a_project_link_is_refused() {
         "web/shared-link/../".repeat(depth),
         "../".repeat(depth)
     );
-    let id = ws_run(&store, p.path(), &["ln", "-s", &target, "x"]);
-    let a = cli(&store, &["apply", &id, "--include-risky"]);
+    let id = run_in_workspace(store.path(), p.path(), &["ln", "-s", &target, "x"]);
+    let a = cli(store.path(), &["apply", &id, "--include-risky"]);
     let made = std::fs::symlink_metadata(p.path().join("x")).is_ok();
     let host = std::fs::read_to_string(p.path().join("x")).ok();
     assert!(
@@ -755,8 +513,8 @@ fn finding_7_rename_detection_reads_each_project_file_once() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready");
-    let id = ws_run(
-        &store,
+    let id = run_in_workspace(
+        store.path(),
         p.path(),
         &[
             "python3",
@@ -783,7 +541,7 @@ fn finding_7_rename_detection_reads_each_project_file_once() {
         DELETED + 1
     );
     // The rename is still found.
-    let c = cli(&store, &["changes", &id]);
+    let c = cli(store.path(), &["changes", &id]);
     assert!(
         c.stdout.contains("renamed f/moved -> moved"),
         "{}",
@@ -799,7 +557,7 @@ fn finding_7_rename_detection_reads_each_project_file_once() {
 /// answers, or to send requests of its own) nor read or write its memory.
 #[test]
 fn held_the_code_cannot_reach_the_agents_socket_or_memory() {
-    let s = Server::start(&[]);
+    let s = Server::start(POLICY, &[]);
     let id = s.session(&json!({}));
     let script = "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); case \"$c\" in /.palisade/agent*) a=${p#/proc/};; esac; done
 echo agent=$a
@@ -833,8 +591,8 @@ fn held_the_codes_names_are_escaped_in_changes_and_quoted_in_diff() {
     let store = TempDir::new("atk-ws-esc-store");
     let p = TempDir::new("atk-ws-esc");
     std::fs::write(p.path().join("README"), "x\n").unwrap();
-    let id = ws_run(
-        &store,
+    let id = run_in_workspace(
+        store.path(),
         p.path(),
         &[
             "sh",
@@ -842,7 +600,7 @@ fn held_the_codes_names_are_escaped_in_changes_and_quoted_in_diff() {
             "echo a > \"$(printf 'esc\\033]0;pwned\\007\\033[2Jname')\"; echo b > \"$(printf 'new\\nline')\"; echo c > \"$(printf 'bad\\377')\"; ln -s \"$(printf 'to\\033[31m')\" link",
         ],
     );
-    let c = cli(&store, &["changes", &id]);
+    let c = cli(store.path(), &["changes", &id]);
     assert_eq!(c.code, 0, "{}", c.stderr);
     assert!(c.stdout.contains("link"), "{}", c.stdout);
     assert!(
@@ -856,13 +614,7 @@ fn held_the_codes_names_are_escaped_in_changes_and_quoted_in_diff() {
         "{:?}",
         c.stdout
     );
-    let d = Command::new(palisade_bin())
-        .args(["diff", &id])
-        .env("PALISADE_CHANGES_DIR", store.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&d.stdout);
+    let text = cli(store.path(), &["diff", &id]).stdout;
     for l in text
         .lines()
         .filter(|l| l.starts_with("diff --git") || l.starts_with("+++"))

@@ -5,48 +5,31 @@
 
 mod common;
 
-use common::{host_pids_with, palisade_bin, unique, TempDir};
-use std::io::{BufRead, BufReader, Read, Write};
+use common::serve::{within, McpHttp, Reap};
+use common::{ci_tool, host_pids_with, palisade_bin, unique, TempDir};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CLIENT: &str = include_str!("mcp/client.py");
 
 fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("PALISADE_MCP_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/palisade-ci/mcp-venv"));
-    let p = venv.join("bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/mcp-venv.sh (CI's setup does)",
-        p.display()
-    );
-    p
+    ci_tool(
+        "PALISADE_MCP_VENV",
+        "/opt/palisade-ci/mcp-venv",
+        "bin/python",
+        "scripts/mcp-venv.sh",
+    )
 }
 
 fn inspector() -> PathBuf {
-    let dir = std::env::var_os("PALISADE_MCP_NPM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/palisade-ci/mcp-npm"));
-    let p = dir.join("node_modules/.bin/mcp-inspector");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/mcp-venv.sh (CI's setup does)",
-        p.display()
-    );
-    p
-}
-
-/// Kills and reaps the child on drop.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    ci_tool(
+        "PALISADE_MCP_NPM",
+        "/opt/palisade-ci/mcp-npm",
+        "node_modules/.bin/mcp-inspector",
+        "scripts/mcp-venv.sh",
+    )
 }
 
 /// The client script in a fresh directory, and a host secret the cases try to read.
@@ -102,43 +85,15 @@ impl Client {
     }
 }
 
-/// `palisade mcp --listen 127.0.0.1:0 ARGS`, and the URL it printed.
-fn http_server(args: &[&str]) -> (Reap, String) {
-    let mut child = Reap(
-        Command::new(palisade_bin())
-            .args(["mcp", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut err = BufReader::new(child.0.stderr.take().unwrap());
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "palisade mcp exited before listening"
-        );
-        if let Some(i) = line.find("http://") {
-            break line[i..].trim().to_owned();
-        }
-    };
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    (child, url)
-}
-
 fn wait_gone(marker: &str, what: &str) {
-    let t0 = Instant::now();
-    while !host_pids_with(marker).is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{what}: processes survived: {:?}",
-            host_pids_with(marker)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let gone = within(what, Duration::from_secs(30), || {
+        host_pids_with(marker).is_empty()
+    });
+    assert!(
+        gone,
+        "{what}: processes survived: {:?}",
+        host_pids_with(marker)
+    );
 }
 
 #[test]
@@ -165,10 +120,10 @@ fn python_sdk_client_over_stdio_every_case() {
 #[test]
 fn python_sdk_client_over_streamable_http() {
     let c = client();
-    let (_server, url) = http_server(&[]);
+    let server = McpHttp::start(&[]);
     c.run(
         "http",
-        &url,
+        &server.url,
         &[
             "tools",
             "run_code",
@@ -181,74 +136,55 @@ fn python_sdk_client_over_streamable_http() {
     );
 }
 
-/// A POST to `url`'s server with the given extra headers; returns the status line.
-fn post(url: &str, headers: &[(&str, &str)], body: &str) -> String {
-    let addr = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut req = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.lines().next().unwrap_or("").to_owned()
-}
-
 const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 
 #[test]
 fn http_checks_origin_and_token_and_refuses_open_addresses() {
-    let (_server, url) = http_server(&[]);
-    assert!(
-        post(&url, &[("Origin", "https://evil.example")], INIT).contains(" 403"),
+    let m = McpHttp::start(&[]);
+    assert_eq!(
+        m.post(&[("Origin", "https://evil.example")], INIT).status,
+        403,
         "a foreign Origin is refused"
     );
-    assert!(post(&url, &[("Origin", "http://localhost:6274")], INIT).contains(" 200"));
-    assert!(post(&url, &[], INIT).contains(" 200"));
+    assert_eq!(
+        m.post(&[("Origin", "http://localhost:6274")], INIT).status,
+        200
+    );
+    assert_eq!(m.post(&[], INIT).status, 200);
     // Garbage and a client that goes away mid-request: the server keeps serving.
     for body in ["{not json", "[]", "", "\u{0}\u{1}"] {
-        let st = post(&url, &[], body);
-        assert!(st.contains(" 4"), "{body:?}: {st}");
+        let r = m.post(&[], body);
+        assert!(
+            (400..500).contains(&r.status),
+            "{body:?}: {} {}",
+            r.status,
+            r.text()
+        );
     }
     {
-        let addr = url.trim_start_matches("http://").split('/').next().unwrap();
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut s = std::net::TcpStream::connect(&m.addr).unwrap();
         s.write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"jsonrpc\"")
             .unwrap();
     }
     let c = client();
-    c.run("http", &url, &["run_code"]);
+    c.run("http", &m.url, &["run_code"]);
 
     // A token, required on every request.
     let dir = TempDir::new("mcp-token");
     let tok = dir.path().join("token");
     std::fs::write(&tok, "0123456789abcdef0123\n").unwrap();
-    let (_server2, url2) = http_server(&["--token-file", &tok.display().to_string()]);
-    assert!(post(&url2, &[], INIT).contains(" 401"));
-    assert!(post(
-        &url2,
-        &[("Authorization", "Bearer wrong-token-0123456")],
-        INIT
-    )
-    .contains(" 401"));
-    assert!(post(
-        &url2,
-        &[("Authorization", "Bearer 0123456789abcdef0123")],
-        INIT
-    )
-    .contains(" 200"));
+    let m2 = McpHttp::start(&["--token-file", &tok.display().to_string()]);
+    assert_eq!(m2.post(&[], INIT).status, 401);
+    assert_eq!(
+        m2.post(&[("Authorization", "Bearer wrong-token-0123456")], INIT)
+            .status,
+        401
+    );
+    assert_eq!(
+        m2.post(&[("Authorization", "Bearer 0123456789abcdef0123")], INIT)
+            .status,
+        200
+    );
 
     // Off loopback without a token it does not start.
     let out = Command::new(palisade_bin())

@@ -5,339 +5,16 @@
 
 mod common;
 
-use common::{host_pids_with, palisade_bin, unique, TempDir};
+use common::serve::{
+    assert_nothing_held, held, request, send, serve_on, wait_until, zygotes_of, Reap, Resp, Server,
+    POLICY,
+};
+use common::{ci_tool, host_pids_with, palisade_bin, unique, TempDir};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// A running `palisade serve`.
-struct Server {
-    child: Option<Child>,
-    dir: TempDir,
-    sock: PathBuf,
-}
-
-impl Server {
-    /// `palisade serve --listen unix:DIR/s.sock` with `policy` (TOML) as its ceiling.
-    fn start(policy: &str, opts: &[&str]) -> Server {
-        // A name of its own: a directory of an earlier server is never reused.
-        let dir = TempDir::new(&unique("serve").replace('-', ""));
-        std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
-        let sock = dir.path().join("s.sock");
-        let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = Command::new(palisade_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--policy")
-            .arg(dir.path().join("policy.toml"))
-            .args(opts)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("palisade serve starts");
-        let mut s = Server {
-            child: Some(child),
-            dir,
-            sock,
-        };
-        let t0 = Instant::now();
-        loop {
-            if s.sock.exists() && s.get("/healthz").status == 200 {
-                return s;
-            }
-            if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("palisade serve exited {st}: {}", s.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "palisade serve did not come up: {}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-    }
-
-    fn req(&self, method: &str, path: &str, body: &[u8]) -> Resp {
-        if let Err(e) = UnixStream::connect(&self.sock) {
-            panic!(
-                "the server is gone ({e}; socket there: {}): {}",
-                self.sock.exists(),
-                self.log()
-            );
-        }
-        request(&self.sock, method, path, &[], body)
-    }
-
-    fn get(&self, path: &str) -> Resp {
-        self.req("GET", path, b"")
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Resp {
-        self.req("POST", path, body.to_string().as_bytes())
-    }
-
-    /// SIGTERM, then waits for the exit; returns its status code.
-    fn stop(&mut self) -> i32 {
-        let mut c = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let st = c.wait().unwrap();
-        st.code().unwrap_or(-1)
-    }
-
-    /// A gauge or counter from /metrics.
-    fn metric(&self, name: &str) -> u64 {
-        let m = self.get("/metrics");
-        let text = String::from_utf8_lossy(&m.body).into_owned();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("no metric {name} in {text}"))
-            .trim()
-            .parse()
-            .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A server started by a test itself, killed if the test fails before stopping it.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    fn lines(&self) -> Vec<Value> {
-        String::from_utf8_lossy(&self.body)
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-fn send(
-    sock: &Path,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> UnixStream {
-    let mut s = UnixStream::connect(sock).expect("connect to the server");
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: palisade\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut all = head.into_bytes();
-    all.extend_from_slice(body);
-    // A server may answer (401, 413) and close before it reads the whole body: the answer is
-    // still there to read.
-    let _ = s.write_all(&all);
-    s
-}
-
-/// One HTTP/1.1 request over the unix socket (Connection: close; chunked bodies decoded).
-fn request(sock: &Path, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-    let mut s = send(sock, method, path, headers, body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    parse(&raw)
-}
-
-fn parse(raw: &[u8]) -> Resp {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete head");
-    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    let mut body = raw[end + 4..].to_vec();
-    if headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"))
-    {
-        let mut out = Vec::new();
-        let mut rest = &body[..];
-        loop {
-            let nl = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .expect("chunk size line");
-            let n = usize::from_str_radix(String::from_utf8_lossy(&rest[..nl]).trim(), 16).unwrap();
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
-            rest = &rest[nl + 2 + n + 2..];
-        }
-        body = out;
-    }
-    Resp {
-        status,
-        headers,
-        body,
-    }
-}
-
-/// What a server process holds that a leak would leave: child processes, its runs' cgroups,
-/// its temporary directories.
-#[derive(Debug, PartialEq, Eq)]
-struct Held {
-    children: usize,
-    cgroups: Vec<String>,
-    temp_dirs: usize,
-}
-
-fn held(pid: u32) -> Held {
-    let mut children = 0;
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
-            if after
-                .split_whitespace()
-                .nth(1)
-                .and_then(|x| x.parse::<u32>().ok())
-                == Some(pid)
-            {
-                // A template's zygote is held on purpose (at most --templates of them, each
-                // checked by the template tests); a sandbox is anything else.
-                let zygote = std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.starts_with(b"palisade-zygote\0"));
-                if !zygote {
-                    children += 1;
-                }
-            }
-        }
-    }
-    let mut cgroups = Vec::new();
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&format!("run-{pid}-")) {
-                    cgroups.push(e.path().display().to_string());
-                }
-                if d.components().count() < 8 {
-                    stack.push(e.path());
-                }
-            }
-        }
-    }
-    let temp_dirs = std::fs::read_dir(std::env::temp_dir())
-        .map(|r| {
-            r.flatten()
-                .filter(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("palisade-{pid}-"))
-                })
-                .count()
-        })
-        .unwrap_or(0);
-    Held {
-        children,
-        cgroups,
-        temp_dirs,
-    }
-}
-
-/// Waits until `pid` holds no sandbox any more (or fails with what is left).
-fn assert_nothing_held(pid: u32) {
-    let t0 = Instant::now();
-    loop {
-        let h = held(pid);
-        if h == (Held {
-            children: 0,
-            cgroups: Vec::new(),
-            temp_dirs: 0,
-        }) {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "left behind by the server: {h:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never happened: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-const POLICY: &str = "[limits]\nmemory = \"512MiB\"\ntimeout = \"60s\"\n";
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 #[test]
 fn every_endpoint_answers() {
@@ -856,10 +533,7 @@ fn a_token_is_required_when_given_and_off_loopback() {
     let mut s = {
         std::fs::write(dir.path().join("p.toml"), "").unwrap();
         let sock = dir.path().join("t.sock");
-        let child = Command::new(palisade_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
+        let child = serve_on(&sock)
             .arg("--token-file")
             .arg(dir.path().join("token"))
             .stderr(Stdio::null())
@@ -900,10 +574,7 @@ fn a_token_is_required_when_given_and_off_loopback() {
         200,
         "health checks need no token"
     );
-    let _ = Command::new("kill")
-        .args(["-TERM", &s.0 .0.id().to_string()])
-        .status();
-    assert_eq!(s.0 .0.wait().unwrap().code(), Some(0));
+    assert_eq!(s.0.terminate().code(), Some(0));
     assert!(!s.1.exists(), "the socket is removed at exit");
 }
 
@@ -914,45 +585,24 @@ fn a_stale_socket_is_replaced_and_nothing_else_is() {
     let sock = dir.path().join("s.sock");
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     assert!(sock.exists());
-    let mut child = Reap(
-        Command::new(palisade_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = Reap(serve_on(&sock).stderr(Stdio::null()).spawn().unwrap());
     wait_until("the server answers", || {
         UnixStream::connect(&sock).is_ok()
             && request(&sock, "GET", "/healthz", &[], b"").status == 200
     });
     // A second server on a live socket is refused.
-    let out = Command::new(palisade_bin())
-        .arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .output()
-        .unwrap();
+    let out = serve_on(&sock).output().unwrap();
     assert_ne!(out.status.code(), Some(0));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not replaced"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+    assert_eq!(child.terminate().code(), Some(0));
     // A regular file is never removed.
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let out = Command::new(palisade_bin())
-        .arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", file.display()))
-        .output()
-        .unwrap();
+    let out = serve_on(&file).output().unwrap();
     assert_ne!(out.status.code(), Some(0));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
@@ -1720,14 +1370,11 @@ fn a_client_that_disconnects_kills_its_run() {
 /// installed by scripts/verl-venv.sh) against palisade serve on loopback TCP.
 #[test]
 fn verls_sandboxfusion_client_scores_through_run_code() {
-    let venv = std::env::var_os("PALISADE_VERL_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/palisade-ci/verl-venv"));
-    let python = venv.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/verl-venv.sh (CI's setup does)",
-        python.display()
+    let python = ci_tool(
+        "PALISADE_VERL_VENV",
+        "/opt/palisade-ci/verl-venv",
+        "bin/python",
+        "scripts/verl-venv.sh",
     );
     let dir = TempDir::new("serve-verl");
     let mut child = Reap(
@@ -1782,10 +1429,7 @@ print(json.dumps(out))
         .arg(format!("http://{addr}/run_code"))
         .output()
         .unwrap();
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    let _ = child.0.wait();
+    child.terminate();
     assert!(
         out.status.success(),
         "veRL's client failed: {}",
@@ -1933,30 +1577,6 @@ fn the_code_interpreter_keeps_state_and_bounds_what_it_spends() {
         200
     );
     assert_eq!(cell(json!({"code": "1"})).status, 410);
-}
-
-/// The zygotes of `pid`'s templates: its children whose command line is a zygote's.
-fn zygotes_of(pid: u32) -> Vec<u32> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
-        let parent = after
-            .split_whitespace()
-            .nth(1)
-            .and_then(|x| x.parse::<u32>().ok());
-        let zygote = std::fs::read(format!("/proc/{p}/cmdline"))
-            .is_ok_and(|c| c.starts_with(b"palisade-zygote\0"));
-        if parent == Some(pid) && zygote {
-            v.push(p);
-        }
-    }
-    v
 }
 
 /// Python that attacks from inside: a host file, a write outside, a host the server does not

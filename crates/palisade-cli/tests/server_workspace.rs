@@ -7,104 +7,27 @@
 
 mod common;
 
-use common::{palisade_bin, unique, TempDir};
+use common::serve::{Resp, Server};
+use common::{cli, run_in_workspace, TempDir};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A running `palisade serve` whose change sets are kept in `store`.
-struct Server {
-    child: Option<Child>,
-    dir: TempDir,
-    sock: PathBuf,
+/// A `palisade serve` whose change sets are kept in `store`; `Err` with its exit status and its
+/// log when it exits instead (a refused configuration).
+fn try_serve(store: &Path, policy: &str, opts: &[&str]) -> Result<Server, String> {
+    Server::try_start(policy, opts, &[("PALISADE_CHANGES_DIR", store.as_os_str())])
 }
 
+fn serve(store: &Path, opts: &[&str]) -> Server {
+    try_serve(store, "", opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A session on a workspace, the way a client drives it.
 impl Server {
-    /// Starts one; `Err` with its log when it exits instead (a refused configuration).
-    fn try_start(store: &Path, policy: &str, opts: &[&str]) -> Result<Server, String> {
-        let dir = TempDir::new(&unique("wsserve").replace('-', ""));
-        std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
-        let sock = dir.path().join("s.sock");
-        let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = Command::new(palisade_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--policy")
-            .arg(dir.path().join("policy.toml"))
-            .args(opts)
-            .env("PALISADE_CHANGES_DIR", store)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("palisade serve starts");
-        let mut s = Server {
-            child: Some(child),
-            dir,
-            sock,
-        };
-        let t0 = Instant::now();
-        loop {
-            if s.sock.exists()
-                && UnixStream::connect(&s.sock).is_ok()
-                && s.get("/healthz").status == 200
-            {
-                return Ok(s);
-            }
-            if s.child.as_mut().unwrap().try_wait().unwrap().is_some() {
-                s.child = None;
-                return Err(s.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "palisade serve did not come up: {}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn start(store: &Path, opts: &[&str]) -> Server {
-        Server::try_start(store, "", opts).unwrap_or_else(|log| panic!("serve exited: {log}"))
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-    }
-
-    fn req(&self, method: &str, path: &str, body: &[u8]) -> Resp {
-        let mut s = UnixStream::connect(&self.sock)
-            .unwrap_or_else(|e| panic!("the server is gone ({e}): {}", self.log()));
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: palisade\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        let mut all = head.into_bytes();
-        all.extend_from_slice(body);
-        let _ = s.write_all(&all);
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).unwrap();
-        parse(&raw)
-    }
-
-    fn get(&self, path: &str) -> Resp {
-        self.req("GET", path, b"")
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Resp {
-        self.req("POST", path, body.to_string().as_bytes())
-    }
-
-    fn delete(&self, path: &str) -> Resp {
-        self.req("DELETE", path, b"")
-    }
-
     /// A session on `workspace`; its id.
     fn session(&self, workspace: &Path) -> String {
         let r = self.post(
@@ -143,80 +66,6 @@ impl Server {
     fn apply(&self, cs: &str, body: &Value) -> Resp {
         self.post(&format!("/v1/changes/{cs}/apply"), body)
     }
-
-    fn sessions_gauge(&self) -> u64 {
-        let m = self.get("/metrics");
-        m.text()
-            .lines()
-            .find_map(|l| l.strip_prefix("palisade_sessions "))
-            .unwrap_or_else(|| panic!("no palisade_sessions in {}", m.text()))
-            .trim()
-            .parse()
-            .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct Resp {
-    status: u16,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-fn parse(raw: &[u8]) -> Resp {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete head");
-    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let mut body = raw[end + 4..].to_vec();
-    if chunked {
-        let mut out = Vec::new();
-        let mut rest = &body[..];
-        loop {
-            let nl = rest.windows(2).position(|w| w == b"\r\n").expect("a chunk");
-            let n = usize::from_str_radix(String::from_utf8_lossy(&rest[..nl]).trim(), 16).unwrap();
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
-            rest = &rest[nl + 2 + n + 2..];
-        }
-        body = out;
-    }
-    Resp { status, body }
-}
-
-/// `palisade ARGS` with the change sets kept in `store`.
-fn cli(store: &Path, args: &[&str]) -> common::Run {
-    Command::new(palisade_bin())
-        .args(args)
-        .env("PALISADE_CHANGES_DIR", store)
-        .stdin(Stdio::null())
-        .output()
-        .expect("palisade could not be started")
-        .into()
 }
 
 /// Every entry under `dir` with its kind, permission bits and contents (or link target).
@@ -307,7 +156,7 @@ fn a_workspace_session_changes_nothing_until_apply_and_apply_makes_exactly_its_c
         tree(copy.path())
     };
     let root_s = root.s();
-    let s = Server::start(
+    let s = serve(
         store.path(),
         &[
             "--workspace-root",
@@ -429,7 +278,7 @@ fn workspaces_the_roots_do_not_hold_are_refused_and_nothing_starts() {
     std::fs::write(rc.join("file"), "x").unwrap();
     let root_s = root.s();
 
-    let none = Server::start(store.path(), &[]);
+    let none = serve(store.path(), &[]);
     // The endpoints are in the OpenAPI document, with their types.
     let doc = none.get("/openapi.json").json();
     for p in [
@@ -463,9 +312,9 @@ fn workspaces_the_roots_do_not_hold_are_refused_and_nothing_starts() {
         e["message"].as_str().unwrap().contains("--workspace-root"),
         "{e}"
     );
-    assert_eq!(none.sessions_gauge(), 0);
+    assert_eq!(none.metric("palisade_sessions"), 0);
 
-    let s = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let s = serve(store.path(), &["--workspace-root", &root_s]);
     let cases: Vec<(String, u16, &str)> = vec![
         (outside.s(), 403, "workspace roots"),
         ("/etc".into(), 403, "workspace roots"),
@@ -497,7 +346,7 @@ fn workspaces_the_roots_do_not_hold_are_refused_and_nothing_starts() {
         assert_eq!(e["field"], "workspace", "{ask}: {e}");
         assert!(e["message"].as_str().unwrap().contains(says), "{ask}: {e}");
     }
-    assert_eq!(s.sessions_gauge(), 0);
+    assert_eq!(s.metric("palisade_sessions"), 0);
     assert_eq!(s.get("/v1/changes").json(), json!([]));
     assert!(
         std::fs::read_dir(store.path()).unwrap().next().is_none(),
@@ -505,7 +354,7 @@ fn workspaces_the_roots_do_not_hold_are_refused_and_nothing_starts() {
     );
 
     // Refused at start: a policy with a workspace of its own, a root that holds the store.
-    let e = Server::try_start(
+    let e = try_serve(
         store.path(),
         &format!("[filesystem]\nworkspace = \"{}\"\n", p.display()),
         &[],
@@ -514,7 +363,7 @@ fn workspaces_the_roots_do_not_hold_are_refused_and_nothing_starts() {
     .expect("a server policy with a workspace starts");
     assert!(e.contains("filesystem.workspace"), "{e}");
     let inner = rc.join("store");
-    let e = Server::try_start(&inner, "", &["--workspace-root", &root_s])
+    let e = try_serve(&inner, "", &["--workspace-root", &root_s])
         .err()
         .expect("a root holding the store starts");
     assert!(e.contains("change-set store"), "{e}");
@@ -527,32 +376,12 @@ fn change_sets_of_the_command_line_or_another_server_are_not_found() {
     let store = TempDir::new("wsapi-ids-store");
     let (root, p) = root_with_project("wsapi-ids-root");
     let root_s = root.s();
-    let r = cli(
-        store.path(),
-        &[
-            "run",
-            "-q",
-            "--no-tty",
-            "--json",
-            "-",
-            "--workspace",
-            &p.display().to_string(),
-            "--",
-            "/bin/sh",
-            "-c",
-            "echo cli > cli.txt",
-        ],
-    );
-    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-    let by_cli = r.report()["workspace"]["change_set"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let other = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let by_cli = run_in_workspace(store.path(), &p, &["/bin/sh", "-c", "echo cli > cli.txt"]);
+    let other = serve(store.path(), &["--workspace-root", &root_s]);
     let oid = other.session(&p);
     other.sh(&oid, "echo other > other.txt");
     let by_other = other.end(&oid);
-    let s = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let s = serve(store.path(), &["--workspace-root", &root_s]);
     for id in [&by_cli, &by_other, &"20261204-000000-nothere".to_owned()] {
         for r in [
             s.get(&format!("/v1/changes/{id}")),
@@ -581,7 +410,7 @@ fn a_host_edit_during_the_session_is_a_conflict() {
     let store = TempDir::new("wsapi-conf-store");
     let (root, p) = root_with_project("wsapi-conf-root");
     let root_s = root.s();
-    let s = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let s = serve(store.path(), &["--workspace-root", &root_s]);
     let a = s.session(&p);
     let b = s.session(&p);
     s.sh(&a, "echo mine > README; echo a > a.txt");
@@ -623,7 +452,7 @@ fn what_the_code_planted_is_refused_at_apply_and_nothing_changes() {
     let store = TempDir::new("wsapi-plant-store");
     let (root, p) = root_with_project("wsapi-plant-root");
     let root_s = root.s();
-    let s = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let s = serve(store.path(), &["--workspace-root", &root_s]);
     let id = s.session(&p);
     s.sh(
         &id,
@@ -717,7 +546,7 @@ fn a_session_past_its_ttl_leaves_its_change_set() {
     let store = TempDir::new("wsapi-ttl-store");
     let (root, p) = root_with_project("wsapi-ttl-root");
     let root_s = root.s();
-    let s = Server::start(store.path(), &["--workspace-root", &root_s]);
+    let s = serve(store.path(), &["--workspace-root", &root_s]);
     let r = s.post(
         "/v1/sandboxes",
         &json!({"workspace": p.display().to_string(), "ttl_s": 1}),

@@ -1,7 +1,12 @@
 //! Helpers for the boundary tests: run the real `palisade` binary with the real probe inside.
+//! [`serve`] is the harness of the tests of `palisade serve` and `palisade mcp`.
+// Every test binary of this crate compiles this module as its own copy and uses a part of it: what
+// one binary leaves unused is used by another, not dead.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+pub mod serve;
+
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// The `palisade` binary: `PALISADE_BIN` (CI copies binaries where an unprivileged user can read
@@ -102,6 +107,56 @@ pub fn run(opts: &[&str], cmd: &[&str]) -> Run {
         .output()
         .expect("palisade could not be started")
         .into()
+}
+
+/// `palisade ARGS` with the change sets kept in `store`.
+pub fn cli(store: &Path, args: &[&str]) -> Run {
+    Command::new(palisade_bin())
+        .args(args)
+        .env("PALISADE_CHANGES_DIR", store)
+        .stdin(Stdio::null())
+        .output()
+        .expect("palisade could not be started")
+        .into()
+}
+
+/// `palisade run --workspace DIR -- ARGV` with the change sets kept in `store`; the id of the
+/// change set it kept (the run must exit 0).
+pub fn run_in_workspace(store: &Path, dir: &Path, argv: &[&str]) -> String {
+    let d = dir.display().to_string();
+    let mut args = vec![
+        "run",
+        "-q",
+        "--no-tty",
+        "--json",
+        "-",
+        "--workspace",
+        &d,
+        "--",
+    ];
+    args.extend_from_slice(argv);
+    let r = cli(store, &args);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    r.report()["workspace"]["change_set"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no change set: {}\n{}", r.stdout, r.stderr))
+        .to_owned()
+}
+
+/// A program CI's setup installs with `script` (a Python venv, npm packages): `rel` under the
+/// directory the variable `var` names, else under `default`. A missing one fails the test, and
+/// says how to install it.
+pub fn ci_tool(var: &str, default: &str, rel: &str, script: &str) -> PathBuf {
+    let dir = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    let p = dir.join(rel);
+    assert!(
+        p.exists(),
+        "{} is missing: run {script} (CI's setup does)",
+        p.display()
+    );
+    p
 }
 
 /// `run` with the probe as the command.
