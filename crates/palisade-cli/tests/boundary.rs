@@ -407,6 +407,7 @@ fn every_refused_call_fails_with_eperm_and_is_reported() {
         assert_eq!(result, "denied EPERM", "{l}");
         let name = match what {
             "ioctl-TIOCSTI" => "ioctl TIOCSTI",
+            "ioctl-TIOCSETD" => "ioctl TIOCSETD",
             w if w.starts_with("ioctl-TIOCLINUX") => "ioctl TIOCLINUX",
             w => w,
         };

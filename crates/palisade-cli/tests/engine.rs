@@ -487,23 +487,25 @@ fn a_later_runs_network(t: &Template, trun: Runner) {
     }
 }
 
-/// What a run can change in its network namespace without a socket: the modes of the
+/// What a run could change in its network namespace without a socket: the attributes of the
 /// namespace's own `/proc/net` entries (one set per namespace, shared by every procfs; owned by
-/// root of T, onto which a root launch maps the run's root: the run owns them). A run that
-/// changed one leaves the next run a namespace of its own, with the entry as the kernel made it:
-/// otherwise the modes are a channel to the next run (about ten bits an entry) and a way to
-/// refuse it its own `/proc/net`. The first pair is the control that the namespace is handed on.
+/// root of T, onto which a root launch maps the run's root: the run owns them). The run's `/proc`
+/// is read-only as a mount, so `chmod`, `chown` and new times are refused there, as root and
+/// unprivileged, and the next run, which may get the same namespace, finds the entries as the
+/// kernel made them (otherwise a channel between runs of about ten bits an entry, and a way to
+/// refuse a later run its own `/proc/net`).
 #[test]
-fn a_network_namespace_whose_proc_net_was_changed_goes_to_no_later_run() {
+fn a_run_cannot_change_its_network_namespaces_proc_net() {
     let _one = serial();
     proc_net_changed(&default_template(), trun);
     proc_net_changed(&warm_template(Policy::new(["true"]).unwrap()), wrun);
 }
 
 fn proc_net_changed(t: &Template, trun: Runner) {
-    // The namespace, then the mode of its `dev` entry (neither makes a socket).
-    let look = "readlink /proc/self/ns/net; stat -c 'mode %a' /proc/self/net/dev";
-    let seen = |t: &Template, before: &str| -> (String, String) {
+    // The namespace, then the mode and modification time of its `dev` entry (neither makes a
+    // socket).
+    let look = "readlink /proc/self/ns/net; stat -c 'mode %a %Y' /proc/self/net/dev";
+    let seen = |t: &Template, before: &str| -> (String, String, String) {
         let (r, rep) = trun(t, &format!("{before}{look}"), &[]);
         assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
         let line = |p: &str| {
@@ -513,34 +515,28 @@ fn proc_net_changed(t: &Template, trun: Runner) {
                 .unwrap_or_else(|| panic!("no {p} in {}", r.stdout))
                 .to_owned()
         };
-        (line("net:["), line("mode "))
+        (line("net:["), line("mode "), r.stdout.clone())
     };
-    let (first, mode) = seen(t, "");
-    assert_eq!(mode, "mode 444", "as the kernel makes it");
-    let (changer, mode) = seen(t, "chmod 1000 /proc/self/net/dev; ");
+    let (first, mode, _) = seen(t, "");
+    assert!(
+        mode.starts_with("mode 444 "),
+        "as the kernel makes it: {mode}"
+    );
+    let (changer, after, out) = seen(
+        t,
+        "chmod 1000 /proc/self/net/dev || echo chmod-refused; touch -d @1000000 /proc/self/net/dev || echo touch-refused; chown +0:+0 /proc/self/net/dev || echo chown-refused; ",
+    );
+    for refused in ["chmod-refused", "touch-refused", "chown-refused"] {
+        assert!(out.contains(refused), "{refused}: {out}");
+    }
+    assert_eq!(after, mode, "the run changed its /proc/net entry");
     assert_eq!(
         first, changer,
         "control: a namespace no socket was made in is handed to the next run"
     );
-    if euid() != 0 {
-        // Launched unprivileged, T maps only the caller's id, not root: the entries belong to
-        // the host's root and the run cannot change them (its namespace is as made).
-        assert_eq!(
-            mode, "mode 444",
-            "an unprivileged launch's run changed /proc/net"
-        );
-        let (next, mode) = seen(t, "");
-        assert_eq!(changer, next, "control: the namespace is handed on");
-        assert_eq!(mode, "mode 444");
-        return;
-    }
-    assert_eq!(mode, "mode 1000", "control: the run changed the entry");
-    let (next, mode) = seen(t, "");
-    assert_ne!(
-        changer, next,
-        "the namespace of a run that changed /proc/net was handed to the next run"
-    );
-    assert_eq!(mode, "mode 444", "the next run sees the entry as changed");
+    let (next, seen_next, _) = seen(t, "");
+    assert_eq!(changer, next, "control: the namespace is handed on");
+    assert_eq!(seen_next, mode, "the next run sees the entry changed");
 }
 
 /// Two runs of one template at the same time: the one cannot reach the other's TCP listener, its

@@ -6,8 +6,7 @@
 //!
 //! The view is a fresh tmpfs root holding: read-only binds of the system directories (`/usr`, the
 //! merged-`/usr` links, `/lib*`, `/bin`, `/sbin`, `/opt`); a short list of `/etc` entries; generated
-//! `passwd`, `group`, `hosts`, `resolv.conf` and `hostname`; a fresh `/proc` with `/proc/sys` and
-//! `/proc/sysrq-trigger` read-only; a minimal `/dev`; `/tmp` on its own tmpfs; the scratch directory
+//! `passwd`, `group`, `hosts`, `resolv.conf` and `hostname`; a fresh `/proc`, read-only; a minimal `/dev`; `/tmp` on its own tmpfs; the scratch directory
 //! at [`SCRATCH_DIR`]; and the policy's extra binds. Nothing else of the host exists inside.
 //!
 //! The same calls that add a mount to the view add its Landlock rule (see `landlock`): read and
@@ -841,7 +840,11 @@ pub fn build_with(
         }
     }
 
-    // /proc: a new instance for the new pid namespace; its sysctl tree and sysrq read-only.
+    // /proc: a new instance for the new pid namespace, read-only as a whole once the user
+    // namespace's ceilings are written: its sysctl tree and sysrq, and the attributes of its
+    // entries. Landlock already refuses writing its files, but not `chmod`, `chown` or times,
+    // which an owner may change; and the entries of `/proc/net` are the network namespace's,
+    // which a template may hand to a later run (docs/engine.md, "The network namespace").
     b.ops.push(Op::Mkdir {
         path: c("proc"),
         mode: 0o555,
@@ -850,12 +853,8 @@ pub fn build_with(
     b.rule("/proc", READ, true);
     b.ops.push(Op::UserNsLimits);
     b.ops.push(Op::ReadOnly {
-        path: c("proc/sys"),
+        path: c("proc"),
         optional: false,
-    });
-    b.ops.push(Op::ReadOnly {
-        path: c("proc/sysrq-trigger"),
-        optional: true,
     });
 
     // /dev: a small tmpfs with bound device nodes, a private devpts and /dev/shm.
@@ -2143,8 +2142,7 @@ mod tests {
             [
                 "proc proc",
                 "user-ns-limits",
-                "read-only proc/sys",
-                "read-only proc/sysrq-trigger",
+                "read-only proc",
                 "devpts dev/pts",
                 "tmpfs dev/shm",
                 "tmpfs tmp",
@@ -2175,7 +2173,7 @@ mod tests {
         assert_eq!(part.ops.len(), per_run.len());
         assert_eq!(part.sources.len(), 1);
         assert!(part.sources[0].path.to_bytes().ends_with(b"/out"));
-        assert!(matches!(part.ops[9], Op::Bind { source: 0, .. }));
+        assert!(matches!(part.ops[8], Op::Bind { source: 0, .. }));
         // Landlock rules on per-run mounts are opened per run.
         assert!(is_per_run_path(b"/tmp") && is_per_run_path(b"/workspace/x"));
         assert!(!is_per_run_path(b"/dev") && !is_per_run_path(b"/data") && !is_per_run_path(b"/"));

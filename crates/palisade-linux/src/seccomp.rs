@@ -16,6 +16,7 @@
 //! | `open_by_handle_at`, `name_to_handle_at` | opening files by handle, around the mount view (the "shocker" escape) |
 //! | `unshare`, `setns`, `clone` with namespace flags | new namespaces unlock more kernel surface (nested user namespaces are also capped at 0) |
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | keystroke injection into a terminal; the command is compared as 32 bits (CVE-2019-10063) |
+//! | `ioctl` `TIOCSETD` | a line discipline on the sandbox's own pty: loads and runs rarely used kernel code (n_gsm, n_hdlc, PPP) and, with PPP, registers a channel counted in the network namespace, which a template may hand to a later run |
 //! | `socket` and `socketpair` of families other than `AF_UNIX`, `AF_INET`, `AF_INET6` | netlink, packet, vsock, xdp… sockets: no route out but the proxy's, and no other family's code (`socketpair` creates a socket of the family before it finds out the family has no pairs) |
 //! | `fanotify_init` | a group counts against the per-user quota of the user namespace's owner, host root for a root-launched sandbox (audit F3); inotify stays |
 //! | `prlimit64` of `RLIMIT_CORE` that also reads the old limit | the limit stays at [`CORE_LIMIT`]; a plain `setrlimit` or `prlimit64` of it returns 0 and changes nothing (not reported) |
@@ -393,10 +394,11 @@ pub fn program_with(allow_ptrace: bool, watch_net: bool) -> Vec<SockFilter> {
     a.place(clone);
     a.load(arg_lo(0));
     a.jset(NAMESPACE_FLAGS, To::At(refuse), To::At(allow));
-    // ioctl TIOCSTI / TIOCLINUX, compared on the low 32 bits of the command.
+    // ioctl TIOCSTI / TIOCLINUX / TIOCSETD, compared on the low 32 bits of the command.
     a.place(ioctl);
     a.load(arg_lo(1));
     a.jeq(libc::TIOCSTI as u32, To::At(refuse), To::Next);
+    a.jeq(libc::TIOCSETD as u32, To::At(refuse), To::Next);
     a.jeq(libc::TIOCLINUX as u32, To::At(refuse), To::At(allow));
     // socket and socketpair: only unix, inet, inet6 (socketpair runs the family's own socket
     // creation before it finds out the family has no pairs). Watching, an allowed family goes to
@@ -489,6 +491,7 @@ pub fn answer(nr: i32, arch: u32, args: &[u64; 6]) -> (String, i32) {
     match nr {
         libc::SYS_clone => eperm("clone (namespace flags)"),
         libc::SYS_ioctl if args[1] as u32 == libc::TIOCSTI as u32 => eperm("ioctl TIOCSTI"),
+        libc::SYS_ioctl if args[1] as u32 == libc::TIOCSETD as u32 => eperm("ioctl TIOCSETD"),
         libc::SYS_ioctl => eperm("ioctl TIOCLINUX"),
         libc::SYS_socket => (
             format!("socket ({})", family_name(args[0] as u32)),
@@ -647,6 +650,11 @@ mod tests {
         assert_eq!(
             answer(libc::SYS_ioctl as i32, AUDIT_ARCH, &a).0,
             "ioctl TIOCSTI"
+        );
+        a[1] = libc::TIOCSETD as u64 | 0xdead_0000_0000;
+        assert_eq!(
+            answer(libc::SYS_ioctl as i32, AUDIT_ARCH, &a).0,
+            "ioctl TIOCSETD"
         );
         assert_eq!(answer(3, 0x4000_0003, &z).0, "foreign-abi");
     }
@@ -938,6 +946,20 @@ mod tests {
                 [0, (1u64 << 32) | libc::TIOCSTI as u64, 0, 0, 0, 0]
             ),
             EPERM
+        );
+        for high in [0, 1u64 << 32] {
+            assert_eq!(
+                call(
+                    libc::SYS_ioctl,
+                    [0, high | libc::TIOCSETD as u64, 0, 0, 0, 0]
+                ),
+                EPERM
+            );
+        }
+        // Reading the line discipline is harmless.
+        assert_eq!(
+            call(libc::SYS_ioctl, [0, libc::TIOCGETD as u64, 0, 0, 0, 0]),
+            RET_ALLOW
         );
         assert_eq!(
             call(libc::SYS_ioctl, [0, libc::TIOCGWINSZ as u64, 0, 0, 0, 0]),

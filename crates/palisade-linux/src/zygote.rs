@@ -1170,24 +1170,15 @@ const NET_FREE_TARGET: usize = 2;
 /// Most namespaces out with runs that the zygote remembers; past it the oldest is forgotten (its
 /// run keeps it; given back later, it is let go).
 const NET_LENT_MAX: usize = 256;
-/// Most entries of a namespace's `/proc/net` the zygote looks at (about 70 on Linux 6.18), and
-/// how deep; a namespace with more is let go.
-const NET_ENTRIES_MAX: usize = 1024;
-const NET_DEPTH_MAX: usize = 3;
-
-/// An entry of a namespace's `/proc/net`: its path under it, its mode, owner and group.
-type NetEntry = (Vec<u8>, u32, u32, u32);
 
 /// The network namespaces of a template without egress. Each is made by the zygote (owned by the
 /// template's user namespace T, so a run, in a user namespace of its own under T, has no
 /// capability in it: it cannot add an address, a route, a rule or change a setting), with `lo` up
 /// and nothing else. A run gets one of them instead of making its own; the supervisor gives it
 /// back when the run is over, saying whether the run made any socket (the seccomp filter shows
-/// it every `socket` and `socketpair`). One that a run made no socket in is as it was made but for
-/// the modes of its `/proc/net` entries (which a root launch's run owns, see [`NetPool::as_made`]); the zygote
-/// checks that no socket of any kind remains in it (its counts in `sockstat`) and that those
-/// entries are as in a namespace it just made before it hands it to another run; any other is
-/// let go and the kernel tears it down.
+/// it every `socket` and `socketpair`). One that a run made no socket in is as it was made, and
+/// the zygote checks that no socket of any kind remains in it (its counts in `sockstat`) before it
+/// hands it to another run; any other is let go and the kernel tears it down.
 struct NetPool {
     /// Ready: descriptors of `/proc/thread-self/ns/net`.
     free: Vec<c_int>,
@@ -1196,8 +1187,6 @@ struct NetPool {
     next: u32,
     /// The host's `/proc`.
     proc_: c_int,
-    /// The `/proc/net` of the pool's first namespace, as the zygote made it, sorted.
-    made: Vec<NetEntry>,
 }
 
 impl NetPool {
@@ -1213,19 +1202,8 @@ impl NetPool {
             lent: std::collections::VecDeque::new(),
             next: 0,
             proc_,
-            made: Vec::new(),
         };
         let first = p.make().ok()?;
-        // The zygote is in it: what a namespace's `/proc/net` is as the kernel makes it. Were
-        // the kernel to add entries later (a module loaded), every namespace given back would
-        // differ and be let go: runs then get fresh ones, as without a pool.
-        match p.proc_net() {
-            Some(made) => p.made = made,
-            None => {
-                sys::close(first);
-                return None;
-            }
-        }
         p.free.push(first);
         Some(p)
     }
@@ -1279,25 +1257,20 @@ impl NetPool {
             return;
         };
         let (_, fd) = self.lent.remove(at).expect("found above");
-        if unused && self.free.len() < NET_FREE_MAX && self.as_made(fd) {
+        if unused && self.free.len() < NET_FREE_MAX && self.empty(fd) {
             self.free.push(fd);
         } else {
             sys::close(fd);
         }
     }
 
-    /// Whether the namespace `fd` is as the zygote made it: no socket left in it (every count of
-    /// its `sockstat` and `sockstat6` zero: sockets in use of every family, TCP orphans and
-    /// time-wait, fragments), and its `/proc/net` entries with the modes, owner and group of a
-    /// new namespace's. Those entries are the namespace's own, seen by every procfs, and owned
-    /// by root of T, onto which a root launch maps a run's root: such a run can `chmod` them
-    /// without a socket, and the next run would see the modes (a channel) or be refused its own
-    /// `/proc/net`.
-    fn as_made(&self, fd: c_int) -> bool {
+    /// Whether no socket is left in the namespace `fd`: every count of its `sockstat` and
+    /// `sockstat6` zero (sockets in use of every family, TCP orphans and time-wait, fragments).
+    fn empty(&self, fd: c_int) -> bool {
         if sys::setns(fd, libc::CLONE_NEWNET).is_err() {
             return false;
         }
-        let no_socket = [c"thread-self/net/sockstat", c"thread-self/net/sockstat6"]
+        [c"thread-self/net/sockstat", c"thread-self/net/sockstat6"]
             .iter()
             .all(|f| {
                 let mut buf = [0u8; 1024];
@@ -1310,52 +1283,8 @@ impl NetPool {
                     Ok(n) if n < buf.len() => sockstat_empty(&buf[..n]),
                     _ => false,
                 }
-            });
-        no_socket && self.proc_net().is_some_and(|now| now == self.made)
+            })
     }
-
-    /// The calling thread's namespace's `/proc/net`, every entry with its mode, owner and group,
-    /// sorted; `None` if it cannot be read whole within the bounds.
-    fn proc_net(&self) -> Option<Vec<NetEntry>> {
-        let fd = sys::openat(
-            self.proc_,
-            c"thread-self/net",
-            libc::O_RDONLY | libc::O_DIRECTORY,
-            0,
-        )
-        .ok()?;
-        let dir = crate::fs::Dir::from_fd(fd).ok()?;
-        let mut out = Vec::new();
-        net_entries(&dir, b"", 0, &mut out)?;
-        out.sort_unstable();
-        Some(out)
-    }
-}
-
-/// Adds the entries of `dir` (at `at` under `/proc/net`) and of its subdirectories to `out`.
-fn net_entries(
-    dir: &crate::fs::Dir,
-    at: &[u8],
-    depth: usize,
-    out: &mut Vec<NetEntry>,
-) -> Option<()> {
-    for name in dir.names(NET_ENTRIES_MAX).ok()? {
-        if out.len() >= NET_ENTRIES_MAX {
-            return None;
-        }
-        let mut path = at.to_vec();
-        path.push(b'/');
-        path.extend_from_slice(&name);
-        let st = dir.stat(&name).ok()??;
-        out.push((path.clone(), st.mode, st.uid, st.gid));
-        if st.kind == crate::fs::Kind::Dir {
-            if depth >= NET_DEPTH_MAX {
-                return None;
-            }
-            net_entries(&dir.open_dir(&name).ok()?, &path, depth + 1, out)?;
-        }
-    }
-    Some(())
 }
 
 /// Whether a `sockstat` or `sockstat6` text counts no socket: each line's `used`, `inuse`,

@@ -581,6 +581,7 @@ fn refused() {
     }
     for (name, cmd) in [
         ("ioctl-TIOCSTI", libc::TIOCSTI as u64),
+        ("ioctl-TIOCSETD", libc::TIOCSETD as u64),
         ("ioctl-TIOCLINUX", libc::TIOCLINUX as u64),
         (
             "ioctl-TIOCLINUX-high-bits",

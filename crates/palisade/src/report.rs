@@ -872,7 +872,7 @@ fn layers(ids: Option<Ids>, landlock: Option<&LandlockState>) -> Vec<Layer> {
     v.push(on(
         "seccomp",
         format!(
-            "{} system calls refused (io_uring, bpf, ptrace, keyctl, mount API, unshare/setns…), clone with namespace flags, TIOCSTI/TIOCLINUX, socket families but unix/inet/inet6, other ABIs; every refused attempt answered by the supervisor and listed in denied_syscalls",
+            "{} system calls refused (io_uring, bpf, ptrace, keyctl, mount API, unshare/setns…), clone with namespace flags, TIOCSTI/TIOCLINUX/TIOCSETD, socket families but unix/inet/inet6, other ABIs; every refused attempt answered by the supervisor and listed in denied_syscalls",
             palisade_linux::seccomp::denied().len()
         ),
     ));
