@@ -404,8 +404,9 @@ def render_run_code(doc):
              "and kernel threads) / requests; where the VM is saturated by other work this is about "
              "2 CPUs × the row's length / requests and says little. server: CPU seconds of the server's "
              "process tree (the server, its sandboxes and every process they waited for) / requests; it "
-             "leaves out work the kernel does in its own threads, e.g. tearing down palisade's per-run "
-             "network namespace (SandboxFusion reuses its network namespaces).", "",
+             "leaves out work the kernel does in its own threads, e.g. tearing down a run's network "
+             "namespace (SandboxFusion reuses its network namespaces; palisade's templates without egress "
+             "reuse one no earlier run made a socket in, since 2026-12-04 13:00).", "",
              "| server | isolation | payload | clients | requests | req/s | p50 ms | p99 ms | errors | CPU ms/req, machine | server |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
