@@ -128,7 +128,14 @@ impl Service {
                     stream_buffer: None,
                     ..Io::default()
                 };
-                let mut held = Held::start(&svc, sandbox, io).await;
+                // From the pool policy's template where templates are on (a start from it
+                // costs less than a cold one), else cold.
+                let mut held = match svc.template_for(p, false).await {
+                    Some(t) => {
+                        Held::start_template(&svc, t, p.command.clone(), Vec::new(), io).await
+                    }
+                    None => Held::start(&svc, sandbox, io).await,
+                };
                 let Some(sock) = held.run_mut().take_stdin() else {
                     let out = held.finish().await;
                     failures += 1;
