@@ -20,9 +20,11 @@ import benchlib  # noqa: E402
 
 PAYLOADS = {
     "true": {"command": ["true"]},
-    "true (agent)": {"command": ["true"], "files": {"a.txt": "x"}},
+    "true (files)": {"command": ["true"], "files": {"a.txt": "x"}},
+    "true (agent)": {"command": ["true"], "files": {"a.txt": "x"}, "fetch": ["a.txt"]},
     "python -c": {"command": ["python3", "-c", "print(sum(range(1000)))"]},
-    "python code (agent)": {"language": "python", "code": "print(sum(range(1000)))"},
+    "python code": {"language": "python", "code": "print(sum(range(1000)))"},
+    "python code (agent)": {"language": "python", "code": "print(sum(range(1000)))", "fetch": ["main.py"]},
 }
 
 
@@ -156,9 +158,9 @@ def engines(a):
     lines = ["# `palisade serve`: cold, template and warm-Python runs", "",
              f"{meta['date']}; {cpus} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
              "Python `print(1)` as `language`+`code`, closed-loop clients on loopback (bench/server.sh --engines). "
-             "cold: `--templates 0` (the exec engine, through the agent); template: the default (`--templates 8`: "
-             "the agent in a sandbox from a template); warm-python: `--warm-python` (`python3 -c`, forked from "
-             "the warm interpreter, no agent).", "",
+             "cold: `--templates 0` (the exec engine; the sandbox's init writes the code to `main.py`); template: "
+             "the default (`--templates 8`: the same from a template); warm-python: `--warm-python` "
+             "(`python3 -c`, forked from the warm interpreter).", "",
              "| engine | via | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['engine']} | {r['via']} | {r['clients']} | {r['requests']} | "
@@ -377,8 +379,10 @@ def render_main(doc):
     lines = ["# `palisade serve` throughput and latency", "",
              f"{meta['date']}; {meta['cpus']} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
              f"`--max-concurrency {meta['max_concurrency']}`; closed-loop clients on loopback "
-             "(bench/server.sh). `(agent)`: the run goes through the in-sandbox agent (files in), as code in a "
-             "language does; the others start the command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
+             "(bench/server.sh). `(files)` and `python code`: the sandbox's init writes the files (the code "
+             "to `main.py`) before the program starts, which is the sandbox's payload; `(agent)`: the same "
+             "with a file to fetch back, which goes through the in-sandbox agent; the others start the "
+             "command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
              "says how busy the machine was.", "",
              "| via | payload | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -775,6 +775,7 @@ fn run(a: RunArgs) -> anyhow::Result<i32> {
                 .source()
                 .context("cannot take signals for forwarding")?,
         ),
+        files: Vec::new(),
     });
     // This thread only writes the output; the run's own thread enforces the deadline and the
     // ceilings, so a slow terminal or a full pipe here holds back the payload, never its limits.

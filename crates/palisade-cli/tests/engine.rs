@@ -1257,3 +1257,226 @@ print(hits[needle], hits[own])
         "run N's environment is in run N+1's memory"
     );
 }
+
+// ---- A run's files (Io::files) ----
+
+/// The files of the run in `files_test`: a program, a binary file past a pipe's buffer in
+/// directories that do not exist yet, a private one and an executable script.
+fn run_files() -> (Vec<palisade::FileIn>, Vec<u8>) {
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let files = vec![
+        palisade::FileIn {
+            path: "main.py".into(),
+            data: b"print('hi')\n".to_vec(),
+            mode: 0o644,
+        },
+        palisade::FileIn {
+            path: "data/in/x.bin".into(),
+            data: big.clone(),
+            mode: 0o600,
+        },
+        palisade::FileIn {
+            path: "run.sh".into(),
+            data: b"#!/bin/sh\necho script-ran\n".to_vec(),
+            mode: 0o755,
+        },
+    ];
+    (files, big)
+}
+
+/// What the payload sees of its files, and of its own descriptors.
+const LOOK_AT_FILES: &str =
+    "cd /workspace && stat -c '%n %a %u' main.py data/in/x.bin run.sh data data/in; \
+     id -u; cksum < data/in/x.bin; cat main.py; ./run.sh; \
+     for f in /proc/self/fd/*; do readlink $f; done | grep -c memfd || true";
+
+/// Checks what [`LOOK_AT_FILES`] printed.
+fn files_seen(what: &str, out: &str, big: &[u8]) {
+    let lines: Vec<&str> = out.lines().collect();
+    let uid = lines.get(5).copied().unwrap_or_default();
+    let want_stat = [
+        format!("main.py 644 {uid}"),
+        format!("data/in/x.bin 600 {uid}"),
+        format!("run.sh 755 {uid}"),
+        format!("data 755 {uid}"),
+        format!("data/in 755 {uid}"),
+    ];
+    assert_eq!(&lines[..5], &want_stat, "{what}: {out}");
+    // cksum of the same bytes on the host.
+    let mut c = std::process::Command::new("cksum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cksum");
+    use std::io::Write;
+    c.stdin.take().unwrap().write_all(big).unwrap();
+    let host = String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap();
+    assert_eq!(lines[6], host.trim(), "{what}: the bytes differ: {out}");
+    assert_eq!(
+        &lines[7..],
+        ["print('hi')", "script-ran", "0"],
+        "{what}: {out}"
+    );
+}
+
+/// A run's files are in its working directory when the payload starts, with their modes, owned
+/// by the sandbox's user, their bytes exact: from a cold start (both engines), a template and a
+/// warm Python template. The payload holds no descriptor of them.
+#[test]
+fn a_runs_files_are_there_when_it_starts() {
+    let _one = serial();
+    let (files, big) = run_files();
+    let io = || Io {
+        files: files.clone(),
+        ..Io::default()
+    };
+    for (engine, name) in [(Engine::InProcess, "in-process"), (exec_engine(), "exec")] {
+        let o = Sandbox::from_policy(policy(LOOK_AT_FILES))
+            .unwrap()
+            .engine(engine)
+            .start(io())
+            .wait_output();
+        assert_eq!(o.report.status, Status::Ok, "{name}: {:?}", o.report);
+        files_seen(name, &String::from_utf8_lossy(&o.stdout), &big);
+    }
+    let t = default_template();
+    let o = t
+        .start(["/bin/sh", "-c", LOOK_AT_FILES], &[], io())
+        .wait_output();
+    assert_eq!(o.report.status, Status::Ok, "template: {:?}", o.report);
+    files_seen("template", &String::from_utf8_lossy(&o.stdout), &big);
+    // The next run of the template starts without them.
+    let (r, _) = trun(&t, "ls -A /workspace | wc -l", &[]);
+    assert_eq!(r.stdout.trim(), "0", "{}", r.stdout);
+    let w = warm_template(Policy::new(["true"]).unwrap());
+    let o = w
+        .start(
+            [
+                "python3",
+                "-c",
+                "import os, sys; os.execv('/bin/sh', ['/bin/sh', '-c', sys.argv[1]])",
+                LOOK_AT_FILES,
+            ],
+            &[],
+            io(),
+        )
+        .wait_output();
+    assert_eq!(o.report.engine, Some("template-warm"), "{:?}", o.report);
+    assert_eq!(o.report.status, Status::Ok, "warm: {:?}", o.report);
+    files_seen("warm", &String::from_utf8_lossy(&o.stdout), &big);
+}
+
+/// A bad file path or mode fails the run before anything starts, naming the field; nothing of
+/// the payload runs.
+#[test]
+fn a_runs_bad_files_are_refused() {
+    let _one = serial();
+    let d = TempDir::new("badfiles");
+    let marker = d.path().join("ran");
+    let t = default_template();
+    let file = |path: &str, mode: u32| palisade::FileIn {
+        path: path.into(),
+        data: b"x".to_vec(),
+        mode,
+    };
+    for (files, field, value) in [
+        (vec![file("../x", 0o644)], "files", "../x"),
+        (vec![file("/etc/x", 0o644)], "files", "/etc/x"),
+        (vec![file("a//b", 0o644)], "files", "a//b"),
+        (vec![file("a/./b", 0o644)], "files", "a/./b"),
+        (vec![file("", 0o644)], "files", ""),
+        (vec![file("x", 0o4755)], "files.mode", "4755"),
+        (vec![file("x", 0o644), file("x", 0o600)], "files", "x"),
+        (vec![file("a", 0o644), file("a/b", 0o644)], "files", "a"),
+    ] {
+        let io = || Io {
+            files: files.clone(),
+            ..Io::default()
+        };
+        let script = format!("touch {}", marker.display());
+        let cold = Sandbox::from_policy(policy(&script))
+            .unwrap()
+            .start(io())
+            .wait_output();
+        let warm = t.start(["/bin/sh", "-c", &script], &[], io()).wait_output();
+        for (o, name) in [(cold, "cold"), (warm, "template")] {
+            assert_eq!(o.report.status, Status::SandboxError, "{name} {files:?}");
+            let e = o.report.error.clone().unwrap_or_default();
+            assert!(
+                e.contains(&format!("`{field}`")) || e.contains(field),
+                "{name}: {e}"
+            );
+            assert!(e.contains(value), "{name}: {e}");
+        }
+        assert!(!marker.exists(), "the payload ran with {files:?}");
+    }
+}
+
+/// With a host scratch directory, a symbolic link an earlier run left where a file of the run
+/// goes is not followed: the run fails naming the file, and the link's target on the host is
+/// untouched; a fifo there fails too, at once, rather than wait for a reader.
+#[test]
+fn a_runs_files_never_follow_a_link_left_in_a_host_scratch() {
+    let _one = serial();
+    let d = TempDir::new("filelink");
+    let outside = TempDir::new("filelink-target");
+    let target = outside.path().join("target");
+    std::fs::write(&target, "host\n").unwrap();
+    let scratch = d.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    std::os::unix::fs::symlink(&target, scratch.join("main.py")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), scratch.join("dir")).unwrap();
+    let fifo = std::ffi::CString::new(scratch.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let mut p = Policy::new(["true"]).unwrap();
+    p.scratch = palisade::policy::Scratch::Host {
+        path: scratch.clone(),
+    };
+    let t = template(p.clone());
+    for path in ["main.py", "dir/new", "fifo"] {
+        let io = || Io {
+            files: vec![palisade::FileIn {
+                path: path.into(),
+                data: b"from the run\n".to_vec(),
+                mode: 0o644,
+            }],
+            ..Io::default()
+        };
+        let cold = Sandbox::from_policy(p.clone())
+            .unwrap()
+            .start(io())
+            .wait_output();
+        let tmpl = t.start(["true"], &[], io()).wait_output();
+        for (o, name) in [(cold, "cold"), (tmpl, "template")] {
+            assert_eq!(
+                o.report.status,
+                Status::SandboxError,
+                "{name} {path}: {:?}",
+                o.report
+            );
+            let e = o.report.error.clone().unwrap_or_default();
+            assert!(
+                e.contains(&format!("write the run's file {path}")),
+                "{name}: {e}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "host\n");
+    assert!(!outside.path().join("new").exists());
+    // Control: a plain path there is written.
+    let io = Io {
+        files: vec![palisade::FileIn {
+            path: "plain".into(),
+            data: b"from the run\n".to_vec(),
+            mode: 0o644,
+        }],
+        ..Io::default()
+    };
+    let o = t.start(["true"], &[], io).wait_output();
+    assert_eq!(o.report.status, Status::Ok, "{:?}", o.report);
+    assert_eq!(
+        std::fs::read_to_string(scratch.join("plain")).unwrap(),
+        "from the run\n"
+    );
+}

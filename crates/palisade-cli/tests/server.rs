@@ -372,7 +372,7 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
         ),
         (
             "too few processes for the agent",
-            br#"{"language":"python","code":"","limits":{"pids":2}}"#.to_vec(),
+            br#"{"language":"python","code":"","fetch":["out.txt"],"limits":{"pids":2}}"#.to_vec(),
             400,
             "invalid",
             Some("limits.pids"),
@@ -1133,8 +1133,57 @@ fn egress_is_the_servers_rules_at_most_and_denials_are_counted() {
     assert_nothing_held(s.pid());
 }
 
-/// The warm pool: runs with the default policy take a sandbox started ahead (each used once, the
-/// pool refilled); runs that narrow the policy start their own; the counters say which.
+/// Files to write, without files to fetch or a compile stage, need no agent: the sandbox's init
+/// writes them before the program starts, so a run with two processes (init and the program) is
+/// enough, and the program is the sandbox's payload. Text and base64 both arrive byte for byte.
+#[test]
+fn files_to_write_need_no_agent() {
+    let s = Server::start(POLICY, &[]);
+    let code = "import hashlib\nprint(open('data.txt').read(), hashlib.sha256(open('sub/b.bin', 'rb').read()).hexdigest())";
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({
+                "language": "python",
+                "code": code,
+                "files": {"data.txt": "hello", "sub/b.bin": {"base64": "AAH/gA=="}},
+                "limits": {"pids": 2},
+            }),
+        )
+        .json();
+    assert_eq!(j["status"], "ok", "{j}");
+    let digest = {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import hashlib; print(hashlib.sha256(bytes([0, 1, 255, 128])).hexdigest())",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(j["stdout"]["data"], format!("hello {digest}"), "{j}");
+    assert_eq!(j["report"]["pids_peak"], 2, "{j}");
+    // A path the request may not name is refused before anything starts, naming the field.
+    let r = s.post(
+        "/v1/run",
+        &json!({"language": "python", "code": "print(1)", "files": {"../x": "y"}}),
+    );
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["error"]["field"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("files"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_nothing_held(s.pid());
+}
+
+/// The warm pool: runs through the agent (files to fetch) with the default policy take a sandbox
+/// started ahead (each used once, the pool refilled); runs that narrow the policy start their own;
+/// the counters say which.
 #[test]
 fn the_warm_pool_serves_default_runs_once_each() {
     let s = Server::start(POLICY, &["--pool", "2"]);
@@ -1143,7 +1192,10 @@ fn the_warm_pool_serves_default_runs_once_each() {
     for i in 0..6 {
         let code = format!("import os\nprint({i}, os.path.exists('seen'))\nopen('seen', 'w')");
         let j = s
-            .post("/v1/run", &json!({"language": "python", "code": code}))
+            .post(
+                "/v1/run",
+                &json!({"language": "python", "code": code, "fetch": ["seen"]}),
+            )
             .json();
         assert_eq!(j["status"], "ok", "{j}");
         // Each run sees a fresh sandbox: nothing of an earlier run is there.
@@ -1162,7 +1214,7 @@ fn the_warm_pool_serves_default_runs_once_each() {
     assert!(s.metric("palisade_pool_started_total") >= 8);
     // A run that narrows the policy, or names variables, starts its own sandbox.
     let before = s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total");
-    let j = s.post("/v1/run", &json!({"language": "python", "code": "print(1)", "limits": {"memory_bytes": 128u64 << 20}})).json();
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "print(1)", "fetch": ["main.py"], "limits": {"memory_bytes": 128u64 << 20}})).json();
     assert_eq!(
         (
             j["status"].as_str(),
@@ -1170,14 +1222,14 @@ fn the_warm_pool_serves_default_runs_once_each() {
         ),
         (Some("ok"), Some(128 << 20))
     );
-    let j = s.post("/v1/run", &json!({"language": "python", "code": "import os; print(os.environ['K'])", "env": {"K": "v"}})).json();
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import os; print(os.environ['K'])", "fetch": ["main.py"], "env": {"K": "v"}})).json();
     assert_eq!(j["stdout"]["data"], "v\n");
     assert_eq!(
         s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
         before
     );
     // A narrower deadline still uses the pool: the server keeps each stage's.
-    let j = s.post("/v1/run", &json!({"language": "python", "code": "import time; time.sleep(30)", "limits": {"timeout_ms": 300}})).json();
+    let j = s.post("/v1/run", &json!({"language": "python", "code": "import time; time.sleep(30)", "fetch": ["main.py"], "limits": {"timeout_ms": 300}})).json();
     assert_eq!(j["status"], "timeout", "{j}");
     assert_eq!(
         s.metric("palisade_pool_hits_total") + s.metric("palisade_pool_misses_total"),
@@ -1616,9 +1668,15 @@ fn runs_through_templates_hold_the_boundary() {
             json!({"command": ["python3", "-c", code], "allow_net": ["pypi.org"]}),
             "template",
         ),
-        // With a file to write: the agent, in a sandbox from a template.
+        // With a file to write: written by the sandbox's init, the code forked from the warm
+        // interpreter all the same.
         (
             json!({"language": "python", "code": code, "files": {"data.txt": "x"}, "allow_net": ["pypi.org"]}),
+            "template-warm",
+        ),
+        // With a file to fetch: the agent, in a sandbox from a template.
+        (
+            json!({"language": "python", "code": code, "fetch": ["main.py"], "allow_net": ["pypi.org"]}),
             "template",
         ),
     ];
@@ -1645,7 +1703,7 @@ fn runs_through_templates_hold_the_boundary() {
     assert_eq!(String::from_utf8_lossy(&host.stdout), "host secret\n");
     assert_eq!(
         s.metric("palisade_runs_total{status=\"ok\",engine=\"template-warm\"}"),
-        1
+        2
     );
     assert_eq!(
         s.metric("palisade_runs_total{status=\"ok\",engine=\"template\"}"),

@@ -87,10 +87,11 @@ pub enum Step {
     WarmPython,
     WarmImport,
     WarmThreads,
+    FilesIn,
 }
 
 impl Step {
-    const ALL: [Step; 31] = [
+    const ALL: [Step; 32] = [
         Step::DeathSignal,
         Step::Ids,
         Step::Stdio,
@@ -122,6 +123,7 @@ impl Step {
         Step::WarmPython,
         Step::WarmImport,
         Step::WarmThreads,
+        Step::FilesIn,
     ];
 
     /// The step of a `MSG_SETUP_ERROR` record.
@@ -163,6 +165,7 @@ impl Step {
             Step::WarmPython => "warm-python",
             Step::WarmImport => "warm-import",
             Step::WarmThreads => "warm-threads",
+            Step::FilesIn => "files-in",
         }
     }
 }
@@ -178,6 +181,8 @@ pub struct ChildFds {
     pub go: c_int,
     /// Socket on which init sends the pty master to the supervisor, or -1.
     pub pty_sock: c_int,
+    /// The bytes of the run's files (`plan.exec.files`), a sealed memfd, or -1 without files.
+    pub files: c_int,
     /// Every descriptor init keeps; all others are closed. Sorted ascending.
     pub keep: Vec<c_int>,
 }
@@ -371,7 +376,78 @@ pub(crate) fn finish_view(
     if plan.tty {
         ready.slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
     }
+    // 13. The run's files, written here, inside the boundary, before the payload exists.
+    if fds.files >= 0 {
+        let r = write_files(plan, fds.files);
+        sys::close(fds.files);
+        r?;
+    }
     Ok(())
+}
+
+/// Step 13: writes the run's files under the working directory from `src` (their bytes one after
+/// the other). Each directory on the way and each file is opened with `openat2` beneath the one
+/// before, following no symbolic link and crossing no mount: the working directory may be a host
+/// scratch directory where an earlier run left links. A missing directory is made (0755); a file
+/// is created or replaced, and must be a regular file. Async-signal-safe: no allocation.
+fn write_files(plan: &Plan, src: c_int) -> Result<(), Fail> {
+    const RESOLVE: u64 = sys::RESOLVE_BENEATH
+        | sys::RESOLVE_NO_SYMLINKS
+        | sys::RESOLVE_NO_MAGICLINKS
+        | sys::RESOLVE_NO_XDEV;
+    let dir_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    let top = sys::openat(libc::AT_FDCWD, &plan.workdir, dir_flags, 0)
+        .map_err(|e| (Step::FilesIn, 0, e))?;
+    let mut offset: u64 = 0;
+    let mut result = Ok(());
+    for (i, f) in plan.exec.files.iter().enumerate() {
+        let fail = |e| (Step::FilesIn, i as u32, e);
+        let mut dir: Option<std::os::fd::OwnedFd> = None;
+        let mut step = || -> Result<(), Fail> {
+            for d in &f.dirs {
+                let at = dir.as_ref().unwrap_or(&top).as_raw_fd();
+                let next = match sys::openat2(at, d, dir_flags, 0, RESOLVE) {
+                    Err(libc::ENOENT) => {
+                        match sys::mkdirat(at, d, 0o755) {
+                            Ok(()) | Err(libc::EEXIST) => {}
+                            Err(e) => return Err(fail(e)),
+                        }
+                        sys::openat2(at, d, dir_flags, 0, RESOLVE).map_err(fail)?
+                    }
+                    r => r.map_err(fail)?,
+                };
+                if let Some(old) = dir.replace(next) {
+                    sys::close_owned(old);
+                }
+            }
+            let at = dir.as_ref().unwrap_or(&top).as_raw_fd();
+            // Non-blocking: a fifo left in a host scratch directory fails (ENXIO) instead of
+            // waiting for a reader.
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+            let out = sys::openat2(at, &f.name, flags, f.mode, RESOLVE).map_err(fail)?;
+            let r = (|| {
+                if sys::file_type(out.as_raw_fd())? != libc::S_IFREG {
+                    return Err(libc::EINVAL);
+                }
+                sys::ftruncate(out.as_raw_fd())?;
+                sys::fchmod(out.as_raw_fd(), f.mode)?;
+                sys::sendfile_all(out.as_raw_fd(), src, offset, f.len)
+            })();
+            sys::close_owned(out);
+            r.map_err(fail)
+        };
+        let r = step();
+        if let Some(d) = dir.take() {
+            sys::close_owned(d);
+        }
+        if r.is_err() {
+            result = r;
+            break;
+        }
+        offset += f.len;
+    }
+    sys::close_owned(top);
+    result
 }
 
 /// 11b. The egress proxy's listeners, made here so that they belong to this network namespace,

@@ -233,6 +233,39 @@ pub struct Extras {
     pub trust: Option<String>,
     /// Variables set last, over the policy's (the placeholders of secrets).
     pub env: Vec<(String, String)>,
+    /// Files the sandbox's init writes under the payload's working directory before the payload
+    /// starts (see [`FileIn`]).
+    pub files: Vec<FileIn>,
+}
+
+/// A file given to one run: written by the sandbox's init, inside the boundary (its user, its
+/// mounts), under the payload's working directory, after the view is built and before the payload
+/// starts; the payload finds it there as if it had been in the directory all along. Directories on
+/// its way are made (mode 0755); an existing file is replaced. No symbolic link is followed and no
+/// mount crossed on the way, so with a host scratch directory a link left there by an earlier run
+/// fails the run rather than redirect the write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileIn {
+    /// Relative to the working directory: `name` or `dir/name`, without `.` or `..` components,
+    /// empty components or NUL bytes.
+    pub path: String,
+    pub data: Vec<u8>,
+    /// Permission bits (at most 0o777).
+    pub mode: u32,
+}
+
+/// Most files one run may be given.
+pub const MAX_FILES_IN: usize = 4096;
+
+/// A run's file as its init writes it: the directories on its way and its name (each one path
+/// component), its mode, and how many bytes of the run's files descriptor are its own (the files'
+/// bytes follow one another there, in this order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFile {
+    pub dirs: Vec<CString>,
+    pub name: CString,
+    pub mode: u32,
+    pub len: u64,
 }
 
 /// Where palisade's generated trust files are inside.
@@ -278,6 +311,9 @@ pub struct Exec {
     pub candidates: Vec<CString>,
     pub argv: crate::sys::CStrArray,
     pub envp: crate::sys::CStrArray,
+    /// Files init writes before the payload starts; their bytes come on a descriptor of their own
+    /// (`ChildFds::files`).
+    pub files: Vec<InFile>,
 }
 
 impl Exec {
@@ -288,6 +324,7 @@ impl Exec {
             candidates,
             argv: crate::sys::CStrArray::new(argv),
             envp: crate::sys::CStrArray::new(envp),
+            files: Vec::new(),
         }
     }
 }
@@ -1554,7 +1591,99 @@ pub fn exec_plan(policy: &Policy, extras: &Extras) -> Result<Exec, SetupError> {
     }
     let argv: Vec<CString> = policy.command.iter().map(c).collect();
     let envp: Vec<CString> = env.iter().map(|(n, v)| c(format!("{n}={v}"))).collect();
-    Ok(Exec::new(candidates, argv, envp))
+    let mut exec = Exec::new(candidates, argv, envp);
+    exec.files = in_files(&extras.files)?;
+    Ok(exec)
+}
+
+/// The files of a run as its init writes them, each path checked: relative, at most 4096 bytes,
+/// components of at most 255 bytes that are neither empty, `.` nor `..`, no NUL; each path once,
+/// and none the directory of another; permission bits only.
+pub fn in_files(files: &[FileIn]) -> Result<Vec<InFile>, SetupError> {
+    let bad = |field: &'static str, value: String, expected: &'static str| {
+        SetupError::Policy(palisade_policy::PolicyError::Invalid {
+            field,
+            value,
+            expected,
+        })
+    };
+    const EXPECTED: &str = "a relative path under the working directory (`name` or `dir/name`; no leading `/`, no empty, `.` or `..` components, no NUL; at most 4096 bytes, 255 per component)";
+    if files.len() > MAX_FILES_IN {
+        return Err(bad(
+            "files",
+            format!("{} files", files.len()),
+            "at most 4096 files",
+        ));
+    }
+    let paths: std::collections::BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    if paths.len() != files.len() {
+        let mut seen = std::collections::BTreeSet::new();
+        let twice = files.iter().find(|f| !seen.insert(f.path.as_str()));
+        return Err(bad(
+            "files",
+            twice.map_or(String::new(), |f| f.path.clone()),
+            "each path once",
+        ));
+    }
+    files
+        .iter()
+        .map(|f| {
+            let p = f.path.as_str();
+            let comps: Vec<&str> = p.split('/').collect();
+            let ok = !p.is_empty()
+                && p.len() <= 4096
+                && !p.contains('\0')
+                && comps
+                    .iter()
+                    .all(|c| !c.is_empty() && *c != "." && *c != ".." && c.len() <= 255);
+            if !ok {
+                return Err(bad("files", p.to_owned(), EXPECTED));
+            }
+            if f.mode & !0o777 != 0 {
+                return Err(bad(
+                    "files.mode",
+                    format!("{:o} ({p})", f.mode),
+                    "permission bits only, 0 to 0777",
+                ));
+            }
+            let (name, dirs) = comps.split_last().expect("split gives at least one");
+            // A file where another file's directory would be: refused here rather than fail the
+            // run in its init.
+            for i in 1..comps.len() {
+                let dir = comps[..i].join("/");
+                if paths.contains(dir.as_str()) {
+                    return Err(bad(
+                        "files",
+                        dir,
+                        "a path that is not also a directory of another file",
+                    ));
+                }
+            }
+            Ok(InFile {
+                dirs: dirs.iter().map(c).collect(),
+                name: c(name),
+                mode: f.mode,
+                len: f.data.len() as u64,
+            })
+        })
+        .collect()
+}
+
+/// The bytes of a run's files, one after the other, in a sealed memfd for its init; `None`
+/// without files.
+pub fn files_fd(files: &[FileIn]) -> Result<Option<std::os::fd::OwnedFd>, SetupError> {
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let total: usize = files.iter().map(|f| f.data.len()).sum();
+    let mut all = Vec::with_capacity(total);
+    files.iter().for_each(|f| all.extend_from_slice(&f.data));
+    crate::sys::sealed_memfd(c"palisade-files", &all)
+        .map(Some)
+        .map_err(|e| SetupError::Supervisor {
+            op: "hold the run's files for its init (memfd)",
+            source: std::io::Error::from_raw_os_error(e),
+        })
 }
 
 /// A human description of op `i`, for error messages.

@@ -551,12 +551,16 @@ pub fn spawn_with(
     // c. Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
     let trees = open_trees(&mut plan.sources)?;
     keep.extend(trees.iter().map(|t| t.as_raw_fd()));
+    // The run's files' bytes, for init to write (step 13).
+    let files = plan::files_fd(&extras.files)?;
+    keep.extend(files.as_ref().map(|f| f.as_raw_fd()));
     keep.sort_unstable();
     let fds = ChildFds {
         stdio: ch.stdio,
         msg: msg_w,
         go: go_r,
         pty_sock: ch.pty_child.as_ref().map_or(-1, |p| p.as_raw_fd()),
+        files: files.as_ref().map_or(-1, |f| f.as_raw_fd()),
         keep,
     };
 
@@ -592,6 +596,7 @@ pub fn spawn_with(
                 msg: fds.msg,
                 go: fds.go,
                 pty_sock: fds.pty_sock,
+                files: fds.files,
                 keep: fds.keep.clone(),
             };
             let started = crate::engine::exec_in_namespaces(
@@ -617,6 +622,8 @@ pub fn spawn_with(
         }
     };
     drop(switched);
+    // Init holds its own copy of the files' descriptor now.
+    drop(files);
     let mut running = Running::new(
         pid,
         pidfd,
@@ -656,6 +663,7 @@ pub fn spawn_with(
         ops: &plan.ops,
         plan: &plan,
         program: &policy.command[0],
+        files: &extras.files,
     };
     running.complete(before_start, None, &views, setup_cpu0)?;
     Ok(running)
@@ -668,6 +676,8 @@ pub(crate) struct Views<'a> {
     pub ops: &'a [plan::Op],
     pub plan: &'a plan::Plan,
     pub program: &'a str,
+    /// The run's files, for an error writing one.
+    pub files: &'a [plan::FileIn],
 }
 
 /// The ids came from the scratch directory's owner: the directory the plan mounts (and the child
@@ -1129,6 +1139,14 @@ pub(crate) fn setup_error(m: &Msg, views: &Views<'_>) -> SetupError {
                     "read the plan in palisade's init program (is it the same palisade build?)"
                         .into()
                 }
+                Some(Step::FilesIn) => format!(
+                    "write the run's file {} in the working directory (files[{}])",
+                    views
+                        .files
+                        .get(m.index as usize)
+                        .map_or(String::new(), |f| f.path.clone()),
+                    m.index
+                ),
                 Some(Step::TemplateProc) => "mount the prepared view's own procfs (a host /proc with masked or over-mounted entries, as in some containers, prevents this)".into(),
                 Some(s) => format!("{s:?}"),
                 None => format!("step {}", m.step),

@@ -23,7 +23,7 @@ use std::ffi::CString;
 /// First bytes of every message.
 pub const MAGIC: [u8; 4] = *b"PLSD";
 /// Layout version; bumped with any change to what is written.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The largest message either side accepts.
 pub const MAX_MESSAGE: usize = 8 << 20;
 /// Most elements of any list (sources, operations, rules, arguments…).
@@ -213,6 +213,7 @@ pub fn write_fds(w: &mut Writer, fds: &ChildFds) {
     w.i32(fds.msg);
     w.i32(fds.go);
     w.i32(fds.pty_sock);
+    w.i32(fds.files);
     w.len(fds.keep.len());
     fds.keep.iter().for_each(|&f| w.i32(f));
 }
@@ -234,6 +235,10 @@ pub fn read_fds(r: &mut Reader<'_>) -> R<ChildFds> {
     if pty_sock < -1 {
         return Err(WireError("pty socket"));
     }
+    let files = r.i32("files")?;
+    if files < -1 {
+        return Err(WireError("files"));
+    }
     let n = r.count(1024, 4, "descriptors kept")?;
     let keep = (0..n)
         .map(|_| fd(r, "descriptors kept"))
@@ -246,6 +251,7 @@ pub fn read_fds(r: &mut Reader<'_>) -> R<ChildFds> {
         msg,
         go,
         pty_sock,
+        files,
         keep,
     })
 }
@@ -498,6 +504,13 @@ pub fn write_exec(w: &mut Writer, exec: &Exec) {
     w.cstrs(&exec.candidates);
     w.cstrs(&exec.argv);
     w.cstrs(&exec.envp);
+    w.len(exec.files.len());
+    for f in &exec.files {
+        w.cstrs(&f.dirs);
+        w.cstr(&f.name);
+        w.u32(f.mode);
+        w.u64(f.len);
+    }
 }
 
 /// Reads what [`write_exec`] wrote; a program needs a candidate and an argument.
@@ -508,7 +521,32 @@ pub fn read_exec(r: &mut Reader<'_>) -> R<Exec> {
     if candidates.is_empty() || argv.is_empty() {
         return Err(WireError("program (no candidate or no argument)"));
     }
-    Ok(Exec::new(candidates, argv, envp))
+    let n = r.count(crate::plan::MAX_FILES_IN, 20, "files")?;
+    // Each name one path component, as `plan::in_files` made them.
+    let component = |c: &CString| {
+        let b = c.as_bytes();
+        !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && b.len() <= 255
+    };
+    let files = (0..n)
+        .map(|_| {
+            let dirs = r.cstrs("file directories")?;
+            let name = r.cstr("file name")?;
+            let mode = r.u32("file mode")?;
+            let len = r.u64("file length")?;
+            if !dirs.iter().all(component) || !component(&name) || mode & !0o777 != 0 {
+                return Err(WireError("file (path or mode)"));
+            }
+            Ok(crate::plan::InFile {
+                dirs,
+                name,
+                mode,
+                len,
+            })
+        })
+        .collect::<R<Vec<_>>>()?;
+    let mut exec = Exec::new(candidates, argv, envp);
+    exec.files = files;
+    Ok(exec)
 }
 
 /// Writes a run's part of the view (see `plan::run_part`).
@@ -717,9 +755,16 @@ mod tests {
             host_gid: 1000,
             privileged: false,
         };
-        let plan = crate::plan::build(&p, ids, &Abi6);
+        let mut plan = crate::plan::build(&p, ids, &Abi6).unwrap();
         let _ = std::fs::remove_dir_all(&d);
-        plan.unwrap()
+        let file = |path: &str, mode| crate::plan::FileIn {
+            path: path.into(),
+            data: b"x".to_vec(),
+            mode,
+        };
+        plan.exec.files =
+            crate::plan::in_files(&[file("main.py", 0o644), file("a/b/run.sh", 0o755)]).unwrap();
+        plan
     }
 
     fn fds() -> ChildFds {
@@ -728,6 +773,7 @@ mod tests {
             msg: 5,
             go: 6,
             pty_sock: -1,
+            files: -1,
             keep: vec![5, 6, 9],
         }
     }
@@ -750,7 +796,7 @@ mod tests {
             p.ids,
             p.exec.candidates,
             p.exec.argv,
-            p.exec.envp,
+            (&p.exec.envp, &p.exec.files),
             p.tty,
             p.workdir,
             p.scratch_source,
@@ -868,6 +914,28 @@ mod tests {
         let (_, mut r) = Reader::new(&b).unwrap();
         read_fds(&mut r).unwrap();
         assert_eq!(read_plan(&mut r).unwrap_err(), WireError("sources"));
+        // A file name that is not one path component, or a mode past the permission bits.
+        for (dirs, name, mode) in [
+            (vec![c"..".to_owned()], c"x".to_owned(), 0o644),
+            (vec![], c"a/b".to_owned(), 0o644),
+            (vec![], c"".to_owned(), 0o644),
+            (vec![], c"x".to_owned(), 0o4755),
+        ] {
+            let mut plan = realistic();
+            plan.exec.files = vec![crate::plan::InFile {
+                dirs,
+                name,
+                mode,
+                len: 1,
+            }];
+            let b = encode(&plan);
+            let (_, mut r) = Reader::new(&b).unwrap();
+            read_fds(&mut r).unwrap();
+            assert_eq!(
+                read_plan(&mut r).unwrap_err(),
+                WireError("file (path or mode)")
+            );
+        }
         // Descriptors to keep must be sorted and above 2.
         let mut w = Writer::new(1);
         write_fds(

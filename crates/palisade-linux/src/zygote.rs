@@ -326,6 +326,7 @@ impl Template {
                     ops: &t.plan.ops,
                     plan: &t.plan,
                     program: &policy.command[0],
+                    files: &[],
                 };
                 if let Some(e) = warm.and_then(|wp| warm_error(&m, wp)) {
                     return Err(e);
@@ -374,6 +375,8 @@ impl Template {
             });
         }
         let mut exec = plan::exec_plan(policy, extras)?;
+        // The run's files' bytes, for its init to write (step 13).
+        let files = plan::files_fd(&extras.files)?;
         // Warm Python: the zygote gets a placeholder program; the run's own code, arguments and
         // environment go to the payload on a pipe of its own, never through the zygote.
         let warm_run = match &self.warm {
@@ -381,7 +384,9 @@ impl Template {
                 let data = warm::encode_run(&exec.argv, &exec.envp);
                 let real = CString::new(wp.real.as_os_str().as_encoded_bytes())
                     .map_err(|_| supervisor("start a warm run", libc::EINVAL))?;
+                let files = std::mem::take(&mut exec.files);
                 exec = plan::Exec::new(vec![real.clone()], vec![real], Vec::new());
+                exec.files = files;
                 Some(code_pipe(&data)?)
             }
             _ => None,
@@ -421,6 +426,7 @@ impl Template {
         wire::write_run_part(&mut w, &part);
         w.bool(ch.pty_child.is_some());
         w.bool(warm_run.is_some());
+        w.bool(files.is_some());
         let bytes = w.into_bytes();
         if bytes.len() > MAX_RECORD {
             return Err(SetupError::Supervisor {
@@ -436,6 +442,7 @@ impl Template {
         fds.push(ch.init_fd(&ch.go_r));
         fds.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
         fds.extend(warm_run.as_ref().map(|p| p.as_raw_fd()));
+        fds.extend(files.as_ref().map(|f| f.as_raw_fd()));
         fds.extend(trees.iter().map(|t| t.as_raw_fd()));
         let started = Instant::now();
         sys::send_msg(self.ctl.as_raw_fd(), &bytes, &fds).map_err(|e| SetupError::Supervisor {
@@ -448,6 +455,7 @@ impl Template {
         // The zygote and the init hold their own copies now.
         ch.close_init_side();
         drop(trees);
+        drop(files);
         let warm_run_sent = warm_run.is_some();
         drop(warm_run);
         // The zygote's answer: the init's pid. An error of the init itself may come first (the
@@ -469,7 +477,7 @@ impl Template {
             match sys::read_full(ch.msg_r_raw(), &mut b) {
                 Ok(16) => {}
                 _ => {
-                    let views = self.views(&part, fresh.as_ref(), policy);
+                    let views = self.views(&part, fresh.as_ref(), policy, extras);
                     return Err(
                         early.map_or(SetupError::InitVanished, |m| spawn::setup_error(&m, &views))
                     );
@@ -507,7 +515,7 @@ impl Template {
         if let Some(l) = lease {
             running.lend_net(l);
         }
-        let views = self.views(&part, fresh.as_ref(), policy);
+        let views = self.views(&part, fresh.as_ref(), policy, extras);
         running.complete(before_start, early, &views, setup_cpu0)?;
         Ok(running)
     }
@@ -517,12 +525,14 @@ impl Template {
         part: &'a RunPart,
         fresh: Option<&'a Plan>,
         policy: &'a Policy,
+        extras: &'a plan::Extras,
     ) -> Views<'a> {
         Views {
             sources: &part.sources,
             ops: &part.ops,
             plan: fresh.unwrap_or(&self.plan),
             program: &policy.command[0],
+            files: &extras.files,
         }
     }
 }
@@ -804,9 +814,15 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
     let mut part = wire::read_run_part(&mut r)?;
     let pty = r.bool("pty")?;
     let warm = r.bool("warm")?;
+    let files = r.bool("files")?;
     r.finish()?;
+    if files == exec.files.is_empty() {
+        return Err(WireError(
+            "files (descriptor without files, or files without one)",
+        ));
+    }
     let trees = part.sources.iter().filter(|s| s.tree >= 0).count();
-    let base = 5 + pty as usize + warm as usize;
+    let base = 5 + pty as usize + warm as usize + files as usize;
     if fds.len() != base + trees {
         return Err(WireError("descriptors (count)"));
     }
@@ -824,6 +840,11 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
             msg: fds[3],
             go: fds[4],
             pty_sock: if pty { fds[5] } else { -1 },
+            files: if files {
+                fds[5 + pty as usize + warm as usize]
+            } else {
+                -1
+            },
             keep,
         },
         code: if warm { fds[5 + pty as usize] } else { -1 },

@@ -1,10 +1,12 @@
 //! One-shot runs and batches.
 //!
 //! A request is checked whole before anything starts (a bad one is an error naming its field,
-//! with nothing started). A command without files runs directly as the sandbox's payload. Code in
-//! a language, files in or out, or a compile stage go through the agent: the sandbox's payload is
-//! `palisade __agent`, which writes the files, runs each stage with fresh pipes whose ends the
-//! server reads directly, and reads files back, all from inside the boundary.
+//! with nothing started). A run without files to fetch or a compile stage runs directly as the
+//! sandbox's payload: its files (code in a language is written to the language's file) are
+//! written by the sandbox's init, inside the boundary, before the payload starts
+//! (`palisade::Io::files`). Files to fetch or a compile stage go through the agent: the sandbox's
+//! payload is `palisade __agent`, which writes the files, runs each stage with fresh pipes whose
+//! ends the server reads directly, and reads files back, all from inside the boundary.
 
 use crate::api::{self, Data, RunRequest, RunResult, RunStatus, Stage};
 use crate::client::{AgentConn, Exec, Exit};
@@ -324,12 +326,12 @@ impl Service {
                         format!("another path: `code` is written to {}", lang.file),
                     ));
                 }
-                // Warm Python takes `python3 -c CODE`: code that needs no file of its own (no
-                // files to write or fetch) and fits in an argument runs so; other code is written
-                // to the language's file as without it.
+                // Warm Python takes `python3 -c CODE`: code that fits in an argument, in a run
+                // with no files to fetch, runs so (its other files are written by the sandbox's
+                // init as for any direct run); other code is written to the language's file as
+                // without it.
                 let as_arg = self.inner.config.warm_python.is_some()
                     && lang.name == "python"
-                    && req.files.is_empty()
                     && req.fetch.is_empty()
                     && !code.contains('\0')
                     && code.len() + req.args.iter().map(|a| a.len() + 1).sum::<usize>()
@@ -398,7 +400,8 @@ impl Service {
         if let Some(cf) = code_file {
             files.insert(0, cf);
         }
-        let direct = files.is_empty() && req.fetch.is_empty() && compile.is_none();
+        // Files to write need no agent: the sandbox's init writes them (palisade::Io::files).
+        let direct = req.fetch.is_empty() && compile.is_none();
         let min_files = if direct {
             DIRECT_MIN_FILES
         } else {
@@ -511,6 +514,15 @@ impl Service {
             let io = Io {
                 stdin: Some(Stdin::Bytes(plan.stdin)),
                 stream_buffer: None,
+                files: plan
+                    .files
+                    .into_iter()
+                    .map(|(path, data)| palisade::FileIn {
+                        path,
+                        data,
+                        mode: 0o644,
+                    })
+                    .collect(),
                 ..Io::default()
             };
             let held = match self.template_for(&plan.policy, plan.warm).await {

@@ -30,7 +30,7 @@ pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
 pub use sandbox::{
-    Chunk, Engine, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, Template,
+    Chunk, Engine, FileIn, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, Template,
     WarmPython, WorkspaceOptions,
 };
 

@@ -164,7 +164,15 @@ pub struct Io {
     pub terminal: Option<RawFd>,
     /// Signals to forward to the payload (see [`crate::term::ForwardedSignals`]).
     pub signals: Option<SignalSource>,
+    /// Files to put in the working directory (the scratch directory) before the payload starts:
+    /// written by the sandbox's init, inside the boundary, as the sandbox's own user, never
+    /// following a symbolic link (see [`FileIn`]). A bad path fails the run before anything starts
+    /// (`sandbox-error`, naming `files`).
+    pub files: Vec<FileIn>,
 }
+
+/// A file given to a run ([`Io::files`]).
+pub use palisade_linux::FileIn;
 
 /// Which stream a chunk of output came from.
 pub use palisade_linux::Stream;
@@ -522,7 +530,7 @@ impl Sandbox {
     /// up and returns the report.
     fn supervise(
         &self,
-        io: Io,
+        mut io: Io,
         policy: Option<Policy>,
         spawner: &Spawner,
         output: &OutputQueue,
@@ -658,6 +666,7 @@ impl Sandbox {
         let extras = palisade_linux::Extras {
             trust: prepared.ca_pem().map(str::to_owned),
             env: prepared.placeholders(),
+            files: std::mem::take(&mut io.files),
         };
         let stdin = io.stdin.clone().unwrap_or_else(|| self.stdin.clone());
         let (spawned, engine_name) = match spawner {

@@ -282,3 +282,58 @@ pub fn dev_ino(fd: c_int) -> SysResult<(u64, u64)> {
     check_int(unsafe { libc::fstat(fd, &mut st) })?;
     Ok((st.st_dev, st.st_ino))
 }
+
+/// `fstat(fd)`'s file type (`st_mode & S_IFMT`).
+pub fn file_type(fd: c_int) -> SysResult<libc::mode_t> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    check_int(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st.st_mode & libc::S_IFMT)
+}
+
+/// Copies `len` bytes from `offset` of `src` to `out` with `sendfile` (the kernel copies; `src`'s
+/// own file offset is left alone). A source shorter than `offset + len` is `EIO`.
+pub fn sendfile_all(out: c_int, src: c_int, offset: u64, len: u64) -> SysResult<()> {
+    let (mut at, mut left) = (offset, len);
+    while left > 0 {
+        let mut off = at as libc::off_t;
+        // At most what one call moves (0x7ffff000 bytes), the rest in the next.
+        let chunk = left.min(0x7fff_f000) as usize;
+        // SAFETY: `off` is a valid in/out pointer; the descriptors are integers.
+        let r = unsafe { libc::sendfile(out, src, &mut off, chunk) };
+        match r {
+            -1 => match super::errno() {
+                libc::EINTR => continue,
+                e => return Err(e),
+            },
+            0 => return Err(libc::EIO),
+            n => {
+                at += n as u64;
+                left -= n as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A memfd (close-on-exec) holding `data`, sealed against any change of its bytes or size and
+/// against further seals: whoever receives it reads exactly these bytes.
+pub fn sealed_memfd(name: &std::ffi::CStr, data: &[u8]) -> SysResult<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated.
+    let fd = owned_int(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    use std::os::fd::AsRawFd;
+    super::write_all(fd.as_raw_fd(), data)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: integer arguments only.
+    check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    Ok(fd)
+}
+
+/// `ftruncate(fd, 0)`.
+pub fn ftruncate(fd: c_int) -> SysResult<()> {
+    // SAFETY: integer arguments only.
+    check_int(unsafe { libc::ftruncate(fd, 0) }).map(drop)
+}

@@ -15,6 +15,8 @@ pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+pub const RESOLVE_NO_XDEV: u64 = 0x01;
+pub const RESOLVE_BENEATH: u64 = 0x08;
 
 #[repr(C)]
 struct MountAttr {
