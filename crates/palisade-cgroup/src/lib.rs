@@ -287,8 +287,8 @@ pub(crate) fn host_has_swap() -> bool {
 
 /// The `oom_kill N` count from a v1 `memory.oom_control` or v2 `memory.events` file.
 pub(crate) fn oom_kills(file: &Path) -> u64 {
-    std::fs::read_to_string(file)
-        .ok()
+    read_small(file)
+        .and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| keyed(&s, "oom_kill"))
         .unwrap_or(0)
 }
@@ -322,7 +322,33 @@ pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
 
 /// A number in a one-value cgroup file.
 pub(crate) fn read_number(file: &Path) -> Option<u64> {
-    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    std::str::from_utf8(&read_small(file)?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A small cgroup file whole (at most 4 KiB, longer is `None`): one open and as few reads as it
+/// takes, without the size lookup `std::fs::read` makes first (cgroup files report size 0).
+pub(crate) fn read_small(file: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(file).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+        if n == buf.len() {
+            return None;
+        }
+    }
+    buf.truncate(n);
+    Some(buf)
 }
 
 pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), CgroupError> {

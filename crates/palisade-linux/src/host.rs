@@ -45,7 +45,9 @@ pub fn try_user_namespace() -> Result<(), i32> {
 /// busy at once, whatever affinity its code gives itself (`sched_setaffinity` may widen the mask
 /// it inherited). At least 1.
 pub fn cpus() -> usize {
-    sys::cpus_configured()
+    // Fixed at boot (glibc reads /sys/devices/system/cpu/possible for it): read once.
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(sys::cpus_configured)
 }
 
 /// The caller's terminal in raw mode, restored on drop, so that keys reach the sandbox's pty as
