@@ -52,7 +52,7 @@ pub use engine::{run_if_init, Engine, InitProgram};
 pub use error::SetupError;
 pub use landlock::LandlockState;
 pub use output::{OutputQueue, Received, Stream};
-pub use plan::{Extras, FileIn, Ids, SockRole, SockSpec};
+pub use plan::{in_files_fit, Extras, FileIn, Ids, SockRole, SockSpec, MAX_FILES_IN};
 pub use spawn::{
     namespaces_error, spawn, spawn_with, Attempt, BeforeStart, CpuWatch, DeniedCall, IdLease,
     Killer, LimitHit, Outcome, Running, Stdin, Termination, Watch, NAMESPACES, ROOT_MAPPED_ID,

@@ -256,6 +256,26 @@ pub struct FileIn {
 
 /// Most files one run may be given.
 pub const MAX_FILES_IN: usize = 4096;
+/// Most bytes the files' names and records may take in a run's request ([`in_files_size`]): they
+/// travel with the program in a template's request, which is bounded (160 KiB in all).
+pub const MAX_FILES_IN_BYTES: usize = 64 << 10;
+
+/// What the record of a file at `path` takes in a run's request: its path's bytes and 20 bytes of
+/// framing, and 4 more per directory on its way.
+pub fn in_file_size(path: &str) -> usize {
+    path.len() + 20 + 4 * path.matches('/').count()
+}
+
+/// Whether files at `paths` fit in one run: at most [`MAX_FILES_IN`] of them, their records at
+/// most [`MAX_FILES_IN_BYTES`].
+pub fn in_files_fit<'a>(paths: impl IntoIterator<Item = &'a str>) -> bool {
+    let (mut n, mut bytes) = (0usize, 0usize);
+    for p in paths {
+        n += 1;
+        bytes += in_file_size(p);
+    }
+    n <= MAX_FILES_IN && bytes <= MAX_FILES_IN_BYTES
+}
 
 /// A run's file as its init writes it: the directories on its way and its name (each one path
 /// component), its mode, and how many bytes of the run's files descriptor are its own (the files'
@@ -1613,6 +1633,14 @@ pub fn in_files(files: &[FileIn]) -> Result<Vec<InFile>, SetupError> {
             "files",
             format!("{} files", files.len()),
             "at most 4096 files",
+        ));
+    }
+    let size: usize = files.iter().map(|f| in_file_size(&f.path)).sum();
+    if size > MAX_FILES_IN_BYTES {
+        return Err(bad(
+            "files",
+            format!("{} files whose paths and records take {size} bytes", files.len()),
+            "paths and records of at most 65536 bytes in all (each file: its path, 20 bytes, and 4 per directory on its way)",
         ));
     }
     let paths: std::collections::BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();

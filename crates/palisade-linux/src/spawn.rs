@@ -543,7 +543,7 @@ pub fn spawn_with(
     check_scratch(&plan, scratch_seen)?;
 
     // b. Pipes and sockets for messages, output and input, close-on-exec and numbered >= 3.
-    let ch = channels(policy.tty, stdin)?;
+    let mut ch = channels(policy.tty, stdin)?;
     let (msg_w, go_r) = (ch.init_fd(&ch.msg_w), ch.init_fd(&ch.go_r));
     let mut keep: Vec<c_int> = vec![msg_w, go_r];
     keep.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
@@ -615,6 +615,10 @@ pub fn spawn_with(
                     return Err(exec_error(e));
                 }
             };
+            // The init holds its own copies now. Ours closed before the plan goes out: an init
+            // that is gone (or refuses the plan and exits) must show here as a closed socket,
+            // not as a peer we hold open ourselves and a send that never ends.
+            ch.close_init_side();
             // Its first read: the descriptors and the plan. If it is already gone, its own
             // error is on the message pipe, read below.
             let _ = sys::send_all(ch.go_w_raw(), &crate::engine::init_message(&sent, &plan));

@@ -432,7 +432,7 @@ impl Template {
             return Err(SetupError::Supervisor {
                 op: "start a run of the template",
                 source: io::Error::other(format!(
-                    "the run's program, arguments, environment and view take {} bytes; a template's run takes at most {MAX_RECORD}",
+                    "the run's program, arguments, environment, files' names and view take {} bytes; a template's run takes at most {MAX_RECORD}",
                     bytes.len()
                 )),
             });

@@ -206,11 +206,24 @@ impl Service {
                 format!("at most {MAX_FILES} files"),
             ));
         }
+        // Each path as it will be written: empty components dropped (`a//b` is `a/b`), so two
+        // names of one path, or a file where another file's directory goes, are refused here.
+        let mut named = std::collections::BTreeSet::new();
         for (p, c) in &req.files {
             let field = f(&format!("files[{p:?}]"));
-            proto::check_path(p).map_err(|e| ServiceError::invalid(&field, p.as_str(), e))?;
-            files.push((p.clone(), c.bytes(&field)?));
+            let comps =
+                proto::check_path(p).map_err(|e| ServiceError::invalid(&field, p.as_str(), e))?;
+            let path = comps.join("/");
+            if !named.insert(path.clone()) {
+                return Err(ServiceError::invalid(
+                    &field,
+                    p.as_str(),
+                    format!("a path no other entry of `files` names ({path})"),
+                ));
+            }
+            files.push((path, c.bytes(&field)?));
         }
+
         if req.fetch.len() > MAX_FETCH {
             return Err(ServiceError::invalid(
                 f("fetch"),
@@ -319,7 +332,7 @@ impl Service {
                         "arguments without NUL bytes",
                     ));
                 }
-                if req.files.contains_key(lang.file) {
+                if named.contains(lang.file) {
                     return Err(ServiceError::invalid(
                         f(&format!("files[{:?}]", lang.file)),
                         lang.file,
@@ -398,10 +411,27 @@ impl Service {
             }
         };
         if let Some(cf) = code_file {
+            named.insert(cf.0.clone());
             files.insert(0, cf);
         }
-        // Files to write need no agent: the sandbox's init writes them (palisade::Io::files).
-        let direct = req.fetch.is_empty() && compile.is_none();
+        for (path, _) in &files {
+            let mut dir = path.as_str();
+            while let Some((up, _)) = dir.rsplit_once('/') {
+                if named.contains(up) {
+                    return Err(ServiceError::invalid(
+                        f(&format!("files[{up:?}]")),
+                        up,
+                        format!("a file that is not also the directory of another ({path})"),
+                    ));
+                }
+                dir = up;
+            }
+        }
+        // Files to write need no agent: the sandbox's init writes them (palisade::Io::files), as
+        // many as fit in a run's request; more go through the agent.
+        let direct = req.fetch.is_empty()
+            && compile.is_none()
+            && palisade::in_files_fit(files.iter().map(|(p, _)| p.as_str()));
         let min_files = if direct {
             DIRECT_MIN_FILES
         } else {

@@ -30,8 +30,8 @@ pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
 pub use sandbox::{
-    Chunk, Engine, FileIn, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin, Stream, Template,
-    WarmPython, WorkspaceOptions,
+    in_files_fit, Chunk, Engine, FileIn, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin,
+    Stream, Template, WarmPython, WorkspaceOptions, MAX_FILES_IN,
 };
 
 /// The engine hook of a program that can serve as palisade's init program (docs/engine.md).

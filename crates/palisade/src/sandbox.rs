@@ -173,6 +173,9 @@ pub struct Io {
 
 /// A file given to a run ([`Io::files`]).
 pub use palisade_linux::FileIn;
+/// Whether files at these paths fit in one run's [`Io::files`] (at most [`MAX_FILES_IN`] of them,
+/// their paths and records at most 64 KiB); more go to the sandbox some other way.
+pub use palisade_linux::{in_files_fit, MAX_FILES_IN};
 
 /// Which stream a chunk of output came from.
 pub use palisade_linux::Stream;
