@@ -132,6 +132,7 @@ ENGINE_PAYLOADS = [("/v1/run", {"language": "python", "code": "print(1)"}),
 def engines(a):
     """Cold vs template vs warm Python for Python print(1), 1 and 2 clients."""
     cpus = os.cpu_count() or 1
+    meta = benchlib.host_meta()  # the load average before the run, not after it
     rows = []
     n = 10 if a.quick else 200
     for engine, extra in ENGINES:
@@ -151,7 +152,6 @@ def engines(a):
             server.wait()
     if a.quick:
         return
-    meta = benchlib.host_meta()
     meta.update({"date": benchlib.now_utc(), "max_concurrency": 2 * cpus})
     with open(os.path.join(a.out, "server-engines.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)
@@ -499,6 +499,7 @@ def main():
     cap = 20 if a.quick else 60
     cpus = os.cpu_count() or 1
     concurrency = 2 * cpus
+    meta = benchlib.host_meta()  # the load average before the run, not after it
     rows = []
     runs = [(name, body, 0) for name, body in PAYLOADS.items()]
     # The warm pool serves runs through the agent with the default policy.
@@ -525,7 +526,6 @@ def main():
         rows.append(r)
         print(f"run    {name:<20} sequential : {r['rps']:7.1f} runs/s p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms", flush=True)
     if not a.quick:
-        meta = benchlib.host_meta()
         meta.update({"date": benchlib.now_utc(), "max_concurrency": concurrency})
         write_results(a.out, main={"meta": meta, "rows": rows})
     # With a peer, the /run_code comparison runs in the same invocation; without one, as before.
