@@ -9,28 +9,9 @@ mod common;
 #[path = "common/testnet.rs"]
 mod testnet;
 use common::*;
+use common::{probe_sh as policy, probe_template as template};
 use palisade::policy::{Bind, Policy};
 use palisade::{Engine, Io, Report, Sandbox, Status, Template};
-use std::sync::{Mutex, MutexGuard};
-
-/// Every test of this binary takes turns: some measure this process (its memory, descriptors,
-/// threads, children), which another test's runs in flight would blur.
-fn serial() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A policy running `sh -c script` with the probe bound at `/probe`.
-fn policy(script: &str) -> Policy {
-    let mut p = Policy::new(["/bin/sh", "-c", script]).unwrap();
-    p.binds
-        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    p
-}
-
-fn exec_engine() -> Engine {
-    Engine::InitProgram(palisade_bin())
-}
 
 /// The value of `field` (in kB) in a `/proc/PID/status` text.
 fn status_kb(status: &str, field: &str) -> u64 {
@@ -106,17 +87,6 @@ fn an_init_program_that_cannot_be_used_is_a_sandbox_error() {
 }
 
 // ---- Templates ----
-
-/// A template of `p` (the probe bound at `/probe`) made by palisade's init program.
-fn template(mut p: Policy) -> Template {
-    p.binds
-        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    Sandbox::from_policy(p)
-        .unwrap()
-        .engine(exec_engine())
-        .prepare()
-        .expect("a template")
-}
 
 /// A template of the default policy.
 fn default_template() -> Template {

@@ -5,36 +5,10 @@
 mod common;
 use common::serve::{assert_nothing_held, Server, POLICY};
 use common::*;
-use palisade::policy::{Bind, Policy, Scratch};
-use palisade::{Engine, FileIn, Io, Sandbox, Status, Template};
+use common::{probe_sh as policy, probe_template as template};
+use palisade::policy::{Policy, Scratch};
+use palisade::{Engine, FileIn, Io, Sandbox, Status};
 use serde_json::json;
-use std::sync::{Mutex, MutexGuard};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn policy(script: &str) -> Policy {
-    let mut p = Policy::new(["/bin/sh", "-c", script]).unwrap();
-    p.binds
-        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    p
-}
-
-fn exec_engine() -> Engine {
-    Engine::InitProgram(palisade_bin())
-}
-
-fn template(mut p: Policy) -> Template {
-    p.binds
-        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    Sandbox::from_policy(p)
-        .unwrap()
-        .engine(exec_engine())
-        .prepare()
-        .expect("a template")
-}
 
 fn file(path: &str, data: &[u8], mode: u32) -> FileIn {
     FileIn {

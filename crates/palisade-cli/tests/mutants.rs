@@ -5,27 +5,10 @@
 //! program. Run as root and as an unprivileged user.
 
 mod common;
+use common::probe_template as template;
 use common::*;
 use palisade::policy::{Bind, Policy};
 use palisade::{Engine, Io, Report, Sandbox, Template};
-use std::sync::{Mutex, MutexGuard};
-
-/// One test at a time: templates and their zygotes are processes of this test binary.
-fn serial() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A template of `p` with the probe bound at `/probe`, made by palisade's init program.
-fn template(mut p: Policy) -> Template {
-    p.binds
-        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    Sandbox::from_policy(p)
-        .unwrap()
-        .engine(Engine::InitProgram(palisade_bin()))
-        .prepare()
-        .expect("a template")
-}
 
 /// A warm-Python template of the default policy, the probe bound at `/probe`.
 fn warm_template() -> Template {

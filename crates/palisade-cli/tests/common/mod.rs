@@ -8,6 +8,42 @@ pub mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+
+/// One test of a binary at a time, for tests that measure this process (its memory, descriptors,
+/// threads, children) or own templates whose zygotes are its children: another test's runs in
+/// flight would blur them. Each test binary has its own lock.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `p` with the probe bound read-only at `/probe`.
+pub fn with_probe(mut p: palisade::policy::Policy) -> palisade::policy::Policy {
+    p.binds.push(
+        palisade::policy::Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap(),
+    );
+    p
+}
+
+/// A policy running `sh -c script` with the probe bound at `/probe`.
+pub fn probe_sh(script: &str) -> palisade::policy::Policy {
+    with_probe(palisade::policy::Policy::new(["/bin/sh", "-c", script]).unwrap())
+}
+
+/// The exec engine with this build's `palisade` as the init program.
+pub fn exec_engine() -> palisade::Engine {
+    palisade::Engine::InitProgram(palisade_bin())
+}
+
+/// A template of `p` (the probe bound at `/probe`) made by palisade's init program.
+pub fn probe_template(p: palisade::policy::Policy) -> palisade::Template {
+    palisade::Sandbox::from_policy(with_probe(p))
+        .unwrap()
+        .engine(exec_engine())
+        .prepare()
+        .expect("a template")
+}
 
 /// The `palisade` binary: `PALISADE_BIN` (CI copies binaries where an unprivileged user can read
 /// them) or the one cargo built for this test.
