@@ -525,6 +525,37 @@ fn proc_net_changed(t: &Template, trun: Runner) {
     );
 }
 
+/// A run's own /proc is read-only as a mount itself: in a cold run it is the only mount there,
+/// with no writable proc instance beneath a read-only one. A template's runs cover the
+/// template's own (the procfs of a pid namespace that is gone, which the kernel needs to be
+/// visible before a run may mount one; docs/engine.md) with theirs, read-only the same way.
+#[test]
+fn a_runs_proc_is_a_read_only_mount() {
+    let _one = serial();
+    // The options of every mount on /proc (mountinfo's fields 5 and 6), in mount order.
+    let look = "awk '$5 == \"/proc\" { print \"proc-mount\", $6 }' /proc/self/mountinfo";
+    let mounts = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix("proc-mount "))
+            .map(str::to_owned)
+            .collect()
+    };
+    let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+    let cold = common::run(&[], &["/bin/sh", "-c", look]);
+    assert_eq!(cold.code, 0, "{}", cold.stderr);
+    let m = mounts(&cold.stdout);
+    assert!(m.len() == 1 && ro(&m[0]), "cold run: {m:?}");
+    let (r, rep) = trun(&default_template(), look, &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+    let t = mounts(&r.stdout);
+    let (r, rep) = wrun(&warm_template(Policy::new(["true"]).unwrap()), look, &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+    let w = mounts(&r.stdout);
+    for (what, m) in [("template run", t), ("warm run", w)] {
+        assert!(m.len() == 2 && ro(&m[1]), "{what}: {m:?}");
+    }
+}
+
 /// The mode of a `mode %a %Y` line. The time is not compared: procfs stamps an entry's inode with
 /// the time it is made, and the kernel may drop and remake it between two runs.
 fn mode_of(line: &str) -> &str {

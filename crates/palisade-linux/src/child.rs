@@ -614,28 +614,19 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
             close(tree);
             Ok(())
         }
+        // In place, on the mount whose root `path` is (init's own /proc, mounted by an earlier
+        // op): that mount itself becomes read-only, with no writable mount left beneath a
+        // read-only one, and nothing stacked to copy and tear down at every run.
         Op::ReadOnly { path, optional } => {
-            let tree = match open_tree(
-                libc::AT_FDCWD,
-                path,
-                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32,
-            ) {
-                Err(libc::ENOENT) if *optional => return Ok(()),
-                r => r?.into_raw_fd(),
-            };
             let attrs =
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
-            mount_setattr(
-                tree,
-                c"",
-                libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32,
-                attrs,
-                0,
-                -1,
-            )?;
-            move_mount_fd(tree, libc::AT_FDCWD, path)?;
-            close(tree);
-            Ok(())
+            let flags = libc::AT_RECURSIVE as u32
+                | libc::AT_SYMLINK_NOFOLLOW as u32
+                | libc::AT_NO_AUTOMOUNT as u32;
+            match mount_setattr(libc::AT_FDCWD, path, flags, attrs, 0, -1) {
+                Err(libc::ENOENT) if *optional => Ok(()),
+                r => r,
+            }
         }
         Op::Overlay { path, data } => mount(
             Some(c"overlay"),

@@ -19,18 +19,22 @@ pub fn cgroup_uid() -> u32 {
     if euid != 0 {
         return euid;
     }
-    std::fs::read_to_string("/proc/self/uid_map")
-        .ok()
-        .and_then(|m| {
-            m.lines().find_map(|l| {
-                let f: Vec<u32> = l
-                    .split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect();
-                (f.len() == 3 && f[0] == 0).then_some(f[1])
+    // Read once per process: a process's own user namespace and its maps do not change.
+    static ROOT_OUTSIDE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ROOT_OUTSIDE.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/uid_map")
+            .ok()
+            .and_then(|m| {
+                m.lines().find_map(|l| {
+                    let f: Vec<u32> = l
+                        .split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect();
+                    (f.len() == 3 && f[0] == 0).then_some(f[1])
+                })
             })
-        })
-        .unwrap_or(0)
+            .unwrap_or(0)
+    })
 }
 
 /// Whether this process may create a user namespace: a child is cloned into a new one and exits

@@ -108,8 +108,9 @@ pub enum Op {
         path: CString,
         attrs: u64,
     },
-    /// Re-attach an existing path onto itself read-only (e.g. `proc/sys`); `optional` paths may
-    /// be missing (a kernel built without them).
+    /// Make the mount whose root `path` is read-only in place (a mount init made itself, such as
+    /// its `proc`; never a path inside a mount, whose whole mount would change); `optional` paths
+    /// may be missing.
     ReadOnly {
         path: CString,
         optional: bool,
