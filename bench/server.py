@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 
@@ -56,50 +55,32 @@ def start_server(port, concurrency, pool=0, extra=()):
     raise SystemExit("palisade serve did not start: " + log.read().decode(errors="replace"))
 
 
-def load(port, body, clients, total, max_seconds, path="/v1/run", host="127.0.0.1", check=None):
-    """`clients` threads share `total` requests; returns latencies (s), wall time, statuses.
-    With `check` (the parsed answer → an error name or None), a request counts under "ok" or the
-    error's name; a refused or broken connection counts as "connection" and the client reconnects."""
-    data = json.dumps(body).encode()
-    lat, statuses, lock = [], {}, threading.Lock()
-    left = [total]
-    deadline = time.time() + max_seconds
+HTTP_LOAD = os.path.join(os.path.dirname(benchlib.PALISADE), "examples", "http_load")
 
-    def client():
-        c = http.client.HTTPConnection(host, port, timeout=120)
-        while True:
-            with lock:
-                if left[0] <= 0 or time.time() > deadline:
-                    return
-                left[0] -= 1
-            t = time.perf_counter()
-            try:
-                c.request("POST", path, body=data, headers={"Content-Type": "application/json"})
-                r = c.getresponse()
-                raw = r.read()
-            except (OSError, http.client.HTTPException):
-                c.close()
-                c = http.client.HTTPConnection(host, port, timeout=120)
-                with lock:
-                    statuses["connection"] = statuses.get("connection", 0) + 1
-                continue
-            dt = time.perf_counter() - t
-            if r.status != 200:
-                key = str(r.status)
-            else:
-                out = json.loads(raw)
-                key = (check(out) or "ok") if check else out.get("status", str(r.status))
-            with lock:
-                lat.append(dt)
-                statuses[key] = statuses.get(key, 0) + 1
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return lat, time.perf_counter() - t0, statuses
+def load(port, body, clients, total, max_seconds, path="/v1/run", host="127.0.0.1", expect=None, cpu=None):
+    """`clients` closed-loop clients share `total` requests (at most `max_seconds`); returns
+    latencies (s), wall time and outcomes. The clients are native threads (http_load, built from
+    crates/palisade-cli/examples): a Python client's threads would queue for the interpreter's lock
+    and add that wait to every latency. A request counts under the answer's `status`, or its HTTP
+    status when not 200; with `expect` (SandboxFusion's /run_code answer), under "ok" when its
+    status is Success and its stdout is `expect`, else "wrong-output" or the status. A refused or
+    broken connection counts as "connection". With `cpu` (a list), the generator's own CPU seconds
+    are appended to it."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".json") as f:
+        f.write(json.dumps(body).encode())
+        f.flush()
+        cmd = [HTTP_LOAD, "--host", host, "--port", str(port), "--path", path, "--body-file", f.name,
+               "--clients", str(clients), "--total", str(total), "--seconds", str(max_seconds)]
+        if expect is not None:
+            cmd += ["--expect-stdout", expect]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"http_load failed ({out.returncode}): {out.stderr.strip()}")
+    r = json.loads(out.stdout)
+    if cpu is not None:
+        cpu.append(r["cpu_s"])
+    return r["latencies_s"], r["wall_s"], r["statuses"]
 
 
 def pct(values, q):
@@ -216,16 +197,6 @@ SANDBOXFUSION_ISOLATION = {
 }
 
 
-def fusion_check(expected):
-    def check(out):
-        if out.get("status") != "Success":
-            return str(out.get("status"))
-        if ((out.get("run_result") or {}).get("stdout") or "").strip() != expected:
-            return "wrong-output"
-        return None
-    return check
-
-
 def cpu_seconds():
     """CPU seconds the whole machine has spent (user, nice, system, irq, softirq; guest is in user)."""
     with open("/proc/stat") as f:
@@ -337,7 +308,7 @@ def run_code_compare(a):
             warm = [(body, expected, 2, 4) for _, body, expected in RUN_CODE_PAYLOADS]
             warm.append((RUN_CODE_PAYLOADS[0][1], RUN_CODE_PAYLOADS[0][2], max(clients_list), max(clients_list)))
             for body, expected, c, n in warm:
-                _, _, st = load(t["port"], body, c, n, 180, t["path"], t["host"], fusion_check(expected))
+                _, _, st = load(t["port"], body, c, n, 180, t["path"], t["host"], expected)
                 if set(st) != {"ok"}:
                     print(f"warm-up of {t['server']}: {st}", flush=True)
         rows = []
@@ -348,7 +319,8 @@ def run_code_compare(a):
                     la = loadavg()[0]
                     total = 4 if a.quick else max(40, 20 * c)
                     c0, s0 = cpu_seconds(), tree_cpu_seconds(t["pid"]) if t["pid"] else None
-                    lat, wall, st = load(t["port"], body, c, total, cap, t["path"], t["host"], fusion_check(expected))
+                    gen = []
+                    lat, wall, st = load(t["port"], body, c, total, cap, t["path"], t["host"], expected, gen)
                     cpu, s1 = cpu_seconds() - c0, tree_cpu_seconds(t["pid"]) if t["pid"] else None
                     n = max(1, len(lat))
                     r = row(pname, c, lat, wall, st) if lat else {"payload": pname, "clients": c, "requests": 0,
@@ -356,6 +328,7 @@ def run_code_compare(a):
                     r.update({"server": t["server"], "isolation": t["isolation"],
                               "errors": sum(v for key, v in st.items() if key != "ok"),
                               "cpu_ms_per_req": cpu / n * 1000,
+                              "client_cpu_ms_per_req": gen[0] / n * 1000,
                               "server_cpu_ms_per_req": (s1 - s0) / n * 1000 if s0 is not None else None,
                               "machine_busy_cpus": cpu / wall, "loadavg_1m": la})
                     rows.append(r)
@@ -378,16 +351,20 @@ def render_main(doc):
     meta, rows = doc["meta"], doc["rows"]
     lines = ["# `palisade serve` throughput and latency", "",
              f"{meta['date']}; {meta['cpus']} CPUs, load average {' '.join(meta['loadavg_at_start'])} at the start; "
-             f"`--max-concurrency {meta['max_concurrency']}`; closed-loop clients on loopback "
-             "(bench/server.sh). `(files)` and `python code`: the sandbox's init writes the files (the code "
+             f"`--max-concurrency {meta['max_concurrency']}`; closed-loop clients on loopback, native "
+             "threads (bench/server.sh; client CPU: the load generator's own CPU per request, part of what "
+             "the 2 CPUs spent). `(files)` and `python code`: the sandbox's init writes the files (the code "
              "to `main.py`) before the program starts, which is the sandbox's payload; `(agent)`: the same "
              "with a file to fetch back, which goes through the in-sandbox agent; the others start the "
              "command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
              "says how busy the machine was.", "",
-             "| via | payload | clients | requests | req/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|---:|---:|"]
+             "| via | payload | clients | requests | req/s | p50 ms | p99 ms | client CPU ms/req |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        gen = r.get("client_cpu_ms_per_req")
         lines.append(f"| {r.get('via', 'POST /v1/run')} | {r['payload']} | {r['clients']} | {r['requests']} | "
-                     f"{r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+                     f"{r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                     + (f"{gen:.2f} |" if gen is not None else "— |"))
     return lines
 
 
@@ -404,7 +381,8 @@ def render_run_code(doc):
              f"{meta.get('row_seconds', '?')} s, the servers of one payload and client count measured one "
              "after the other in a rotated order. errors: any answer but `Success` with the expected stdout. "
              "CPU ms/req, machine: CPU seconds the whole machine spent during the row (user+system of every "
-             "process: the servers, their sandboxes, the load generator, and the other work on this shared VM; "
+             "process: the servers, their sandboxes, the load generator (native threads, `client_cpu_ms_per_req` "
+             "in the JSON), and the other work on this shared VM; "
              "and kernel threads) / requests; where the VM is saturated by other work this is about "
              "2 CPUs × the row's length / requests and says little. server: CPU seconds of the server's "
              "process tree (the server, its sandboxes and every process they waited for) / requests; it "
@@ -511,8 +489,10 @@ def main():
             load(port, body, 2, 4, cap)  # warm up
             for c in clients_list:
                 total = max(30 if not a.quick else 4, per_client * c if c < 16 else 20 * c)
-                lat, wall, st = load(port, body, c, total, cap)
+                gen = []
+                lat, wall, st = load(port, body, c, total, cap, cpu=gen)
                 r = row(name, c, lat, wall, st)
+                r["client_cpu_ms_per_req"] = gen[0] / max(1, len(lat)) * 1000
                 rows.append(r)
                 print(f"serve  {name:<26} clients {c:>2}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  {st}", flush=True)
         finally:

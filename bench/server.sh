@@ -11,4 +11,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin palisade
+cargo build --release --quiet -p palisade-cli --example http_load
 exec python3 bench/server.py "$@"
