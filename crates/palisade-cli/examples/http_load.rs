@@ -208,7 +208,10 @@ fn main() {
     )
     .into_bytes();
     let left = Arc::new(AtomicUsize::new(a.total));
-    let results = Arc::new(Mutex::new((Vec::<f64>::new(), BTreeMap::<String, u64>::new())));
+    let results = Arc::new(Mutex::new((
+        Vec::<f64>::new(),
+        BTreeMap::<String, u64>::new(),
+    )));
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
     let deadline = t0 + Duration::from_secs_f64(a.seconds);
     let threads: Vec<_> = (0..a.clients)
@@ -229,7 +232,9 @@ fn main() {
                 loop {
                     if Instant::now() > deadline
                         || left
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            })
                             .is_err()
                     {
                         return;
