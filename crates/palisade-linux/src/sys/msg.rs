@@ -7,29 +7,36 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// Most descriptors [`send_fds`] and [`recv_fds`] carry in one message.
 pub const MAX_FDS: usize = 4;
 
-/// A control-message buffer for up to [`MAX_FDS`] descriptors, aligned for `cmsghdr`.
+/// A control-message buffer of `B` bytes, aligned for `cmsghdr`: 64 bytes hold [`MAX_FDS`]
+/// descriptors, 320 hold [`MAX_MSG_FDS`].
 #[repr(C, align(8))]
-struct CmsgBuf([u8; 64]);
+struct Cmsg<const B: usize>([u8; B]);
 
-/// Sends one byte and, as `SCM_RIGHTS`, up to [`MAX_FDS`] descriptors on a unix socket.
-pub fn send_fds(sock: c_int, byte: u8, fds: &[c_int]) -> SysResult<()> {
-    if fds.len() > MAX_FDS {
+/// Sends `data` with `fds` as `SCM_RIGHTS` (the control message built in `buf`), never raising
+/// `SIGPIPE`; the bytes sent. No allocation: the sandbox's init calls it after its clone.
+#[inline]
+fn send_with<const B: usize>(
+    sock: c_int,
+    data: &[u8],
+    fds: &[c_int],
+    buf: &mut Cmsg<B>,
+) -> SysResult<usize> {
+    let len = std::mem::size_of_val(fds) as u32;
+    // SAFETY: CMSG_SPACE only computes a size.
+    if unsafe { libc::CMSG_SPACE(len) } as usize > B {
         return Err(libc::EINVAL);
     }
-    let mut buf = CmsgBuf([0; 64]);
-    let mut b = [byte];
     let mut iov = libc::iovec {
-        iov_base: b.as_mut_ptr().cast(),
-        iov_len: 1,
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: data.len(),
     };
-    // SAFETY: msghdr points at live stack buffers; the cmsg is written inside `buf`, which holds
-    // CMSG_SPACE(4 * sizeof(int)) = 32 bytes and more.
+    // SAFETY: msghdr points at live buffers; the kernel only reads the data; the cmsg is written
+    // inside `buf`, which holds CMSG_SPACE(len) bytes (checked above).
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         if !fds.is_empty() {
-            let len = std::mem::size_of_val(fds) as u32;
             msg.msg_control = buf.0.as_mut_ptr().cast();
             msg.msg_controllen = libc::CMSG_SPACE(len) as _;
             let cm = libc::CMSG_FIRSTHDR(&msg);
@@ -43,14 +50,58 @@ pub fn send_fds(sock: c_int, byte: u8, fds: &[c_int]) -> SysResult<()> {
             );
         }
         loop {
-            if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) >= 0 {
-                return Ok(());
+            let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+            if n >= 0 {
+                return Ok(n as usize);
             }
             if errno() != libc::EINTR {
                 return Err(errno());
             }
         }
     }
+}
+
+/// Receives one message into `data` (close-on-exec descriptors into `fds`, any past `N`
+/// closed); the bytes received, whether descriptors were closed, and the message's flags.
+#[inline]
+fn recv_with<const B: usize, const N: usize>(
+    sock: c_int,
+    data: &mut [u8],
+    fds: &mut Fds<N>,
+    buf: &mut Cmsg<B>,
+) -> SysResult<(usize, bool, c_int)> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr points at live buffers of the sizes given; take_rights reads only the
+    // cmsgs the kernel filled.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = buf.0.as_mut_ptr().cast();
+        msg.msg_controllen = B as _;
+        let n = loop {
+            let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 || errno() != libc::EINTR {
+                break n;
+            }
+        };
+        if n < 0 {
+            return Err(errno());
+        }
+        let dropped = take_rights(&msg, fds);
+        Ok((n as usize, dropped, msg.msg_flags))
+    }
+}
+
+/// Sends one byte and, as `SCM_RIGHTS`, up to [`MAX_FDS`] descriptors on a unix socket.
+pub fn send_fds(sock: c_int, byte: u8, fds: &[c_int]) -> SysResult<()> {
+    if fds.len() > MAX_FDS {
+        return Err(libc::EINVAL);
+    }
+    send_with(sock, &[byte], fds, &mut Cmsg([0; 64])).map(|_| ())
 }
 
 /// Descriptors received with one message: at most `N`, in the order they came, each owned
@@ -131,44 +182,16 @@ unsafe fn take_rights<const N: usize>(msg: &libc::msghdr, out: &mut Fds<N>) -> b
 /// the descriptors (any past [`MAX_FDS`] are closed). End of file is `EPIPE`.
 #[inline]
 pub fn recv_fds(sock: c_int) -> SysResult<(u8, Fds<MAX_FDS>)> {
-    let mut buf = CmsgBuf([0; 64]);
     let mut b = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: b.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
     let mut fds = Fds::new();
-    // SAFETY: msghdr points at live stack buffers of the sizes given; take_rights reads only
-    // the cmsgs the kernel filled.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = buf.0.as_mut_ptr().cast();
-        msg.msg_controllen = buf.0.len() as _;
-        let n = loop {
-            let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
-            if n >= 0 || errno() != libc::EINTR {
-                break n;
-            }
-        };
-        if n < 0 {
-            return Err(errno());
-        }
-        take_rights(&msg, &mut fds);
-        if n == 0 {
-            return Err(libc::EPIPE);
-        }
+    match recv_with(sock, &mut b, &mut fds, &mut Cmsg([0; 64]))? {
+        (0, ..) => Err(libc::EPIPE),
+        _ => Ok((b[0], fds)),
     }
-    Ok((b[0], fds))
 }
 
 /// Most descriptors [`send_msg`] and [`recv_msg`] carry in one message.
 pub const MAX_MSG_FDS: usize = 64;
-
-/// A control-message buffer for up to [`MAX_MSG_FDS`] descriptors, aligned for `cmsghdr`.
-#[repr(C, align(8))]
-struct BigCmsgBuf([u8; 320]);
 
 /// Sends `data` as one message (a `SOCK_SEQPACKET` record) with up to [`MAX_MSG_FDS`]
 /// descriptors; a peer that is gone is `EPIPE`, never a `SIGPIPE`.
@@ -176,44 +199,9 @@ pub fn send_msg(sock: c_int, data: &[u8], fds: &[c_int]) -> SysResult<()> {
     if fds.len() > MAX_MSG_FDS || data.is_empty() {
         return Err(libc::EINVAL);
     }
-    let mut buf = BigCmsgBuf([0; 320]);
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: msghdr points at live buffers; the kernel only reads the data; the cmsg is written
-    // inside `buf`, which holds CMSG_SPACE(64 * sizeof(int)) = 272 bytes.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if !fds.is_empty() {
-            let len = std::mem::size_of_val(fds) as u32;
-            msg.msg_control = buf.0.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(len) as _;
-            let cm = libc::CMSG_FIRSTHDR(&msg);
-            (*cm).cmsg_level = libc::SOL_SOCKET;
-            (*cm).cmsg_type = libc::SCM_RIGHTS;
-            (*cm).cmsg_len = libc::CMSG_LEN(len) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(cm).cast::<c_int>(),
-                fds.len(),
-            );
-        }
-        loop {
-            let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
-            if n >= 0 {
-                return if n as usize == data.len() {
-                    Ok(())
-                } else {
-                    Err(libc::EMSGSIZE)
-                };
-            }
-            if errno() != libc::EINTR {
-                return Err(errno());
-            }
-        }
+    match send_with(sock, data, fds, &mut Cmsg([0; 320]))? {
+        n if n == data.len() => Ok(()),
+        _ => Err(libc::EMSGSIZE),
     }
 }
 
@@ -230,35 +218,11 @@ pub struct Received {
 
 /// Receives one message into `buf` with up to [`MAX_MSG_FDS`] descriptors.
 pub fn recv_msg(sock: c_int, buf: &mut [u8]) -> SysResult<Received> {
-    let mut cbuf = BigCmsgBuf([0; 320]);
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
     let mut fds = Fds::new();
-    // SAFETY: msghdr points at live buffers of the sizes given; take_rights reads only the
-    // cmsgs the kernel filled.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.0.as_mut_ptr().cast();
-        msg.msg_controllen = cbuf.0.len() as _;
-        let n = loop {
-            let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
-            if n >= 0 || errno() != libc::EINTR {
-                break n;
-            }
-        };
-        if n < 0 {
-            return Err(errno());
-        }
-        let dropped = take_rights(&msg, &mut fds);
-        let truncated = dropped || msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
-        Ok(Received {
-            len: n as usize,
-            fds,
-            truncated,
-        })
-    }
+    let (len, dropped, flags) = recv_with(sock, buf, &mut fds, &mut Cmsg([0; 320]))?;
+    Ok(Received {
+        len,
+        fds,
+        truncated: dropped || flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+    })
 }
