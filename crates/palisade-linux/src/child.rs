@@ -290,33 +290,14 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     //    since the supervisor checked it fails here, and the device/inode check catches a swapped
     //    directory. The mount later uses the descriptor, not the path.
     for (i, s) in plan.sources.iter_mut().enumerate() {
-        if s.tree >= 0 {
-            continue;
-        }
-        let fd = sys::open_path_noresolve(
-            &s.path,
-            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
-        )
-        .map_err(|e| (Step::OpenSource, i as u32, e))?
-        .into_raw_fd(); // kept in the plan, closed once its tree is mounted (run_op)
-        match sys::dev_ino(fd) {
-            Ok((d, n)) if d == s.dev && n == s.ino => s.fd = fd,
-            Ok(_) => return Err((Step::SourceChanged, i as u32, libc::ESTALE)),
-            Err(e) => return Err((Step::OpenSource, i as u32, e)),
+        if s.tree < 0 {
+            open_source(s, i)?;
         }
     }
 
     // 6. The new root is a fresh tmpfs (on the host's /tmp mount point, inside our namespace
     //    only); everything below is built relative to it.
-    sys::mount(
-        Some(c"palisade"),
-        c"/tmp",
-        Some(c"tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(c"mode=0755,size=4m"),
-    )
-    .map_err(at(Step::RootTmpfs))?;
-    sys::chdir(c"/tmp").map_err(|e| (Step::RootTmpfs, 1, e))?;
+    new_root()?;
 
     // 7. The view: binds read-only, recursive, nosuid, nodev; /proc (needs the old root still
     //    attached: the kernel only allows a new procfs where one is already fully visible); /dev;
@@ -347,6 +328,46 @@ fn setup(plan: &mut Plan, fds: &ChildFds, ready: &mut Prepared) -> Result<(), Fa
     }
 
     finish_view(plan, fds, ready, None)
+}
+
+/// Opens bind source `i` (step 5) with no symbolic link resolved at all, and checks it is
+/// still the device and inode the supervisor saw: a path swapped for a link fails, a swapped
+/// directory is `SourceChanged`. The descriptor stays in the plan until its tree is mounted.
+pub(crate) fn open_source(s: &mut crate::plan::Source, i: usize) -> Result<(), Fail> {
+    let fd = sys::open_path_noresolve(
+        &s.path,
+        sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(|e| (Step::OpenSource, i as u32, e))?
+    .into_raw_fd();
+    match sys::dev_ino(fd) {
+        Ok((d, n)) if d == s.dev && n == s.ino => {
+            s.fd = fd;
+            Ok(())
+        }
+        Ok(_) => {
+            sys::close(fd);
+            Err((Step::SourceChanged, i as u32, libc::ESTALE))
+        }
+        Err(e) => {
+            sys::close(fd);
+            Err((Step::OpenSource, i as u32, e))
+        }
+    }
+}
+
+/// Step 6: a fresh tmpfs on the host's /tmp mount point (in this mount namespace only) becomes
+/// the working directory, the root everything of the view is built relative to.
+pub(crate) fn new_root() -> Result<(), Fail> {
+    sys::mount(
+        Some(c"palisade"),
+        c"/tmp",
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(c"mode=0755,size=4m"),
+    )
+    .map_err(at(Step::RootTmpfs))?;
+    sys::chdir(c"/tmp").map_err(|e| (Step::RootTmpfs, 1, e))
 }
 
 /// Steps 11 and 12, the last of init's setup (the per-run init of a template runs them too):

@@ -689,31 +689,12 @@ fn prepare(mut plan: Plan, ctl: c_int) -> Result<Zygote, Fail> {
         })
         .collect();
     for (i, s) in plan.sources.iter_mut().enumerate() {
-        if s.tree >= 0 || !used[i] {
-            continue;
-        }
-        let fd = sys::open_path_noresolve(
-            &s.path,
-            sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
-        )
-        .map_err(|e| (Step::OpenSource, i as u32, e))?
-        .into_raw_fd(); // kept in the plan, closed once its tree is mounted
-        match sys::dev_ino(fd) {
-            Ok((d, n)) if d == s.dev && n == s.ino => s.fd = fd,
-            Ok(_) => return Err((Step::SourceChanged, i as u32, libc::ESTALE)),
-            Err(e) => return Err((Step::OpenSource, i as u32, e)),
+        if s.tree < 0 && used[i] {
+            child::open_source(s, i)?;
         }
     }
     // The new root (step 6), its prepared part (step 7).
-    sys::mount(
-        Some(c"palisade"),
-        c"/tmp",
-        Some(c"tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(c"mode=0755,size=4m"),
-    )
-    .map_err(at(Step::RootTmpfs))?;
-    sys::chdir(c"/tmp").map_err(|e| (Step::RootTmpfs, 1, e))?;
+    child::new_root()?;
     for (i, op) in plan.ops.iter().enumerate() {
         if !plan::is_per_run(op) {
             child::run_op(&plan, op).map_err(|e| (Step::Op, i as u32, e))?;
