@@ -107,27 +107,6 @@ fn py(opts: &[String], marker: &str, script: &str) -> Run {
     run(&o, &["python3", "-c", &code, marker])
 }
 
-fn said(r: &Run, key: &str) -> String {
-    let prefix = format!("{key}: ");
-    r.stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| {
-            panic!(
-                "the script printed no `{key}` line\nexit {}\nstdout:\n{}\nstderr:\n{}",
-                r.code, r.stdout, r.stderr
-            )
-        })
-        .to_owned()
-}
-
-fn events(r: &Run) -> Vec<Value> {
-    r.report()["network"]["events"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// The request events for a path containing `needle`.
 fn requests(r: &Run, needle: &str) -> Vec<Value> {
     events(r)

@@ -89,13 +89,6 @@ fn py(opts: &[String], script: &str) -> Run {
     run(&o, &["python3", "-c", script])
 }
 
-fn events(r: &Run) -> Vec<Value> {
-    r.report()["network"]["events"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 fn has_event(r: &Run, via: &str, host: &str, decision: &str, reason: &str) -> bool {
     events(r).iter().any(|e| {
         e["via"] == via && e["host"] == host && e["decision"] == decision && e["reason"] == reason

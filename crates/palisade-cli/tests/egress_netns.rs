@@ -141,29 +141,6 @@ fn py(opts: &[String], marker: &str, script: &str) -> Run {
     run(&o, &["python3", "-c", &code, marker])
 }
 
-/// What the script printed after `key: ` on a line of its own; panics if it printed no such line
-/// (it did not get that far, which must fail the test).
-fn said(r: &Run, key: &str) -> String {
-    let prefix = format!("{key}: ");
-    r.stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| {
-            panic!(
-                "the script printed no `{key}` line\nexit {}\nstdout:\n{}\nstderr:\n{}",
-                r.code, r.stdout, r.stderr
-            )
-        })
-        .to_owned()
-}
-
-fn events(r: &Run) -> Vec<Value> {
-    r.report()["network"]["events"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// The first event with this `via`, `host`, `decision` and `reason`; panics, listing them all,
 /// if there is none.
 fn event(r: &Run, via: &str, host: &str, decision: &str, reason: &str) -> Value {

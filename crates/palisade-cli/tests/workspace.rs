@@ -5,7 +5,6 @@
 
 mod common;
 use common::*;
-use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -38,43 +37,6 @@ fn change_set(r: &Run) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("no change set in the report: {}\n{}", r.stdout, r.stderr))
         .to_owned()
-}
-
-/// Every entry under `dir` with its kind, permission bits and contents (or link target).
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<String, String>) {
-        let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        for n in names {
-            let p = rel.join(&n);
-            let full = root.join(&p);
-            let m = std::fs::symlink_metadata(&full).unwrap();
-            let mode = m.permissions().mode() & 0o7777;
-            let key = p.display().to_string();
-            let ft = m.file_type();
-            if ft.is_symlink() {
-                let t = std::fs::read_link(&full).unwrap();
-                out.insert(key, format!("link -> {}", t.display()));
-            } else if ft.is_dir() {
-                out.insert(key, format!("dir {mode:o}"));
-                walk(root, &p, out);
-            } else if ft.is_file() {
-                let c = std::fs::read(&full).unwrap();
-                out.insert(
-                    key,
-                    format!("file {mode:o} {:?}", String::from_utf8_lossy(&c)),
-                );
-            } else {
-                out.insert(key, format!("special {mode:o}"));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, Path::new(""), &mut out);
-    out
 }
 
 /// A small project: text files, a directory tree, an executable, a link.

@@ -286,3 +286,64 @@ pub fn unique(tag: &str) -> String {
         .as_nanos();
     format!("{tag}-{}-{n}", std::process::id())
 }
+
+/// Every entry under `dir` with its kind, permission bits and contents (or link target).
+pub fn tree(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    fn walk(root: &Path, rel: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+        let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let p = rel.join(&n);
+            let full = root.join(&p);
+            let m = std::fs::symlink_metadata(&full).unwrap();
+            let mode = std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777;
+            let key = p.display().to_string();
+            let ft = m.file_type();
+            if ft.is_symlink() {
+                let t = std::fs::read_link(&full).unwrap();
+                out.insert(key, format!("link -> {}", t.display()));
+            } else if ft.is_dir() {
+                out.insert(key, format!("dir {mode:o}"));
+                walk(root, &p, out);
+            } else if ft.is_file() {
+                let c = std::fs::read(&full).unwrap();
+                out.insert(
+                    key,
+                    format!("file {mode:o} {:?}", String::from_utf8_lossy(&c)),
+                );
+            } else {
+                out.insert(key, format!("special {mode:o}"));
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, Path::new(""), &mut out);
+    out
+}
+
+/// What a script in the sandbox printed after `key: ` on a line of its own; panics if it printed
+/// no such line (it did not get that far, which must fail the test).
+pub fn said(r: &Run, key: &str) -> String {
+    let prefix = format!("{key}: ");
+    r.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| {
+            panic!(
+                "the script printed no `{key}` line\nexit {}\nstdout:\n{}\nstderr:\n{}",
+                r.code, r.stdout, r.stderr
+            )
+        })
+        .to_owned()
+}
+
+/// The egress decisions of a run's JSON report (`network.events`).
+pub fn events(r: &Run) -> Vec<serde_json::Value> {
+    r.report()["network"]["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
