@@ -899,91 +899,77 @@ impl Service {
         stage
     }
 
-    /// `PUT /v1/sandboxes/{id}/files/{path}`.
-    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ServiceError> {
+    /// A file operation on session `id`: the session touched, `path` checked (a directory may
+    /// also be empty or `.`, the working directory), `request` (given its id) sent with `body`
+    /// to the agent, and its answer judged, a refusal naming `field`.
+    async fn file_op(
+        &self,
+        id: &str,
+        path: &str,
+        dir: bool,
+        field: &str,
+        request: impl FnOnce(u64) -> Request,
+        body: &[u8],
+    ) -> Result<Reply, ServiceError> {
         let s = self.session(id)?;
         s.touch();
-        proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        if !(dir && (path.is_empty() || path == ".")) {
+            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
+        }
         let rid = s.conn.id();
-        file_reply(
-            &s,
-            "path",
-            s.conn
-                .call(
-                    Request::Write {
-                        id: rid,
-                        path: path.into(),
-                        mode: 0o644,
-                    },
-                    &data,
-                )
-                .await,
-        )
-        .map(|_| ())
+        file_reply(&s, field, s.conn.call(request(rid), body).await)
+    }
+
+    /// `PUT /v1/sandboxes/{id}/files/{path}`.
+    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ServiceError> {
+        let write = |id| Request::Write {
+            id,
+            path: path.into(),
+            mode: 0o644,
+        };
+        self.file_op(id, path, false, "path", write, &data)
+            .await
+            .map(|_| ())
     }
 
     /// `GET /v1/sandboxes/{id}/files/{path}`.
     pub async fn get_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ServiceError> {
-        let s = self.session(id)?;
-        s.touch();
-        proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
-        let rid = s.conn.id();
         let max = self.inner.config.max_fetch_bytes;
-        file_reply(
-            &s,
-            "path",
-            s.conn
-                .call(
-                    Request::Read {
-                        id: rid,
-                        path: path.into(),
-                        max,
-                    },
-                    &[],
-                )
-                .await,
-        )
-        .map(|r| match r {
-            Reply::Ok { data, .. } => data,
-            Reply::Err { .. } => Vec::new(),
-        })
+        let read = |id| Request::Read {
+            id,
+            path: path.into(),
+            max,
+        };
+        self.file_op(id, path, false, "path", read, &[])
+            .await
+            .map(|r| match r {
+                Reply::Ok { data, .. } => data,
+                Reply::Err { .. } => Vec::new(),
+            })
     }
 
     /// `GET /v1/sandboxes/{id}/files?path=DIR`.
     pub async fn list_files(&self, id: &str, path: &str) -> Result<api::Listing, ServiceError> {
-        let s = self.session(id)?;
-        s.touch();
-        if !path.is_empty() && path != "." {
-            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
-        }
-        let rid = s.conn.id();
-        file_reply(
-            &s,
-            "path",
-            s.conn
-                .call(
-                    Request::List {
-                        id: rid,
-                        path: path.into(),
-                    },
-                    &[],
-                )
-                .await,
-        )
-        .map(|r| match r {
-            Reply::Ok {
-                entries, truncated, ..
-            } => api::Listing {
-                path: path.into(),
-                entries,
-                truncated,
-            },
-            Reply::Err { .. } => api::Listing {
-                path: path.into(),
-                entries: Vec::new(),
-                truncated: false,
-            },
-        })
+        let list = |id| Request::List {
+            id,
+            path: path.into(),
+        };
+        self.file_op(id, path, true, "path", list, &[])
+            .await
+            .map(|r| match r {
+                Reply::Ok {
+                    entries, truncated, ..
+                } => api::Listing {
+                    path: path.into(),
+                    entries,
+                    truncated,
+                },
+                Reply::Err { .. } => api::Listing {
+                    path: path.into(),
+                    entries: Vec::new(),
+                    truncated: false,
+                },
+            })
     }
 
     /// `DELETE /v1/sandboxes/{id}/files/{path}`.
@@ -993,55 +979,27 @@ impl Service {
         path: &str,
         recursive: bool,
     ) -> Result<(), ServiceError> {
-        let s = self.session(id)?;
-        s.touch();
-        proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
-        let rid = s.conn.id();
-        file_reply(
-            &s,
-            "path",
-            s.conn
-                .call(
-                    Request::Remove {
-                        id: rid,
-                        path: path.into(),
-                        recursive,
-                    },
-                    &[],
-                )
-                .await,
-        )
-        .map(|_| ())
+        let remove = |id| Request::Remove {
+            id,
+            path: path.into(),
+            recursive,
+        };
+        self.file_op(id, path, false, "path", remove, &[])
+            .await
+            .map(|_| ())
     }
-}
 
-impl Service {
     /// `GET /v1/sandboxes/{id}/archive?path=DIR`: a tar of the directory's regular files and
     /// directories (at most `--max-fetch` bytes of content), made inside; the count of entries
     /// skipped (links, fifos, sockets, devices) comes with it.
     pub async fn get_archive(&self, id: &str, path: &str) -> Result<(Vec<u8>, u64), ServiceError> {
-        let s = self.session(id)?;
-        s.touch();
-        if !path.is_empty() && path != "." {
-            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
-        }
-        let rid = s.conn.id();
         let max = self.inner.config.max_fetch_bytes;
-        let r = file_reply(
-            &s,
-            "path",
-            s.conn
-                .call(
-                    Request::TarOut {
-                        id: rid,
-                        path: path.into(),
-                        max,
-                    },
-                    &[],
-                )
-                .await,
-        )?;
-        match r {
+        let tar_out = |id| Request::TarOut {
+            id,
+            path: path.into(),
+            max,
+        };
+        match self.file_op(id, path, true, "path", tar_out, &[]).await? {
             Reply::Ok { data, skipped, .. } => Ok((data, skipped.unwrap_or(0))),
             Reply::Err { .. } => Ok((Vec::new(), 0)),
         }
@@ -1055,26 +1013,13 @@ impl Service {
         path: &str,
         tar: Vec<u8>,
     ) -> Result<(), ServiceError> {
-        let s = self.session(id)?;
-        s.touch();
-        if !path.is_empty() && path != "." {
-            proto::check_path(path).map_err(|e| ServiceError::invalid("path", path, e))?;
-        }
-        let rid = s.conn.id();
-        file_reply(
-            &s,
-            "archive",
-            s.conn
-                .call(
-                    Request::TarIn {
-                        id: rid,
-                        path: path.into(),
-                    },
-                    &tar,
-                )
-                .await,
-        )
-        .map(|_| ())
+        let tar_in = |id| Request::TarIn {
+            id,
+            path: path.into(),
+        };
+        self.file_op(id, path, true, "archive", tar_in, &tar)
+            .await
+            .map(|_| ())
     }
 }
 
