@@ -1,12 +1,13 @@
-"""Python `print(1)` runs per second (issue 19, item 5): a loop of bare `python3 -c`, cold
-`palisade run`, and the library's template and warm-Python template (startup_bench example),
-with 1 and nproc callers for the library rows, in rotated rounds. A measurement, not a test."""
+"""Python `print(1)` runs per second (issue 19, item 5): loops of bare `python3 -c`, cold
+`palisade run`, and the library's template and warm-Python template, with 1 and nproc callers,
+in rotated rounds. The bare loops and the library rows are started the same way, by the
+startup_bench example (`--engine none`: posix_spawn and wait, no sandbox), and every row is
+divided by the bare loop with as many callers. A measurement, not a test."""
 
 import json
 import os
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PALISADE = os.path.join(ROOT, "target", "release", "palisade")
@@ -14,17 +15,9 @@ EXAMPLE = os.path.join(ROOT, "target", "release", "examples", "startup_bench")
 CODE = ["python3", "-c", "print(1)"]
 
 
-def loop(cmd, seconds):
-    n, t0 = 0, time.time()
-    while time.time() - t0 < seconds:
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
-        n += 1
-    return n / (time.time() - t0)
-
-
-def library(engine, threads, seconds):
+def library(engine, threads, seconds, command=CODE):
     out = subprocess.run([EXAMPLE, "--engine", engine, "--init", PALISADE, "--threads", str(threads),
-                          "--seconds", str(seconds), "--"] + CODE, capture_output=True, text=True, check=True)
+                          "--seconds", str(seconds), "--"] + command, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["runs_per_s"]
 
 
@@ -32,24 +25,25 @@ def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     nproc = os.cpu_count() or 1
-    rows = {
-        "bare /usr/bin/python3 -c (1 caller)": lambda: loop(["/usr/bin/python3"] + CODE[1:], seconds),
-        "palisade run, cold (CLI, 1 caller)": lambda: loop([PALISADE, "run", "-q", "--no-tty", "--"] + CODE, seconds),
-        "palisade template (library, 1 caller)": lambda: library("template", 1, seconds),
-        f"palisade template (library, {nproc} callers)": lambda: library("template", nproc, seconds),
-        "palisade warm Python (library, 1 caller)": lambda: library("warm", 1, seconds),
-        f"palisade warm Python (library, {nproc} callers)": lambda: library("warm", nproc, seconds),
-    }
-    got = {n: [] for n in rows}
-    names = list(rows)
+    # (name, callers, measure)
+    rows = [
+        ("bare /usr/bin/python3 -c", 1, lambda: library("none", 1, seconds, ["/usr/bin/python3"] + CODE[1:])),
+        ("bare /usr/bin/python3 -c", nproc, lambda: library("none", nproc, seconds, ["/usr/bin/python3"] + CODE[1:])),
+        ("palisade run, cold (CLI)", 1, lambda: library("none", 1, seconds, [PALISADE, "run", "-q", "--no-tty", "--"] + CODE)),
+        ("palisade template (library)", 1, lambda: library("template", 1, seconds)),
+        ("palisade template (library)", nproc, lambda: library("template", nproc, seconds)),
+        ("palisade warm Python (library)", 1, lambda: library("warm", 1, seconds)),
+        ("palisade warm Python (library)", nproc, lambda: library("warm", nproc, seconds)),
+    ]
+    got = {i: [] for i in range(len(rows))}
     for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            got[n].append(rows[n]())
-    bare = sum(got[names[0]]) / rounds
-    print("| python `print(1)` | runs/s | / bare loop |\n|---|---|---|")
-    for n in names:
-        v = sum(got[n]) / rounds
-        print(f"| {n} | {v:.1f} | {v / bare:.2f} |")
+        for i in list(range(len(rows)))[r % len(rows):] + list(range(len(rows)))[:r % len(rows)]:
+            got[i].append(rows[i][2]())
+    bare = {c: sum(got[i]) / rounds for i, (n, c, _) in enumerate(rows) if n.startswith("bare")}
+    print("| python `print(1)` | callers | runs/s | / bare loops, as many callers |\n|---|---|---|---|")
+    for i, (n, c, _) in enumerate(rows):
+        v = sum(got[i]) / rounds
+        print(f"| {n} | {c} | {v:.1f} | {v / bare[c]:.2f} |")
 
 
 if __name__ == "__main__":

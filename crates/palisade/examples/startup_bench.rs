@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release -p palisade --example startup_bench -- [--memory MB] [--runs N] [--threads T] \
-//!     [--engine in-process|exec|template|warm] [--init PATH] [--seconds S] [-- COMMAND...]
+//!     [--engine in-process|exec|template|warm|none] [--init PATH] [--seconds S] [-- COMMAND...]
 //! ```
 //!
 //! With `--seconds`, every thread starts runs one after the other until that much time has
@@ -105,10 +105,14 @@ fn main() {
         .expect("a valid policy");
     let init = || Engine::InitProgram(a.init.clone().expect("--init PATH or PALISADE_INIT"));
     sandbox = match a.engine.as_str() {
-        "in-process" => sandbox.engine(Engine::InProcess),
+        "in-process" | "none" => sandbox.engine(Engine::InProcess),
         "exec" | "template" | "warm" => sandbox.engine(init()),
         other => panic!("unknown engine {other}"),
     };
+    // `none`: no sandbox at all, the command started and waited for by this process
+    // (`std::process::Command`, posix_spawn), its output thrown away: the bare loop the
+    // sandboxed rows are compared with, measured the same way.
+    let bare = a.engine == "none";
     // `warm`: a template with warm Python (docs/engine.md); COMMAND is then `python3 -c CODE`.
     let template = match a.engine.as_str() {
         "template" => Some(sandbox.prepare().expect("a template")),
@@ -123,10 +127,29 @@ fn main() {
         Some(t) => t.start(a.command.clone(), &[], io),
         None => sandbox.start(io),
     };
+    // One run: how long it took to start, and to end.
+    let one = || -> (Duration, Duration) {
+        let t = Instant::now();
+        if bare {
+            let mut child = std::process::Command::new(&a.command[0])
+                .args(&a.command[1..])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("the command starts");
+            let started = t.elapsed();
+            assert!(child.wait().expect("the command ends").success());
+            return (started, t.elapsed());
+        }
+        let run = start(Io::default());
+        let started = t.elapsed();
+        let out = run.wait_output();
+        assert_eq!(out.report.status, Status::Ok, "{:?}", out.report.error);
+        (started, t.elapsed())
+    };
     // Warm-up: lazily opened files, the allocator, the kernel's caches.
     for _ in 0..10 {
-        let out = start(Io::default()).wait_output();
-        assert_eq!(out.report.status, Status::Ok, "{:?}", out.report.error);
+        one();
     }
     let per_thread = a.runs.div_ceil(a.threads);
     let cpu0 = cpu_ticks();
@@ -142,12 +165,9 @@ fn main() {
                 s.spawn(|| {
                     let (mut starts, mut totals) = (Vec::new(), Vec::new());
                     while more(starts.len()) {
-                        let t = Instant::now();
-                        let run = start(Io::default());
-                        starts.push(t.elapsed());
-                        let out = run.wait_output();
-                        totals.push(t.elapsed());
-                        assert_eq!(out.report.status, Status::Ok, "{:?}", out.report.error);
+                        let (started, ended) = one();
+                        starts.push(started);
+                        totals.push(ended);
                     }
                     (starts, totals)
                 })
