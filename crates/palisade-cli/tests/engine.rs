@@ -430,10 +430,12 @@ fn a_later_runs_network(t: &Template, trun: Runner) {
     };
     let (first, lo) = seen(t, "");
     assert_eq!(lo, "lo 0 0", "a fresh namespace has sent nothing");
-    let (second, _) = seen(t, "");
-    assert_eq!(
-        first, second,
-        "control: a namespace no socket was made in is handed to the next run"
+    // A namespace given back comes to a later run: the next run's init was made (in a namespace
+    // of its own) while this one ran, so it is the run after it, or one more per init kept ahead.
+    let back = (0..LATER).any(|_| seen(t, "").0 == first);
+    assert!(
+        back,
+        "control: a namespace no socket was made in is handed to a later run"
     );
     for (attack, what) in [
         (
@@ -448,14 +450,20 @@ fn a_later_runs_network(t: &Template, trun: Runner) {
         if what == "packets over lo" {
             assert_ne!(lo, "lo 0 0", "control: the connect went over lo");
         }
-        let (next, lo) = seen(t, "");
-        assert_ne!(
-            dirty, next,
-            "the namespace of a run with {what} was handed to the next run"
-        );
-        assert_eq!(lo, "lo 0 0", "after {what}: the next run's lo has traffic");
+        for _ in 0..LATER {
+            let (next, lo) = seen(t, "");
+            assert_ne!(
+                dirty, next,
+                "the namespace of a run with {what} was handed to a later run"
+            );
+            assert_eq!(lo, "lo 0 0", "after {what}: a later run's lo has traffic");
+        }
     }
 }
+
+/// How many runs later a namespace given back unused is handed on at the latest (with one
+/// init made ahead, two: see docs/engine.md, "Inits made ahead").
+const LATER: usize = 3;
 
 /// What a run could change in its network namespace without a socket: the attributes of the
 /// namespace's own `/proc/net` entries (one set per namespace, shared by every procfs; owned by
@@ -487,7 +495,7 @@ fn proc_net_changed(t: &Template, trun: Runner) {
         };
         (line("net:["), line("mode "), r.stdout.clone())
     };
-    let (first, mode, _) = seen(t, "");
+    let (_, mode, _) = seen(t, "");
     assert!(
         mode.starts_with("mode 444 "),
         "as the kernel makes it: {mode}"
@@ -508,12 +516,12 @@ fn proc_net_changed(t: &Template, trun: Runner) {
         !after.ends_with(" 1000000"),
         "the run set its /proc/net entry's time: {after}"
     );
-    assert_eq!(
-        first, changer,
-        "control: a namespace no socket was made in is handed to the next run"
-    );
-    let (next, seen_next, _) = seen(t, "");
-    assert_eq!(changer, next, "control: the namespace is handed on");
+    // The later run that gets the changer's namespace (control: it is handed on).
+    let seen_next = (0..LATER)
+        .map(|_| seen(t, ""))
+        .find(|(ns, ..)| *ns == changer)
+        .map(|(_, m, _)| m)
+        .expect("control: the namespace is handed on to a later run");
     assert_eq!(
         mode_of(&seen_next),
         mode_of(&mode),
@@ -727,7 +735,15 @@ fn many_template_runs_leave_nothing_behind() {
         after.fds
     );
     assert_eq!(after.threads, warm.threads, "threads");
-    assert_eq!(after.children, warm.children, "children (the zygote only)");
+    // The zygote, and the next run's init made ahead (a new one after each run).
+    assert_eq!(
+        after.children.len(),
+        warm.children.len(),
+        "children (the zygote and an init made ahead): {:?} -> {:?}",
+        warm.children,
+        after.children
+    );
+    assert!(after.children.len() <= 2, "children: {:?}", after.children);
     assert_eq!(after.mounts, warm.mounts, "mounts");
     assert!(
         after.cgroups.len() <= 8,

@@ -411,7 +411,7 @@ pub(crate) fn finish_view(
 /// before, following no symbolic link and crossing no mount: the working directory may be a host
 /// scratch directory where an earlier run left links. A missing directory is made (0755); a file
 /// is created or replaced, and must be a regular file. Async-signal-safe: no allocation.
-fn write_files(plan: &Plan, src: c_int) -> Result<(), Fail> {
+pub(crate) fn write_files(plan: &Plan, src: c_int) -> Result<(), Fail> {
     const RESOLVE: u64 = sys::RESOLVE_BENEATH
         | sys::RESOLVE_NO_SYMLINKS
         | sys::RESOLVE_NO_MAGICLINKS

@@ -808,11 +808,6 @@ impl Channels {
         self.go_w.as_raw_fd()
     }
 
-    /// The supervisor's end of the init's message pipe.
-    pub(crate) fn msg_r_raw(&self) -> c_int {
-        self.msg_r.as_raw_fd()
-    }
-
     /// Closes the init's ends here, once the init has its own copies: the message pipe then ends
     /// when the init (and whoever else held it) is gone.
     pub(crate) fn init_fd(&self, fd: &Option<OwnedFd>) -> c_int {
@@ -827,23 +822,79 @@ impl Channels {
     }
 }
 
+/// The message pipe and sockets between the supervisor and one run's init, which exist before
+/// the run's program and streams are known (a template makes its runs' inits ahead).
+pub(crate) struct Control {
+    msg_r: OwnedFd,
+    pub msg_w: Option<OwnedFd>,
+    go_w: OwnedFd,
+    pub go_r: Option<OwnedFd>,
+    pty_parent: Option<OwnedFd>,
+    pub pty_child: Option<OwnedFd>,
+}
+
+impl Control {
+    /// The pipe and sockets, close-on-exec and numbered ≥ 3; with `tty`, the socket on which the
+    /// init sends the pty master.
+    pub(crate) fn new(tty: bool) -> Result<Control, SetupError> {
+        let (msg_r, msg_w) = pipe()?;
+        let (go_w, go_r) = socketpair()?;
+        let (pty_parent, pty_child) = if tty {
+            let (a, b) = socketpair()?;
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
+        Ok(Control {
+            msg_r,
+            msg_w: Some(msg_w),
+            go_w,
+            go_r: Some(go_r),
+            pty_parent,
+            pty_child,
+        })
+    }
+
+    /// The supervisor's end of the init's message pipe.
+    pub(crate) fn msg_r_raw(&self) -> c_int {
+        self.msg_r.as_raw_fd()
+    }
+
+    /// Closes the init's ends here, once the init has its own copies.
+    pub(crate) fn close_init_side(&mut self) {
+        self.msg_w = None;
+        self.go_r = None;
+        self.pty_child = None;
+    }
+}
+
 /// Pipes and sockets for messages, output and input of one run, close-on-exec and numbered ≥ 3.
 /// The payload's stdin: /dev/null, the caller's own (never a terminal: relayed through a pipe
 /// instead), or a pipe the supervisor (bytes) or the caller (Stdin::Pipe) writes into.
 pub(crate) fn channels(tty: bool, stdin: Stdin) -> Result<Channels, SetupError> {
-    let (msg_r, msg_w) = pipe()?;
-    let (go_w, go_r) = socketpair()?;
+    channels_with(Control::new(tty)?, stdin)
+}
+
+/// [`channels`] on a [`Control`] made earlier (a terminal if it has the pty socket).
+pub(crate) fn channels_with(control: Control, stdin: Stdin) -> Result<Channels, SetupError> {
+    let Control {
+        msg_r,
+        msg_w,
+        go_w,
+        go_r,
+        pty_parent,
+        pty_child,
+    } = control;
     let mut child_side: Vec<OwnedFd> = Vec::new();
     let mut stdin_w: Option<OwnedFd> = None;
     let mut relay_from: Option<RawFd> = None;
     let mut stdin_bytes = Vec::new();
     let feeds_bytes = matches!(stdin, Stdin::Bytes(_));
-    let (stdio, out_r, err_r, pty_parent, pty_child) = if tty {
+    let (stdio, out_r, err_r) = if pty_parent.is_some() {
         let null = devnull()?;
-        let (a, b) = socketpair()?;
         let n = null.as_raw_fd();
         child_side.push(null);
-        ([n, n, n], None, None, Some(a), Some(b))
+        ([n, n, n], None, None)
     } else {
         let (or, ow) = pipe()?;
         let (er, ew) = pipe()?;
@@ -882,13 +933,13 @@ pub(crate) fn channels(tty: bool, stdin: Stdin) -> Result<Channels, SetupError> 
         let s = [input, ow.as_raw_fd(), ew.as_raw_fd()];
         child_side.push(ow);
         child_side.push(ew);
-        (s, Some(or), Some(er), None, None)
+        (s, Some(or), Some(er))
     };
     Ok(Channels {
         msg_r,
-        msg_w: Some(msg_w),
+        msg_w,
         go_w,
-        go_r: Some(go_r),
+        go_r,
         pty_parent,
         pty_child,
         child_side,

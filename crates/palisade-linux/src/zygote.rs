@@ -53,6 +53,8 @@ const KIND_RUN: u8 = 4;
 const KIND_FAILED: u8 = 5;
 /// The supervisor gives a run's network namespace back (see [`NetLease`]).
 const KIND_RETURN: u8 = 6;
+/// A run's program, on its init's own socket (see [`receive_program`]).
+const KIND_PROGRAM: u8 = 7;
 
 /// Most bytes of one message on a template's socket (a `SOCK_SEQPACKET` record, which the
 /// kernel refuses past the socket's send buffer, ~208 KiB by default): a run's program,
@@ -84,6 +86,8 @@ pub struct Template {
     part: RunPart,
     /// With warm Python: the interpreter the zygote holds (docs/engine.md, "Warm Python").
     warm: Option<WarmPython>,
+    /// Runs' inits made ahead (at most [`AHEAD`]).
+    ahead: std::sync::Mutex<Vec<Ahead>>,
     _lease: Option<IdLease>,
 }
 
@@ -249,6 +253,7 @@ impl Template {
             plan,
             part,
             warm: warm.cloned(),
+            ahead: std::sync::Mutex::new(Vec::new()),
             _lease: lease,
         };
         // The maps, as for a cold run (spawn.rs, step e).
@@ -308,7 +313,10 @@ impl Template {
         let reply = Reader::new(&buf[..got.len]);
         match reply {
             Ok((KIND_READY, r)) => match r.finish() {
-                Ok(()) => Ok(t),
+                Ok(()) => {
+                    t.fill();
+                    Ok(t)
+                }
                 Err(e) => Err(SetupError::Supervisor {
                     op: "prepare the template",
                     source: io::Error::other(e),
@@ -377,8 +385,8 @@ impl Template {
         let mut exec = plan::exec_plan(policy, extras)?;
         // The run's files' bytes, for its init to write (step 13).
         let files = plan::files_fd(&extras.files)?;
-        // Warm Python: the zygote gets a placeholder program; the run's own code, arguments and
-        // environment go to the payload on a pipe of its own, never through the zygote.
+        // Warm Python: the init gets a placeholder program; the run's own code, arguments and
+        // environment go to the payload on a pipe of its own.
         let warm_run = match &self.warm {
             Some(wp) if wp.takes(&policy.command) => {
                 let data = warm::encode_run(&exec.argv, &exec.envp);
@@ -411,92 +419,82 @@ impl Template {
                 Some(p)
             }
         };
-        let mut part = match &fresh {
+        let part = match &fresh {
             Some(p) => plan::run_part(p),
             None => self.part.clone(),
         };
-        let mut ch = spawn::channels(policy.tty, stdin)?;
-        let trees = spawn::open_trees(&mut part.sources)?;
-        if let Some(ns) = &self.userns {
-            spawn::idmap_trees(&part.sources, ns.as_raw_fd())?;
-        }
-        // The request: the program, the run's part, and its descriptors.
-        let mut w = Writer::new(KIND_RUN);
+        // The run's program record, for its init.
+        let mut w = Writer::new(KIND_PROGRAM);
         wire::write_exec(&mut w, &exec);
-        wire::write_run_part(&mut w, &part);
-        w.bool(ch.pty_child.is_some());
         w.bool(warm_run.is_some());
         w.bool(files.is_some());
-        let bytes = w.into_bytes();
-        if bytes.len() > MAX_RECORD {
+        let record = w.into_bytes();
+        if record.len() > MAX_RECORD {
             return Err(SetupError::Supervisor {
                 op: "start a run of the template",
                 source: io::Error::other(format!(
-                    "the run's program, arguments, environment, files' names and view take {} bytes; a template's run takes at most {MAX_RECORD}",
-                    bytes.len()
+                    "the run's program, arguments, environment and files' names take {} bytes; a template's run takes at most {MAX_RECORD}",
+                    record.len()
                 )),
             });
         }
-        let mut fds: Vec<c_int> = ch.stdio.to_vec();
-        fds.push(ch.init_fd(&ch.msg_w));
-        fds.push(ch.init_fd(&ch.go_r));
-        fds.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
-        fds.extend(warm_run.as_ref().map(|p| p.as_raw_fd()));
-        fds.extend(files.as_ref().map(|f| f.as_raw_fd()));
-        fds.extend(trees.iter().map(|t| t.as_raw_fd()));
-        let started = Instant::now();
-        sys::send_msg(self.ctl.as_raw_fd(), &bytes, &fds).map_err(|e| SetupError::Supervisor {
-            op: "start a run of the template",
-            source: io::Error::new(
-                io::Error::from_raw_os_error(e).kind(),
-                format!("its zygote is gone ({})", io::Error::from_raw_os_error(e)),
-            ),
+        // The run's init: one made ahead (a run with the template's own per-run part), or one
+        // asked for now.
+        let taken = match fresh {
+            None if policy.tty == self.plan.tty => self.take_ahead(),
+            _ => None,
+        };
+        let mut ahead = match taken {
+            Some(a) => a,
+            None => self.ask(&part, policy.tty)?,
+        };
+        // The zygote's answer: the init's pid. An error of the init itself may come first (the
+        // init reports it before the zygote has written the pid), and is the one to report.
+        let views = self.views(&part, fresh.as_ref(), policy, extras);
+        let (pid, early) = ahead.answer().map_err(|e| match e {
+            Answer::Late => SetupError::Supervisor {
+                op: "start a run of the template",
+                source: io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "its zygote did not answer within 30 s",
+                ),
+            },
+            Answer::Gone(early) => {
+                early.map_or(SetupError::InitVanished, |m| spawn::setup_error(&m, &views))
+            }
         })?;
-        // The zygote and the init hold their own copies now.
+        // The init is our child (CLONE_PARENT) and unreaped: its pid cannot name another process.
+        // Given back as soon as it exists: a failure below drops it, and the namespace with it.
+        let lease = ahead.lease.take();
+        let control = ahead.control.take().expect("an ahead run is taken once");
+        drop(ahead);
+        // Until the run owns it, a failure here ends the init (its socket closes) and reaps it.
+        let reap = |e: SetupError| {
+            let _ = sys::waitpid(pid, 0);
+            e
+        };
+        let mut ch = spawn::channels_with(control, stdin).map_err(reap)?;
+        // The program and streams, to the init (see `receive_program`). An init that has failed
+        // already cannot take them: its own error is then read below, and is the one reported.
+        let started = Instant::now();
+        let extra: Vec<c_int> = [warm_run.as_ref(), files.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|f| f.as_raw_fd())
+            .collect();
+        let _ = send_program(ch.go_w_raw(), ch.stdio, &record, &extra);
+        // The init holds its own copies now.
         ch.close_init_side();
-        drop(trees);
         drop(files);
         let warm_run_sent = warm_run.is_some();
         drop(warm_run);
-        // The zygote's answer: the init's pid. An error of the init itself may come first (the
-        // init reports it before the zygote has written the pid), and is the one to report.
-        let mut early: Option<Msg> = None;
-        let (pid, lease_no) = loop {
-            let mut b = [0u8; 16];
-            // The zygote answers at once; one that does not within the bound is broken, and the
-            // run fails instead of waiting for it (no deadline of the run is running yet).
-            if !sys::readable_within(ch.msg_r_raw(), ZYGOTE_ANSWER_MS) {
-                return Err(SetupError::Supervisor {
-                    op: "start a run of the template",
-                    source: io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "its zygote did not answer within 30 s",
-                    ),
-                });
+        let pidfd = match sys::pidfd_open(pid) {
+            Ok(fd) => fd,
+            Err(e) => {
+                drop(ch);
+                return Err(reap(supervisor("open a pidfd for the run", e)));
             }
-            match sys::read_full(ch.msg_r_raw(), &mut b) {
-                Ok(16) => {}
-                _ => {
-                    let views = self.views(&part, fresh.as_ref(), policy, extras);
-                    return Err(
-                        early.map_or(SetupError::InitVanished, |m| spawn::setup_error(&m, &views))
-                    );
-                }
-            }
-            let m = Msg::from_bytes(&b);
-            if m.kind == child::MSG_SPAWNED && m.value > 0 {
-                break (m.value, m.index);
-            }
-            early.get_or_insert(m);
         };
-        // The init is our child (CLONE_PARENT) and unreaped: its pid cannot name another process.
-        // Given back as soon as it exists: a failure below drops it, and the namespace with it.
-        let lease = (lease_no != 0).then(|| NetLease {
-            ctl: self.ctl.clone(),
-            lease: lease_no,
-            unused: false,
-        });
-        let pidfd = sys::pidfd_open(pid).map_err(|e| supervisor("open a pidfd for the run", e))?;
         let mut running = Running::new(
             pid,
             pidfd,
@@ -515,9 +513,81 @@ impl Template {
         if let Some(l) = lease {
             running.lend_net(l);
         }
-        let views = self.views(&part, fresh.as_ref(), policy, extras);
         running.complete(before_start, early, &views, setup_cpu0)?;
         Ok(running)
+    }
+
+    /// Asks the zygote for a run's init with `part` as its part of the view (its host paths
+    /// opened here as root); the init makes the view, then waits for its program.
+    fn ask(&self, part: &RunPart, tty: bool) -> Result<Ahead, SetupError> {
+        let mut part = part.clone();
+        let mut control = spawn::Control::new(tty)?;
+        let trees = spawn::open_trees(&mut part.sources)?;
+        if let Some(ns) = &self.userns {
+            spawn::idmap_trees(&part.sources, ns.as_raw_fd())?;
+        }
+        let mut w = Writer::new(KIND_RUN);
+        wire::write_run_part(&mut w, &part);
+        w.bool(control.pty_child.is_some());
+        let bytes = w.into_bytes();
+        if bytes.len() > MAX_RECORD {
+            return Err(SetupError::Supervisor {
+                op: "start a run of the template",
+                source: io::Error::other(format!(
+                    "the run's view takes {} bytes; a template's run takes at most {MAX_RECORD}",
+                    bytes.len()
+                )),
+            });
+        }
+        let raw = |f: &Option<OwnedFd>| f.as_ref().map(|f| f.as_raw_fd());
+        let fds: Vec<c_int> = [
+            raw(&control.msg_w),
+            raw(&control.go_r),
+            raw(&control.pty_child),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(trees.iter().map(|t| t.as_raw_fd()))
+        .collect();
+        sys::send_msg(self.ctl.as_raw_fd(), &bytes, &fds).map_err(|e| SetupError::Supervisor {
+            op: "start a run of the template",
+            source: io::Error::new(
+                io::Error::from_raw_os_error(e).kind(),
+                format!("its zygote is gone ({})", io::Error::from_raw_os_error(e)),
+            ),
+        })?;
+        // The zygote and the init hold their own copies now.
+        control.close_init_side();
+        Ok(Ahead {
+            control: Some(control),
+            ctl: self.ctl.clone(),
+            lease: None,
+            pid: None,
+        })
+    }
+
+    /// An init made ahead, if one is ready.
+    fn take_ahead(&self) -> Option<Ahead> {
+        self.ahead.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// Asks for runs' inits ahead until [`AHEAD`] wait: call it once a run has started (the
+    /// zygote and the new init then work while the run's payload does, not before the run's
+    /// caller hears that it started). A failure is not this run's: the next run asks for its
+    /// own init and reports it.
+    pub fn fill(&self) {
+        let missing = |s: &Self| {
+            AHEAD.saturating_sub(s.ahead.lock().unwrap_or_else(|p| p.into_inner()).len())
+        };
+        for _ in 0..missing(self) {
+            let Ok(a) = self.ask(&self.part, self.plan.tty) else {
+                return;
+            };
+            let mut q = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+            if q.len() < AHEAD {
+                q.push(a);
+            }
+        }
     }
 
     fn views<'a>(
@@ -539,10 +609,110 @@ impl Template {
 
 impl Drop for Template {
     fn drop(&mut self) {
+        // Inits made ahead end first (each sees its socket close), and are reaped.
+        self.ahead
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         // The zygote sees the end of its socket and exits; then it is reaped.
         sys::shutdown(self.ctl.as_raw_fd());
         let _ = sys::waitpid(self.zygote, 0);
     }
+}
+
+/// How many runs' inits a template keeps made ahead (docs/engine.md, "Inits made ahead").
+const AHEAD: usize = 1;
+
+/// Why a run's init has no pid.
+enum Answer {
+    /// The zygote did not answer within [`ZYGOTE_ANSWER_MS`].
+    Late,
+    /// The zygote or the init ended first; the init's own error, if it sent one.
+    Gone(Option<Msg>),
+}
+
+/// A run's init asked of the zygote: it makes the run's view, then waits for its program (see
+/// `receive_program`). Dropped without a run, its socket closes, so the init ends, and it is
+/// reaped here.
+struct Ahead {
+    control: Option<spawn::Control>,
+    ctl: Arc<OwnedFd>,
+    /// Its network namespace's lease, once the answer is read (0 is none).
+    lease: Option<NetLease>,
+    /// The init's pid and the first message of its own, once the answer is read.
+    pid: Option<(i32, Option<Msg>)>,
+}
+
+impl Ahead {
+    /// The zygote's answer: the init's pid (its network namespace's lease kept), and an error
+    /// the init sent before the zygote's answer, if any.
+    fn answer(&mut self) -> Result<(i32, Option<Msg>), Answer> {
+        if let Some(got) = self.pid {
+            return Ok(got);
+        }
+        let msg = self
+            .control
+            .as_ref()
+            .expect("an ahead run is answered before it is taken")
+            .msg_r_raw();
+        let mut early: Option<Msg> = None;
+        loop {
+            let mut b = [0u8; 16];
+            // The zygote answers at once; one that does not within the bound is broken, and the
+            // run fails instead of waiting for it (no deadline of the run is running yet).
+            if !sys::readable_within(msg, ZYGOTE_ANSWER_MS) {
+                return Err(Answer::Late);
+            }
+            match sys::read_full(msg, &mut b) {
+                Ok(16) => {}
+                _ => return Err(Answer::Gone(early)),
+            }
+            let m = Msg::from_bytes(&b);
+            if m.kind == child::MSG_SPAWNED && m.value > 0 {
+                self.pid = Some((m.value, early));
+                self.lease = (m.index != 0).then(|| NetLease {
+                    ctl: self.ctl.clone(),
+                    lease: m.index,
+                    unused: false,
+                });
+                return Ok((m.value, early));
+            }
+            early.get_or_insert(m);
+        }
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        if self.control.is_none() {
+            return; // taken by its run
+        }
+        let pid = self.answer().ok().map(|(pid, _)| pid);
+        // The init reads the end of its socket and ends (or fails its next step and ends).
+        drop(self.control.take());
+        if let Some(pid) = pid {
+            let _ = sys::waitpid(pid, 0);
+        }
+        // Its network namespace, given back used: the template lets it go.
+        drop(self.lease.take());
+    }
+}
+
+/// Sends a run's program to its init (see `receive_program`).
+fn send_program(
+    go: c_int,
+    stdio: [c_int; 3],
+    record: &[u8],
+    extra: &[c_int],
+) -> sys::SysResult<()> {
+    sys::send_fds(go, b'p', &stdio)?;
+    let len = (record.len() as u32).to_le_bytes();
+    sys::send_all(go, &len)?;
+    sys::send_all(go, record)?;
+    if !extra.is_empty() {
+        sys::send_fds(go, b'x', extra)?;
+    }
+    Ok(())
 }
 
 // ---- The zygote: palisade's own program, exec'd once per template. ----
@@ -775,13 +945,12 @@ fn helper_proc() -> Result<(), i32> {
     }
 }
 
-/// One run's request, decoded.
+/// One run's request, decoded: the run's part of the view and its init's channels. The run's
+/// program and streams are not in it: they go to the init itself, once it has made the view
+/// ([`receive_program`]), so the zygote never holds any run's program or environment.
 struct Request {
-    exec: plan::Exec,
     part: RunPart,
     fds: ChildFds,
-    /// A warm run's code pipe, or -1.
-    code: c_int,
     /// Every descriptor that came with the request.
     all: Vec<c_int>,
 }
@@ -791,9 +960,43 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
     if kind != KIND_RUN {
         return Err(WireError("kind"));
     }
-    let exec = wire::read_exec(&mut r)?;
     let mut part = wire::read_run_part(&mut r)?;
     let pty = r.bool("pty")?;
+    r.finish()?;
+    let trees = part.sources.iter().filter(|s| s.tree >= 0).count();
+    let base = 2 + pty as usize;
+    if fds.len() != base + trees {
+        return Err(WireError("descriptors (count)"));
+    }
+    let mut t = fds[base..].iter();
+    for s in part.sources.iter_mut().filter(|s| s.tree >= 0) {
+        s.tree = *t.next().expect("counted above");
+    }
+    let mut keep: Vec<c_int> = fds.to_vec();
+    keep.sort_unstable();
+    Ok(Request {
+        part,
+        fds: ChildFds {
+            // The init's streams come with its program.
+            stdio: [-1; 3],
+            msg: fds[0],
+            go: fds[1],
+            pty_sock: if pty { fds[2] } else { -1 },
+            files: -1,
+            keep,
+        },
+        all: fds.to_vec(),
+    })
+}
+
+/// Decodes a run's program record: the program, and whether a warm run's code pipe and the
+/// run's files come with it.
+fn decode_program(bytes: &[u8]) -> Result<(plan::Exec, bool, bool), WireError> {
+    let (kind, mut r) = Reader::new(bytes)?;
+    if kind != KIND_PROGRAM {
+        return Err(WireError("kind"));
+    }
+    let exec = wire::read_exec(&mut r)?;
     let warm = r.bool("warm")?;
     let files = r.bool("files")?;
     r.finish()?;
@@ -802,35 +1005,7 @@ fn decode_request(bytes: &[u8], fds: &[c_int]) -> Result<Request, WireError> {
             "files (descriptor without files, or files without one)",
         ));
     }
-    let trees = part.sources.iter().filter(|s| s.tree >= 0).count();
-    let base = 5 + pty as usize + warm as usize + files as usize;
-    if fds.len() != base + trees {
-        return Err(WireError("descriptors (count)"));
-    }
-    let mut t = fds[base..].iter();
-    for s in part.sources.iter_mut().filter(|s| s.tree >= 0) {
-        s.tree = *t.next().expect("counted above");
-    }
-    let mut keep: Vec<c_int> = fds[3..].to_vec();
-    keep.sort_unstable();
-    Ok(Request {
-        exec,
-        part,
-        fds: ChildFds {
-            stdio: [fds[0], fds[1], fds[2]],
-            msg: fds[3],
-            go: fds[4],
-            pty_sock: if pty { fds[5] } else { -1 },
-            files: if files {
-                fds[5 + pty as usize + warm as usize]
-            } else {
-                -1
-            },
-            keep,
-        },
-        code: if warm { fds[5 + pty as usize] } else { -1 },
-        all: fds.to_vec(),
-    })
+    Ok((exec, warm, files))
 }
 
 /// A network namespace given back: its lease number and whether the run left it unused.
@@ -876,21 +1051,12 @@ fn serve(z: &mut Zygote, ctl: c_int, buf: &mut [u8]) -> ! {
         let req = if got.truncated || got.len > MAX_RECORD {
             Err(WireError("longer than a record"))
         } else {
-            decode_request(&buf[..got.len], received).and_then(|r| {
-                if r.code >= 0 && z.warm.is_none() {
-                    Err(WireError("a warm run for a template without warm Python"))
-                } else {
-                    Ok(r)
-                }
-            })
+            decode_request(&buf[..got.len], received)
         };
         match req {
             Ok(req) => {
-                // The previous run's program, arguments and environment, swapped out of the
-                // plan by `run`, and this request's bytes: wiped, so that no later run's init
-                // (a copy of this process) holds them, not even in freed memory.
-                let previous = run(z, req);
-                wipe(previous);
+                run(z, req);
+                // The request's paths: no later run's init (a copy of this process) holds them.
                 wipe_bytes(&mut buf[..got.len]);
             }
             // Malformed: nothing to answer on; closing the run's descriptors ends it (its
@@ -905,26 +1071,9 @@ fn wipe_bytes(b: &mut [u8]) {
     sys::volatile_zero(b);
 }
 
-/// Wipes the strings of a program (arguments, environment) before they are freed.
-fn wipe(exec: plan::Exec) {
-    let plan::Exec {
-        candidates,
-        argv,
-        envp,
-        ..
-    } = exec;
-    for s in candidates
-        .into_iter()
-        .chain(argv.into_strings())
-        .chain(envp.into_strings())
-    {
-        wipe_bytes(&mut s.into_bytes());
-    }
-}
-
 /// One run: its host paths opened (unprivileged), its init cloned; the zygote keeps nothing of
-/// it. Returns the run's program, taken out of the plan right after the clone, for the caller to wipe.
-fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
+/// it.
+fn run(z: &mut Zygote, mut req: Request) {
     let msg = req.fds.msg;
     let done = |req: &Request| req.all.iter().for_each(|&fd| sys::close(fd));
     let fail = |req: &Request, (step, index, value): Fail| {
@@ -948,9 +1097,8 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
                 sys::close(s.tree);
             }
         }
-        // The request's own program, never used: wiped all the same.
         fail(&req, f);
-        return req.exec;
+        return;
     }
     let made: Vec<c_int> = req
         .part
@@ -964,14 +1112,13 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
     let dns = z.plan.sockets.first().copied();
     let lent = z.net.as_mut().zip(dns).and_then(|(p, dns)| p.lend(&dns));
     z.lent_dns = lent.map_or(-1, |(_, sock)| sock);
-    std::mem::swap(&mut z.plan.exec, &mut req.exec);
     #[allow(unsafe_code)]
     // EXCEPTION (sys module docs): the clone of a run's init itself.
     // SAFETY: the zygote is single-threaded: the child may run ordinary code. It never returns.
     let forked =
         unsafe { sys::clone3(libc::CLONE_PARENT as u64 | sys::CLONE_NEWUSER | sys::CLONE_NEWPID) };
     match forked {
-        Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made, req.code),
+        Ok(sys::Forked::Child) => run_init(z, &req.part, &req.fds, &made),
         Ok(sys::Forked::Parent { pid, pidfd }) => {
             sys::close_owned(pidfd);
             child::send(
@@ -1000,10 +1147,6 @@ fn run(z: &mut Zygote, mut req: Request) -> plan::Exec {
         sys::close(sock);
     }
     z.lent_dns = -1;
-    // This run's program back out of the plan at once, for the caller to wipe: the next run's
-    // init (a copy of this process) must not hold it.
-    std::mem::swap(&mut z.plan.exec, &mut req.exec);
-    req.exec
 }
 
 /// Opens each run source that came without a tree: in the host's mount namespace, with no
@@ -1060,12 +1203,12 @@ fn open_run_sources(z: &Zygote, sources: &mut [Source]) -> Result<(), Fail> {
 
 /// The per-run init (a clone of the zygote, pid 1 of a new pid namespace, in a new user
 /// namespace): the run's own namespaces and mounts, then the in-process engine's last steps.
-fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int], code: c_int) -> ! {
+fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int]) -> ! {
     let mut ready = Prepared {
         slave: -1,
         ruleset: -1,
     };
-    if let Err((step, index, errno)) = run_setup(z, part, fds, made, &mut ready) {
+    let fail = |(step, index, errno): Fail| -> ! {
         child::send(
             fds.msg,
             Msg {
@@ -1075,8 +1218,26 @@ fn run_init(z: &mut Zygote, part: &RunPart, fds: &ChildFds, made: &[c_int], code
                 value: errno,
             },
         );
-        sys::exit(1);
+        sys::exit(1)
+    };
+    if let Err(f) = run_setup(z, part, fds, made, &mut ready) {
+        fail(f);
     }
+    // The view is made: the run's program and streams, from the supervisor. An init made ahead
+    // waits here until its run starts (or its supervisor's end closes: it then ends).
+    let (fds, code) = match receive_program(z, fds) {
+        Ok(got) => got,
+        Err(f) => fail(f),
+    };
+    // 13. The run's files, inside the boundary, before the payload exists.
+    if fds.files >= 0 {
+        let r = child::write_files(&z.plan, fds.files);
+        sys::close(fds.files);
+        if let Err(f) = r {
+            fail(f);
+        }
+    }
+    let fds = &fds;
     let stack_top = z.plan.payload_stack.as_mut_ptr_range().end;
     let warm = match (z.warm, code >= 0) {
         (Some(py), true) => Some(child::WarmPayload { py, code }),
@@ -1095,13 +1256,9 @@ fn run_setup(
     let at = child::at;
     // 1. Die with the template's thread (whose child this init is, by CLONE_PARENT).
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as _).map_err(at(Step::DeathSignal))?;
-    // 2. The standard streams in place; every descriptor but the run's own, the trees and what
-    //    the next steps need closed: the template's socket above all.
-    for (target, src) in fds.stdio.iter().enumerate() {
-        if *src != target as c_int {
-            sys::dup2(*src, target as c_int).map_err(|e| (Step::Stdio, target as u32, e))?;
-        }
-    }
+    // 2. Every descriptor but the run's own, the trees and what the next steps need closed: the
+    //    template's socket above all. (The run's standard streams come with its program, once
+    //    the view is made; until then 0, 1 and 2 are the zygote's, /dev/null.)
     let mut keep: Vec<c_int> = fds.keep.clone();
     keep.extend_from_slice(made);
     keep.push(z.host_proc);
@@ -1161,6 +1318,72 @@ fn run_setup(
     // 11, 12: host name, loopback, egress listeners, pty.
     let lent = (z.lent_dns >= 0).then_some(z.lent_dns);
     child::finish_view(&z.plan, fds, ready, lent)
+}
+
+/// The run's program and streams, sent by the supervisor on the init's socket once the run
+/// starts: `p` with the three standard streams (put in place as 0, 1 and 2 here), the program's
+/// record (a length, then at most [`MAX_RECORD`] bytes), then, for a warm run or one with files,
+/// `x` with the code pipe and the files' descriptor. The plan's program becomes the run's; the
+/// descriptors the init keeps, with the files' and the code pipe's numbers, are returned.
+fn receive_program(z: &mut Zygote, fds: &ChildFds) -> Result<(ChildFds, c_int), Fail> {
+    let proto = (Step::Engine, 0, libc::EPROTO);
+    let stdio = match sys::recv_fds(fds.go) {
+        Ok((b'p', got)) if got.len() == 3 => got,
+        // The supervisor's end closed: a run made ahead that will not start.
+        Err(libc::EPIPE) => sys::exit(0),
+        _ => return Err(proto),
+    };
+    for (target, fd) in stdio.into_iter().enumerate() {
+        let r = sys::dup2(fd.as_raw_fd(), target as c_int);
+        sys::close_owned(fd);
+        r.map_err(|e| (Step::Stdio, target as u32, e))?;
+    }
+    let mut len = [0u8; 4];
+    if sys::read_full(fds.go, &mut len) != Ok(4) {
+        return Err(proto);
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_RECORD {
+        return Err(proto);
+    }
+    let mut record = vec![0u8; len];
+    if sys::read_full(fds.go, &mut record) != Ok(len) {
+        return Err(proto);
+    }
+    let (exec, warm, files) = decode_program(&record).map_err(|_| proto)?;
+    if warm && z.warm.is_none() {
+        return Err(proto);
+    }
+    let (mut code, mut files_fd) = (-1, -1);
+    if warm || files {
+        match sys::recv_fds(fds.go) {
+            Ok((b'x', got)) if got.len() == warm as usize + files as usize => {
+                let mut got = got.into_iter().map(IntoRawFd::into_raw_fd);
+                if warm {
+                    code = got.next().expect("counted");
+                }
+                if files {
+                    files_fd = got.next().expect("counted");
+                }
+            }
+            _ => return Err(proto),
+        }
+    }
+    z.plan.exec = exec;
+    let mut keep = fds.keep.clone();
+    keep.extend([code, files_fd].into_iter().filter(|&fd| fd >= 0));
+    keep.sort_unstable();
+    Ok((
+        ChildFds {
+            stdio: [0, 1, 2],
+            msg: fds.msg,
+            go: fds.go,
+            pty_sock: fds.pty_sock,
+            files: files_fd,
+            keep,
+        },
+        code,
+    ))
 }
 
 // ---- Network namespaces given back unused (docs/engine.md, "The network namespace"). ----

@@ -636,17 +636,33 @@ impl Sandbox {
         };
         // The run's cgroup is made while init builds the view (palisade_linux::BeforeStart): init
         // then moves itself in through the v1 `tasks` files (cheap), or, on v2, is moved.
+        let limits = CgroupLimits {
+            memory_bytes: policy.limits.memory_bytes,
+            pids: policy.limits.pids,
+            cpu_quota_us: policy.limits.cpu_quota_us(),
+        };
+        // A template's run takes the cgroup made ahead for it, if its limits are the run's.
+        let ahead = |limits: &CgroupLimits| match spawner {
+            Spawner::Template(t) => t
+                .cgroup
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .filter(|(l, _)| l == limits)
+                .map(|(_, c)| c),
+            Spawner::Cold => None,
+        };
         let prepare = |pid: i32| -> std::io::Result<Vec<std::fs::File>> {
             let Some(m) = &manager else {
                 return Ok(Vec::new());
             };
-            m.clean_stale_once();
-            let limits = CgroupLimits {
-                memory_bytes: policy.limits.memory_bytes,
-                pids: policy.limits.pids,
-                cpu_quota_us: policy.limits.cpu_quota_us(),
+            let c = match ahead(&limits) {
+                Some(c) => c,
+                None => {
+                    m.clean_stale_once();
+                    m.create(&limits).map_err(std::io::Error::other)?
+                }
             };
-            let c = m.create(&limits).map_err(std::io::Error::other)?;
             let files = c.self_join_files().map_err(std::io::Error::other)?;
             if files.is_empty() {
                 c.join(pid).map_err(std::io::Error::other)?;
@@ -750,6 +766,21 @@ impl Sandbox {
             }
         };
         tell(Some(running.killer()), running.take_stdin());
+        // A template's next run: its init and its cgroup, made while this run's payload runs
+        // (docs/engine.md, "Inits made ahead"). A failure is the next run's to report.
+        if let Spawner::Template(t) = spawner {
+            t.engine.fill();
+        }
+        if let (Spawner::Template(t), Some(m)) = (spawner, &manager) {
+            let slot = || t.cgroup.lock().unwrap_or_else(|p| p.into_inner());
+            if slot().is_none() {
+                if let Ok(c) = m.create(&limits) {
+                    // Another run may have made one meanwhile: this one is then removed.
+                    let spare = slot().replace((limits, c));
+                    drop(spare);
+                }
+            }
+        }
         if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
             palisade_linux::host::copy_winsize(t, pty);
         }
@@ -1070,6 +1101,7 @@ impl Sandbox {
             sandbox: self.clone(),
             inner: Arc::new(TemplateInner {
                 engine,
+                cgroup: Mutex::new(None),
                 _thread: TemplateThread {
                     alive: Some(alive),
                     thread: Some(thread),
@@ -1090,6 +1122,9 @@ pub struct Template {
 
 pub(crate) struct TemplateInner {
     engine: palisade_linux::Template,
+    /// A run's cgroup made ahead, with the limits it was made with: the next run's, made while
+    /// this run's payload runs (docs/engine.md, "Inits made ahead"). Each is used once.
+    cgroup: Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>)>>,
     /// Dropped after `engine`: the thread the zygote and the runs' inits belong to.
     _thread: TemplateThread,
 }

@@ -389,9 +389,45 @@ pub fn children_of(pid: u32) -> Vec<u32> {
     v
 }
 
-/// Whether `pid`'s command line is a template's zygote's.
+/// Whether `pid`'s command line is a template's zygote's, and it is the zygote itself (in the
+/// host's pid namespace), not a run's init cloned from it.
 fn is_zygote(pid: u32) -> bool {
+    zygote_copy(pid) && ns_pids(pid).len() == 1
+}
+
+/// Whether `pid` runs the zygote's program (the zygote, or a run's init cloned from it).
+fn zygote_copy(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"palisade-zygote\0"))
+}
+
+/// `pid`'s pid in each pid namespace it is in, outermost first (`NSpid`).
+fn ns_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("NSpid:")).map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// A template's next run's init, made ahead and waiting for its run: a copy of the zygote, pid 1
+/// of a pid namespace of its own, with no process under it and in no run's cgroup.
+fn is_ahead(pid: u32) -> bool {
+    zygote_copy(pid)
+        && ns_pids(pid).last() == Some(&1)
+        && children_of(pid).is_empty()
+        && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| !c.contains("/run-"))
+}
+
+/// Whether the cgroup directory `dir` holds no process.
+fn cgroup_empty(dir: &std::path::Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
 }
 
 /// The zygotes of `pid`'s templates: its children whose command line is a zygote's.
@@ -404,11 +440,19 @@ pub fn zygotes_of(pid: u32) -> Vec<u32> {
 
 pub fn held(pid: u32) -> Held {
     // A template's zygote is held on purpose (at most --templates of them, each checked by the
-    // template tests); a sandbox is anything else.
-    let children = children_of(pid)
-        .into_iter()
-        .filter(|&p| !is_zygote(p))
+    // template tests), and so is its next run's init made ahead and that run's cgroup, empty (at
+    // most one each per zygote); a sandbox is anything else.
+    let kids = children_of(pid);
+    let zygotes = kids.iter().filter(|&&p| is_zygote(p)).count();
+    let ahead = kids.iter().filter(|&&p| is_ahead(p)).count();
+    let mut children = kids.iter().filter(|&&p| !zygote_copy(p)).count();
+    children += kids
+        .iter()
+        .filter(|&&p| zygote_copy(p) && !is_zygote(p) && !is_ahead(p))
         .count();
+    if ahead > zygotes {
+        children += ahead;
+    }
     let mut cgroups = Vec::new();
     let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
     while let Some(d) = stack.pop() {
@@ -426,6 +470,21 @@ pub fn held(pid: u32) -> Held {
                 }
             }
         }
+    }
+    // Empty run cgroups (one name in each hierarchy) up to one per zygote are made ahead.
+    let mut spare: Vec<String> = cgroups
+        .iter()
+        .filter(|c| cgroup_empty(std::path::Path::new(c)))
+        .filter_map(|c| c.rsplit('/').next().map(str::to_owned))
+        .collect();
+    spare.sort();
+    spare.dedup();
+    if spare.len() <= zygotes {
+        cgroups.retain(|c| {
+            !c.rsplit('/')
+                .next()
+                .is_some_and(|n| spare.iter().any(|s| s == n))
+        });
     }
     let temp_dirs = std::fs::read_dir(std::env::temp_dir())
         .map(|r| {
