@@ -701,6 +701,83 @@ time.sleep(60)
     );
 }
 
+/// A run's program, arguments and environment never reach the zygote: they go to the run's own
+/// init on its own socket, after its clone (docs/engine.md, "Per run"). As root the test reads
+/// the zygote's whole memory and finds the template's own variable there (the control: the
+/// reading works) and no byte of a run's secret, after runs and with an init made ahead waiting.
+/// Unprivileged, the zygote's memory is not readable at all (it is not dumpable).
+#[test]
+fn the_zygote_never_holds_a_runs_program() {
+    let _one = serial();
+    let nonce = format!(
+        "{:x}{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let control = format!("palisade-template-control-{nonce}");
+    let secret = format!("palisade-run-secret-{nonce}");
+    let mut p = Policy::new(["true"]).unwrap();
+    p.env
+        .push(palisade::policy::EnvVar::parse(&format!("CONTROL={control}")).unwrap());
+    let t = template(p);
+    for _ in 0..3 {
+        let (r, rep) = trun(&t, "echo \"$SECRET\" \"$1\"", &[("SECRET", &secret)]);
+        assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+        assert!(
+            r.stdout.contains(&secret),
+            "control: the run has it: {}",
+            r.stdout
+        );
+    }
+    let me = std::process::id();
+    let zygote = host_pids_where(|c| c.starts_with(b"palisade-zygote\0"))
+        .into_iter()
+        .find(|&pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let ppid = status.lines().find(|l| l.starts_with("PPid:"));
+            let nspid = status.lines().find(|l| l.starts_with("NSpid:"));
+            ppid.is_some_and(|l| l.split_whitespace().nth(1) == Some(&me.to_string()))
+                && nspid.is_some_and(|l| l.split_whitespace().count() == 2)
+        })
+        .expect("the template's zygote among this process's children");
+    let mem = std::fs::File::open(format!("/proc/{zygote}/mem"));
+    if euid() != 0 {
+        let e = mem.expect_err("a user reads the zygote's memory");
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+        return;
+    }
+    let mem = mem.expect("root opens the zygote's memory");
+    let maps = std::fs::read_to_string(format!("/proc/{zygote}/maps")).unwrap();
+    let mut all = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let range = f.next().unwrap();
+        let perms = f.next().unwrap();
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        use std::os::unix::fs::FileExt;
+        if mem.read_exact_at(&mut buf, a).is_ok() {
+            all.extend_from_slice(&buf);
+        }
+    }
+    let has = |needle: &str| all.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(
+        has(&control),
+        "control: the template's own variable is in its zygote"
+    );
+    assert!(!has(&secret), "a run's variable is in the zygote's memory");
+}
+
 /// Runs of a template leave nothing behind: no process, no mount in this process's namespace,
 /// no cgroup, no descriptor, no thread; and once the template is dropped, no zygote. 1,000
 /// runs here; `PALISADE_SOAK_RUNS` for more (`bench/soak.sh --template`).
