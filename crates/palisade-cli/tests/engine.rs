@@ -812,15 +812,14 @@ fn many_template_runs_leave_nothing_behind() {
         after.fds
     );
     assert_eq!(after.threads, warm.threads, "threads");
-    // The zygote, and the next run's init made ahead (a new one after each run).
-    assert_eq!(
-        after.children.len(),
-        warm.children.len(),
+    // The zygote, and at most the next run's init made ahead (a new one after each run, made by
+    // the template's thread, so it may or may not be there yet): no run's init is left.
+    assert!(
+        after.children.len() <= 2 && warm.children.len() <= 2,
         "children (the zygote and an init made ahead): {:?} -> {:?}",
         warm.children,
         after.children
     );
-    assert!(after.children.len() <= 2, "children: {:?}", after.children);
     assert_eq!(after.mounts, warm.mounts, "mounts");
     assert!(
         after.cgroups.len() <= 8,

@@ -86,8 +86,9 @@ pub struct Template {
     part: RunPart,
     /// With warm Python: the interpreter the zygote holds (docs/engine.md, "Warm Python").
     warm: Option<WarmPython>,
-    /// Runs' inits made ahead (at most [`AHEAD`]).
-    ahead: std::sync::Mutex<Vec<Ahead>>,
+    /// Runs' inits made ahead, and how many are being asked for now (together at most
+    /// [`AHEAD`]).
+    ahead: std::sync::Mutex<(Vec<Ahead>, usize)>,
     _lease: Option<IdLease>,
 }
 
@@ -253,7 +254,7 @@ impl Template {
             plan,
             part,
             warm: warm.cloned(),
-            ahead: std::sync::Mutex::new(Vec::new()),
+            ahead: std::sync::Mutex::new((Vec::new(), 0)),
             _lease: lease,
         };
         // The maps, as for a cold run (spawn.rs, step e).
@@ -568,24 +569,30 @@ impl Template {
 
     /// An init made ahead, if one is ready.
     fn take_ahead(&self) -> Option<Ahead> {
-        self.ahead.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        self.ahead.lock().unwrap_or_else(|p| p.into_inner()).0.pop()
     }
 
-    /// Asks for runs' inits ahead until [`AHEAD`] wait: call it once a run has started (the
-    /// zygote and the new init then work while the run's payload does, not before the run's
-    /// caller hears that it started). A failure is not this run's: the next run asks for its
-    /// own init and reports it.
+    /// Asks for runs' inits ahead until [`AHEAD`] are ready or asked for: call it once a run
+    /// has started (the zygote and the new init then work while the run's payload does, not
+    /// before the run's caller hears that it started). Runs that call it at the same time ask
+    /// for no more than that between them. A failure is not this run's: the next run asks for
+    /// its own init and reports it.
     pub fn fill(&self) {
-        let missing = |s: &Self| {
-            AHEAD.saturating_sub(s.ahead.lock().unwrap_or_else(|p| p.into_inner()).len())
-        };
-        for _ in 0..missing(self) {
-            let Ok(a) = self.ask(&self.part, self.plan.tty) else {
-                return;
-            };
-            let mut q = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
-            if q.len() < AHEAD {
-                q.push(a);
+        let lock = || self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            {
+                let mut q = lock();
+                if q.0.len() + q.1 >= AHEAD {
+                    return;
+                }
+                q.1 += 1;
+            }
+            let asked = self.ask(&self.part, self.plan.tty);
+            let mut q = lock();
+            q.1 -= 1;
+            match asked {
+                Ok(a) => q.0.push(a),
+                Err(_) => return,
             }
         }
     }
@@ -613,6 +620,7 @@ impl Drop for Template {
         self.ahead
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
+            .0
             .clear();
         // The zygote sees the end of its socket and exits; then it is reaped.
         sys::shutdown(self.ctl.as_raw_fd());

@@ -766,20 +766,10 @@ impl Sandbox {
             }
         };
         tell(Some(running.killer()), running.take_stdin());
-        // A template's next run: its init and its cgroup, made while this run's payload runs
-        // (docs/engine.md, "Inits made ahead"). A failure is the next run's to report.
+        // A template's next run: its init and its cgroup, made by the template's thread while
+        // this run's payload runs (docs/engine.md, "Inits made ahead").
         if let Spawner::Template(t) = spawner {
-            t.engine.fill();
-        }
-        if let (Spawner::Template(t), Some(m)) = (spawner, &manager) {
-            let slot = || t.cgroup.lock().unwrap_or_else(|p| p.into_inner());
-            if slot().is_none() {
-                if let Ok(c) = m.create(&limits) {
-                    // Another run may have made one meanwhile: this one is then removed.
-                    let spare = slot().replace((limits, c));
-                    drop(spare);
-                }
-            }
+            t.ask_ahead(manager.as_ref().map(|m| (m.clone(), limits)));
         }
         if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
             palisade_linux::host::copy_winsize(t, pty);
@@ -1076,18 +1066,40 @@ impl Sandbox {
         };
         // The zygote and every run's init are children of this thread (their parent-death signal
         // is tied to it): it lives until the template and its last run are gone.
+        // It also makes the next run's init and cgroup when a run has started (a request on
+        // `alive`), off the runs' own threads; requests that come while it works are one.
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (alive, until) = std::sync::mpsc::channel::<()>();
+        let (alive, until) = std::sync::mpsc::channel::<Ahead>();
         let policy = self.policy.clone();
+        let cgroup: Arc<CgroupAhead> = Arc::new(Mutex::new(None));
+        let slot = cgroup.clone();
         let thread = std::thread::Builder::new()
             .name("palisade-template".into())
             .spawn(move || {
-                let made = palisade_linux::Template::new(&policy, &prog, warm.as_ref());
-                let ok = made.is_ok();
+                let made =
+                    palisade_linux::Template::new(&policy, &prog, warm.as_ref()).map(Arc::new);
+                let engine = made.as_ref().ok().cloned();
                 let _ = tx.send(made);
-                if ok {
-                    let _ = until.recv();
+                let Some(engine) = engine else {
+                    return;
+                };
+                while let Ok(mut ahead) = until.recv() {
+                    while let Ok(later) = until.try_recv() {
+                        ahead = later;
+                    }
+                    engine.fill();
+                    if let Some((m, limits)) = ahead {
+                        let empty = slot.lock().unwrap_or_else(|p| p.into_inner()).is_none();
+                        if empty {
+                            // A failure is the next run's to report: it makes its own.
+                            let made = m.create(&limits).ok().map(|c| (limits, c));
+                            *slot.lock().unwrap_or_else(|p| p.into_inner()) = made;
+                        }
+                    }
                 }
+                // The template's last holder is gone: its inits made ahead and its zygote end
+                // here, on the thread they belong to.
+                drop(engine);
             })
             .map_err(|source| SetupError::Supervisor {
                 op: "start the template's thread",
@@ -1101,7 +1113,7 @@ impl Sandbox {
             sandbox: self.clone(),
             inner: Arc::new(TemplateInner {
                 engine,
-                cgroup: Mutex::new(None),
+                cgroup,
                 _thread: TemplateThread {
                     alive: Some(alive),
                     thread: Some(thread),
@@ -1120,18 +1132,35 @@ pub struct Template {
     inner: Arc<TemplateInner>,
 }
 
+/// What the template's thread makes ahead for the next run: its init, and with a cgroup manager
+/// its cgroup with these limits.
+type Ahead = Option<(Arc<dyn Manager>, CgroupLimits)>;
+
+/// A run's cgroup made ahead, with the limits it was made with.
+type CgroupAhead = Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>)>>;
+
 pub(crate) struct TemplateInner {
-    engine: palisade_linux::Template,
-    /// A run's cgroup made ahead, with the limits it was made with: the next run's, made while
-    /// this run's payload runs (docs/engine.md, "Inits made ahead"). Each is used once.
-    cgroup: Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>)>>,
+    /// Shared with the template's thread, which drops it last.
+    engine: Arc<palisade_linux::Template>,
+    /// The next run's cgroup, made by the template's thread while a run's payload runs
+    /// (docs/engine.md, "Inits made ahead"). Each is used once.
+    cgroup: Arc<CgroupAhead>,
     /// Dropped after `engine`: the thread the zygote and the runs' inits belong to.
     _thread: TemplateThread,
 }
 
 struct TemplateThread {
-    alive: Option<std::sync::mpsc::Sender<()>>,
+    alive: Option<std::sync::mpsc::Sender<Ahead>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TemplateInner {
+    /// Asks the template's thread to make the next run's init and, with `cgroup`, its cgroup.
+    fn ask_ahead(&self, cgroup: Ahead) {
+        if let Some(a) = &self._thread.alive {
+            let _ = a.send(cgroup);
+        }
+    }
 }
 
 impl Drop for TemplateThread {
