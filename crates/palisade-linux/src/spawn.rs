@@ -544,9 +544,12 @@ pub fn spawn_with(
 
     // b. Pipes and sockets for messages, output and input, close-on-exec and numbered >= 3.
     let mut ch = channels(policy.tty, stdin)?;
-    let (msg_w, go_r) = (ch.init_fd(&ch.msg_w), ch.init_fd(&ch.go_r));
+    let (msg_w, go_r) = (
+        Channels::init_fd(&ch.ctl.msg_w),
+        Channels::init_fd(&ch.ctl.go_r),
+    );
     let mut keep: Vec<c_int> = vec![msg_w, go_r];
-    keep.extend(ch.pty_child.as_ref().map(|p| p.as_raw_fd()));
+    keep.extend(ch.ctl.pty_child.as_ref().map(|p| p.as_raw_fd()));
 
     // c. Root: open user-given sources here as detached trees (see plan::Source::in_supervisor).
     let trees = open_trees(&mut plan.sources)?;
@@ -559,7 +562,7 @@ pub fn spawn_with(
         stdio: ch.stdio,
         msg: msg_w,
         go: go_r,
-        pty_sock: ch.pty_child.as_ref().map_or(-1, |p| p.as_raw_fd()),
+        pty_sock: ch.ctl.pty_child.as_ref().map_or(-1, |p| p.as_raw_fd()),
         files: files.as_ref().map_or(-1, |f| f.as_raw_fd()),
         keep,
     };
@@ -784,12 +787,8 @@ pub(crate) fn open_trees(sources: &mut [plan::Source]) -> Result<Vec<OwnedFd>, S
 
 /// The descriptors of one run, the supervisor's side and the init's.
 pub(crate) struct Channels {
-    msg_r: OwnedFd,
-    pub msg_w: Option<OwnedFd>,
-    go_w: OwnedFd,
-    pub go_r: Option<OwnedFd>,
-    pty_parent: Option<OwnedFd>,
-    pub pty_child: Option<OwnedFd>,
+    /// The message pipe and sockets.
+    pub ctl: Control,
     /// The init's ends of the standard streams (closed here once the init has its own).
     pub child_side: Vec<OwnedFd>,
     /// What becomes the payload's 0, 1, 2 (numbers in `child_side`, or the caller's own 0).
@@ -805,19 +804,18 @@ pub(crate) struct Channels {
 impl Channels {
     /// The supervisor's end of the init's socket.
     pub(crate) fn go_w_raw(&self) -> c_int {
-        self.go_w.as_raw_fd()
+        self.ctl.go_w.as_raw_fd()
+    }
+
+    /// The number of an init's end, or -1 without one.
+    pub(crate) fn init_fd(fd: &Option<OwnedFd>) -> c_int {
+        fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
 
     /// Closes the init's ends here, once the init has its own copies: the message pipe then ends
     /// when the init (and whoever else held it) is gone.
-    pub(crate) fn init_fd(&self, fd: &Option<OwnedFd>) -> c_int {
-        fd.as_ref().map_or(-1, |f| f.as_raw_fd())
-    }
-
     pub(crate) fn close_init_side(&mut self) {
-        self.msg_w = None;
-        self.go_r = None;
-        self.pty_child = None;
+        self.ctl.close_init_side();
         self.child_side.clear();
     }
 }
@@ -877,20 +875,12 @@ pub(crate) fn channels(tty: bool, stdin: Stdin) -> Result<Channels, SetupError> 
 
 /// [`channels`] on a [`Control`] made earlier (a terminal if it has the pty socket).
 pub(crate) fn channels_with(control: Control, stdin: Stdin) -> Result<Channels, SetupError> {
-    let Control {
-        msg_r,
-        msg_w,
-        go_w,
-        go_r,
-        pty_parent,
-        pty_child,
-    } = control;
     let mut child_side: Vec<OwnedFd> = Vec::new();
     let mut stdin_w: Option<OwnedFd> = None;
     let mut relay_from: Option<RawFd> = None;
     let mut stdin_bytes = Vec::new();
     let feeds_bytes = matches!(stdin, Stdin::Bytes(_));
-    let (stdio, out_r, err_r) = if pty_parent.is_some() {
+    let (stdio, out_r, err_r) = if control.pty_parent.is_some() {
         let null = devnull()?;
         let n = null.as_raw_fd();
         child_side.push(null);
@@ -936,12 +926,7 @@ pub(crate) fn channels_with(control: Control, stdin: Stdin) -> Result<Channels, 
         (s, Some(or), Some(er))
     };
     Ok(Channels {
-        msg_r,
-        msg_w,
-        go_w,
-        go_r,
-        pty_parent,
-        pty_child,
+        ctl: control,
         child_side,
         stdio,
         out_r,
@@ -969,12 +954,15 @@ impl Running {
         engine: &'static str,
     ) -> Result<Running, SetupError> {
         let Channels {
-            msg_r,
-            msg_w,
-            go_w,
-            go_r,
-            pty_parent,
-            pty_child,
+            ctl:
+                Control {
+                    msg_r,
+                    msg_w,
+                    go_w,
+                    go_r,
+                    pty_parent,
+                    pty_child,
+                },
             child_side,
             out_r,
             err_r,

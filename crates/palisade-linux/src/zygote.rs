@@ -108,6 +108,21 @@ fn supervisor(op: &'static str, e: i32) -> SetupError {
     }
 }
 
+/// A record for a run's init or the zygote, if it is at most [`MAX_RECORD`] bytes; `what` names
+/// what it holds.
+fn bounded(record: Vec<u8>, what: &str) -> Result<Vec<u8>, SetupError> {
+    if record.len() > MAX_RECORD {
+        return Err(SetupError::Supervisor {
+            op: "start a run of the template",
+            source: io::Error::other(format!(
+                "{what}: {} bytes; a template's run takes at most {MAX_RECORD}",
+                record.len()
+            )),
+        });
+    }
+    Ok(record)
+}
+
 /// A warm run's code pipe: the read end (for the payload), with `data` already in it. The pipe
 /// holds all of it, so the write never waits for a reader.
 fn code_pipe(data: &[u8]) -> Result<OwnedFd, SetupError> {
@@ -429,16 +444,10 @@ impl Template {
         wire::write_exec(&mut w, &exec);
         w.bool(warm_run.is_some());
         w.bool(files.is_some());
-        let record = w.into_bytes();
-        if record.len() > MAX_RECORD {
-            return Err(SetupError::Supervisor {
-                op: "start a run of the template",
-                source: io::Error::other(format!(
-                    "the run's program, arguments, environment and files' names take {} bytes; a template's run takes at most {MAX_RECORD}",
-                    record.len()
-                )),
-            });
-        }
+        let record = bounded(
+            w.into_bytes(),
+            "the run's program, arguments, environment and files' names",
+        )?;
         // The run's init: one made ahead (a run with the template's own per-run part), or one
         // asked for now.
         let taken = match fresh {
@@ -530,16 +539,7 @@ impl Template {
         let mut w = Writer::new(KIND_RUN);
         wire::write_run_part(&mut w, &part);
         w.bool(control.pty_child.is_some());
-        let bytes = w.into_bytes();
-        if bytes.len() > MAX_RECORD {
-            return Err(SetupError::Supervisor {
-                op: "start a run of the template",
-                source: io::Error::other(format!(
-                    "the run's view takes {} bytes; a template's run takes at most {MAX_RECORD}",
-                    bytes.len()
-                )),
-            });
-        }
+        let bytes = bounded(w.into_bytes(), "the run's view")?;
         let raw = |f: &Option<OwnedFd>| f.as_ref().map(|f| f.as_raw_fd());
         let fds: Vec<c_int> = [
             raw(&control.msg_w),
