@@ -778,6 +778,72 @@ fn the_zygote_never_holds_a_runs_program() {
     assert!(!has(&secret), "a run's variable is in the zygote's memory");
 }
 
+/// The next run's init, made ahead, is a process like any other on the host: one killed while it
+/// waits (by the host's OOM killer, say) is let go and reaped, and the run it was made for asks
+/// for its own, instead of failing.
+#[test]
+fn a_run_whose_init_made_ahead_was_killed_starts_all_the_same() {
+    let _one = serial();
+    let t = default_template();
+    assert_eq!(trun(&t, "true", &[]).1.status, Status::Ok);
+    let me = std::process::id();
+    // An init made ahead: a copy of the zygote, pid 1 of its own pid namespace, with nothing
+    // under it yet. The template's thread makes it after a run starts: wait for it.
+    let ahead = || {
+        host_pids_where(|c| c.starts_with(b"palisade-zygote\0"))
+            .into_iter()
+            .filter(|&pid| {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let field = |k: &str| {
+                    status
+                        .lines()
+                        .find(|l| l.starts_with(k))
+                        .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+                        .unwrap_or_default()
+                };
+                field("PPid:") == me.to_string()
+                    && field("NSpid:").ends_with(" 1")
+                    && !field("State:").starts_with('Z')
+            })
+            .collect::<Vec<u32>>()
+    };
+    let t0 = std::time::Instant::now();
+    let mut found = ahead();
+    while found.is_empty() && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        found = ahead();
+    }
+    assert_eq!(found.len(), 1, "one init made ahead: {found:?}");
+    // SAFETY: kill(2) on a child of this process, found just now and not reaped (a zombie keeps
+    // its pid until then).
+    assert_eq!(unsafe { libc::kill(found[0] as i32, libc::SIGKILL) }, 0);
+    // Gone (a zombie, its descriptors closed) before the next run starts. (One killed at the very
+    // moment its run starts fails that run: its program went to it already.)
+    let zombie = || {
+        std::fs::read_to_string(format!("/proc/{}/status", found[0])).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+    };
+    let t0 = std::time::Instant::now();
+    while !zombie() && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(zombie(), "the killed init did not end");
+    let (r, rep) = trun(&t, "echo started", &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+    assert_eq!(r.stdout, "started\n");
+    // The killed one is reaped: no zombie of it is left.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", found[0]));
+    assert!(
+        status.map_or(true, |s| !s
+            .lines()
+            .any(|l| l.starts_with("PPid:") && l.ends_with(&me.to_string()))),
+        "the killed init is still this process's child"
+    );
+}
+
 /// Runs of a template leave nothing behind: no process, no mount in this process's namespace,
 /// no cgroup, no descriptor, no thread; and once the template is dropped, no zygote. 1,000
 /// runs here; `PALISADE_SOAK_RUNS` for more (`bench/soak.sh --template`).

@@ -454,6 +454,9 @@ impl Template {
             None if policy.tty == self.plan.tty => self.take_ahead(),
             _ => None,
         };
+        // One made ahead that has ended or failed since (killed, say: an init waiting for its
+        // program says nothing until it has it) is let go, and this run asks for its own.
+        let taken = taken.and_then(|mut a| (!a.ended()).then_some(a));
         let mut ahead = match taken {
             Some(a) => a,
             None => self.ask(&part, policy.tty)?,
@@ -652,6 +655,23 @@ struct Ahead {
 }
 
 impl Ahead {
+    /// Whether an init made ahead has ended or failed: once the zygote's answer is read, it
+    /// writes nothing on its message pipe before its program comes, but an error or its end.
+    /// (One whose answer is not read yet is taken as it is: the answer tells.)
+    fn ended(&mut self) -> bool {
+        let Some(c) = &self.control else {
+            return true;
+        };
+        let msg = c.msg_r_raw();
+        if self.pid.is_none() && !sys::readable_within(msg, 0) {
+            return false;
+        }
+        match self.answer() {
+            Ok((_, Some(_))) | Err(_) => true,
+            Ok((_, None)) => sys::readable_within(msg, 0),
+        }
+    }
+
     /// The zygote's answer: the init's pid (its network namespace's lease kept), and an error
     /// the init sent before the zygote's answer, if any.
     fn answer(&mut self) -> Result<(i32, Option<Msg>), Answer> {
