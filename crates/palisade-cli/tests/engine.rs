@@ -844,6 +844,52 @@ fn a_run_whose_init_made_ahead_was_killed_starts_all_the_same() {
     );
 }
 
+/// A template whose runs bind a host directory under a per-run place (`/tmp`) makes no init
+/// ahead: the directory is opened and checked at each run's start, so one replaced after a run
+/// is refused for the next run, never bound as it was (found by an independent review: an init
+/// made ahead had opened the old one, and the next run read it).
+#[test]
+fn a_per_run_host_path_is_opened_at_each_runs_start() {
+    let _one = serial();
+    let base = std::env::temp_dir().join(format!("palisade-test-stale-{}", std::process::id()));
+    let x = base.join("x");
+    std::fs::create_dir_all(&x).unwrap();
+    std::fs::write(x.join("v"), "old\n").unwrap();
+    // Readable by the test user too (an unprivileged run).
+    use std::os::unix::fs::PermissionsExt;
+    for d in [&base, &x] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut p = Policy::new(["true"]).unwrap();
+    p.binds
+        .push(Bind::parse(&format!("{}:/tmp/data", x.display()), false).unwrap());
+    let t = template(p);
+    let (r, rep) = trun(&t, "cat /tmp/data/v", &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?}\n{}", r.stderr);
+    assert_eq!(r.stdout, "old\n");
+    // Time for the template's thread to make whatever it makes ahead.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::fs::rename(&x, base.join("x.old")).unwrap();
+    std::fs::create_dir_all(&x).unwrap();
+    std::fs::set_permissions(&x, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(x.join("v"), "new\n").unwrap();
+    let (r, rep) = trun(&t, "cat /tmp/data/v", &[]);
+    drop(t);
+    let _ = std::fs::remove_dir_all(&base);
+    // The template's plan knows the directory by device and inode: a replaced one is refused,
+    // fail closed (the same as before inits were made ahead); never the old one bound.
+    assert_ne!(
+        r.stdout, "old\n",
+        "the run bound the directory that was moved away"
+    );
+    assert_eq!(rep.status, Status::SandboxError, "{rep:?}\n{}", r.stderr);
+    let e = rep.error.unwrap_or_default();
+    assert!(
+        e.contains("it changed while palisade was checking it"),
+        "{e}"
+    );
+}
+
 /// Runs of a template leave nothing behind: no process, no mount in this process's namespace,
 /// no cgroup, no descriptor, no thread; and once the template is dropped, no zygote. 1,000
 /// runs here; `PALISADE_SOAK_RUNS` for more (`bench/soak.sh --template`).

@@ -176,8 +176,10 @@ pub struct ChildFds {
     pub stdio: [c_int; 3],
     /// Write end of the init → supervisor pipe.
     pub msg: c_int,
-    /// Init's end of the supervisor ↔ init socket: "g" (maps written), then "j" (cgroup ready, with
-    /// the files to join it through).
+    /// Init's end of the supervisor ↔ init socket: "g" (maps written; cold runs), or a template
+    /// run's program and streams ("p", its record, "x"), then "j" (cgroup ready, with the files to
+    /// join it through); the other way, the egress listeners ("n") and the payload's seccomp
+    /// listener ("s").
     pub go: c_int,
     /// Socket on which init sends the pty master to the supervisor, or -1.
     pub pty_sock: c_int,

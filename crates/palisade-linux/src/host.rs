@@ -6,6 +6,11 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
+/// The calling thread's CPU time so far (user and system).
+pub fn thread_cpu_time() -> std::time::Duration {
+    sys::thread_cpu_time()
+}
+
 /// The effective uid of this process.
 pub fn euid() -> u32 {
     sys::geteuid()

@@ -5,11 +5,12 @@
 //! view that is the same for every run (system directories, `/etc`, `/dev`'s nodes, the policy's
 //! binds outside per-run places), makes it read-only and pivots into it; it also holds a
 //! descriptor for each Landlock rule of that part. It is small, single-threaded and holds nothing
-//! of the supervisor. For each run the supervisor sends it a request on the template's socket
-//! (`SOCK_SEQPACKET`, one bounded record: the program, the run's part of the view, the run's
-//! descriptors); the zygote clones a per-run init with `CLONE_NEWUSER | CLONE_NEWPID` and
-//! `CLONE_PARENT` (so the init is the supervisor's child: the supervisor waits for it, gets its
-//! rusage, owns its pidfd), then goes back to waiting. The per-run init:
+//! of the supervisor. For each run (usually ahead of it: while the run before runs) the
+//! supervisor sends it a request on the template's socket (`SOCK_SEQPACKET`, one bounded record:
+//! the run's part of the view and the init's descriptors, no program); the zygote clones a
+//! per-run init with `CLONE_NEWUSER | CLONE_NEWPID` and `CLONE_PARENT` (so the init is the
+//! supervisor's child: the supervisor waits for it, gets its rusage, owns its pidfd), then goes
+//! back to waiting. The per-run init:
 //!
 //! - maps itself into its new user namespace (P, a child of T: one uid and one gid, each to
 //!   itself; the kernel lets a process map its own ids), so that the per-user counts of the run
@@ -21,13 +22,15 @@
 //!   fresh `/proc` for its pid namespace, `/dev/pts`, `/dev/shm`, `/tmp`, the scratch
 //!   directory and what lies under them; the prepared part is read-only, and locked so (the copy
 //!   of a mount into a less privileged namespace keeps its read-only flag for good);
-//! - then runs the in-process engine's steps 10–20 (Landlock, hostname, loopback, egress
-//!   listeners, pty, the cgroup join, the payload).
+//! - runs the in-process engine's steps 10–12 (Landlock, hostname, loopback, egress listeners,
+//!   pty), then waits on its own socket for the run's program and streams
+//!   ([`receive_program`]), which the supervisor sends when the run starts;
+//! - then steps 13–20 (the run's files, the cgroup join, the payload).
 //!
-//! The zygote never talks to a payload: a payload runs in a pid namespace where the zygote does
-//! not exist, in a user namespace that has no capability over T, and the per-run init has closed
-//! the template's socket before anything of the run's own happens. What runs of one template
-//! share is written in docs/engine.md.
+//! The zygote never talks to a payload and never holds a run's program: a payload runs in a pid
+//! namespace where the zygote does not exist, in a user namespace that has no capability over T,
+//! and the per-run init has closed the template's socket before anything of the run's own
+//! happens. What runs of one template share is written in docs/engine.md.
 
 use crate::child::{self, ChildFds, Msg, Prepared, Step};
 use crate::engine::{self, InitProgram};
@@ -57,8 +60,9 @@ const KIND_RETURN: u8 = 6;
 const KIND_PROGRAM: u8 = 7;
 
 /// Most bytes of one message on a template's socket (a `SOCK_SEQPACKET` record, which the
-/// kernel refuses past the socket's send buffer, ~208 KiB by default): a run's program,
-/// arguments and environment together must fit.
+/// kernel refuses past the socket's send buffer, ~208 KiB by default), and of a run's program
+/// record on its init's socket (after its length): a run's program, arguments and environment
+/// together must fit.
 pub const MAX_RECORD: usize = 160 * 1024;
 
 /// How long a run waits for the zygote's answer (the new init's pid), in milliseconds.
@@ -451,7 +455,7 @@ impl Template {
         // The run's init: one made ahead (a run with the template's own per-run part), or one
         // asked for now.
         let taken = match fresh {
-            None if policy.tty == self.plan.tty => self.take_ahead(),
+            None if policy.tty == self.plan.tty && self.makes_ahead() => self.take_ahead(),
             _ => None,
         };
         // One made ahead that has ended or failed since (killed, say: an init waiting for its
@@ -461,6 +465,8 @@ impl Template {
             Some(a) => a,
             None => self.ask(&part, policy.tty)?,
         };
+        // Asking for it ahead was this run's work too, on the template's thread.
+        let setup_cpu0 = setup_cpu0.saturating_sub(ahead.cpu);
         // The zygote's answer: the init's pid. An error of the init itself may come first (the
         // init reports it before the zygote has written the pid), and is the one to report.
         let views = self.views(&part, fresh.as_ref(), policy, extras);
@@ -495,7 +501,11 @@ impl Template {
             .flatten()
             .map(|f| f.as_raw_fd())
             .collect();
-        let _ = send_program(ch.go_w_raw(), ch.stdio, &record, &extra);
+        if send_program(ch.go_w_raw(), ch.stdio, &record, &extra).is_err() {
+            // An init that did not get all of it would read what follows as its program: it is
+            // ended now, and the run reports it vanished (or its own error, sent before).
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
         // The init holds its own copies now.
         ch.close_init_side();
         drop(files);
@@ -567,7 +577,17 @@ impl Template {
             ctl: self.ctl.clone(),
             lease: None,
             pid: None,
+            failed: false,
+            cpu: std::time::Duration::ZERO,
         })
+    }
+
+    /// Whether runs' inits are made ahead: only for a per-run part without host paths. A host
+    /// path is opened and checked (device and inode) when the init is made, which may be long
+    /// before its run: a directory replaced meanwhile would still be the one bound. Such runs,
+    /// and runs with a host scratch directory, have their init made at their start.
+    fn makes_ahead(&self) -> bool {
+        self.part.sources.is_empty()
     }
 
     /// An init made ahead, if one is ready.
@@ -581,6 +601,9 @@ impl Template {
     /// for no more than that between them. A failure is not this run's: the next run asks for
     /// its own init and reports it.
     pub fn fill(&self) {
+        if !self.makes_ahead() {
+            return;
+        }
         let lock = || self.ahead.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             {
@@ -590,7 +613,11 @@ impl Template {
                 }
                 q.1 += 1;
             }
-            let asked = self.ask(&self.part, self.plan.tty);
+            let cpu0 = sys::thread_cpu_time();
+            let asked = self.ask(&self.part, self.plan.tty).map(|mut a| {
+                a.cpu = sys::thread_cpu_time().saturating_sub(cpu0);
+                a
+            });
             let mut q = lock();
             q.1 -= 1;
             match asked {
@@ -652,6 +679,11 @@ struct Ahead {
     lease: Option<NetLease>,
     /// The init's pid and the first message of its own, once the answer is read.
     pid: Option<(i32, Option<Msg>)>,
+    /// The answer did not come (or the zygote ended first): it is not waited for again.
+    failed: bool,
+    /// The supervisor's CPU time spent asking for it ahead (another thread's), for its run's
+    /// report.
+    cpu: std::time::Duration,
 }
 
 impl Ahead {
@@ -678,6 +710,9 @@ impl Ahead {
         if let Some(got) = self.pid {
             return Ok(got);
         }
+        if self.failed {
+            return Err(Answer::Gone(None));
+        }
         let msg = self
             .control
             .as_ref()
@@ -689,11 +724,15 @@ impl Ahead {
             // The zygote answers at once; one that does not within the bound is broken, and the
             // run fails instead of waiting for it (no deadline of the run is running yet).
             if !sys::readable_within(msg, ZYGOTE_ANSWER_MS) {
+                self.failed = true;
                 return Err(Answer::Late);
             }
             match sys::read_full(msg, &mut b) {
                 Ok(16) => {}
-                _ => return Err(Answer::Gone(early)),
+                _ => {
+                    self.failed = true;
+                    return Err(Answer::Gone(early));
+                }
             }
             let m = Msg::from_bytes(&b);
             if m.kind == child::MSG_SPAWNED && m.value > 0 {
@@ -716,9 +755,11 @@ impl Drop for Ahead {
             return; // taken by its run
         }
         let pid = self.answer().ok().map(|(pid, _)| pid);
-        // The init reads the end of its socket and ends (or fails its next step and ends).
         drop(self.control.take());
         if let Some(pid) = pid {
+            // Our child, unreaped: the pid is still its. Killed rather than left to see its
+            // socket's end, which it reads only once its setup is done.
+            let _ = sys::kill(pid, libc::SIGKILL);
             let _ = sys::waitpid(pid, 0);
         }
         // Its network namespace, given back used: the template lets it go.
@@ -1357,8 +1398,9 @@ fn receive_program(z: &mut Zygote, fds: &ChildFds) -> Result<(ChildFds, c_int), 
     let proto = (Step::Engine, 0, libc::EPROTO);
     let stdio = match sys::recv_fds(fds.go) {
         Ok((b'p', got)) if got.len() == 3 => got,
-        // The supervisor's end closed: a run made ahead that will not start.
-        Err(libc::EPIPE) => sys::exit(0),
+        // The supervisor's end closed (unread messages of ours in it: reset): a run made ahead
+        // that will not start.
+        Err(libc::EPIPE | libc::ECONNRESET) => sys::exit(0),
         _ => return Err(proto),
     };
     for (target, fd) in stdio.into_iter().enumerate() {

@@ -641,15 +641,20 @@ impl Sandbox {
             pids: policy.limits.pids,
             cpu_quota_us: policy.limits.cpu_quota_us(),
         };
-        // A template's run takes the cgroup made ahead for it, if its limits are the run's.
+        // A template's run takes the cgroup made ahead for it, if its limits are the run's; the
+        // CPU the template's thread spent making it goes into the run's report.
+        let ahead_cpu = std::cell::Cell::new(Duration::ZERO);
         let ahead = |limits: &CgroupLimits| match spawner {
             Spawner::Template(t) => t
                 .cgroup
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
-                .filter(|(l, _)| l == limits)
-                .map(|(_, c)| c),
+                .filter(|(l, ..)| l == limits)
+                .map(|(_, c, cpu)| {
+                    ahead_cpu.set(cpu);
+                    c
+                }),
             Spawner::Cold => None,
         };
         let prepare = |pid: i32| -> std::io::Result<Vec<std::fs::File>> {
@@ -767,8 +772,9 @@ impl Sandbox {
         };
         tell(Some(running.killer()), running.take_stdin());
         // A template's next run: its init and its cgroup, made by the template's thread while
-        // this run's payload runs (docs/engine.md, "Inits made ahead").
-        if let Spawner::Template(t) = spawner {
+        // this run's payload runs (docs/engine.md, "Inits made ahead"). Not for runs with a host
+        // scratch directory (each has its init made at its start, from the directory as it is).
+        if let (Spawner::Template(t), Scratch::Ephemeral) = (spawner, &policy.scratch) {
             t.ask_ahead(manager.as_ref().map(|m| (m.clone(), limits)));
         }
         if let (Some(pty), Some(t)) = (running.pty(), io.terminal) {
@@ -817,7 +823,9 @@ impl Sandbox {
             Ok(mut o) => {
                 net_unused = o.made_no_socket;
                 attempts = (std::mem::take(&mut o.attempts), o.attempts_dropped);
-                Report::from_outcome(&o, ids, &landlock, scratch, policy.limits)
+                let mut r = Report::from_outcome(&o, ids, &landlock, scratch, policy.limits);
+                r.supervisor_cpu_ms += ahead_cpu.get().as_secs_f64() * 1000.0;
+                r
             }
             Err(e) => {
                 output.close();
@@ -1092,7 +1100,12 @@ impl Sandbox {
                         let empty = slot.lock().unwrap_or_else(|p| p.into_inner()).is_none();
                         if empty {
                             // A failure is the next run's to report: it makes its own.
-                            let made = m.create(&limits).ok().map(|c| (limits, c));
+                            let cpu0 = palisade_linux::host::thread_cpu_time();
+                            let made = m.create(&limits).ok().map(|c| {
+                                let cpu =
+                                    palisade_linux::host::thread_cpu_time().saturating_sub(cpu0);
+                                (limits, c, cpu)
+                            });
                             *slot.lock().unwrap_or_else(|p| p.into_inner()) = made;
                         }
                     }
@@ -1136,8 +1149,8 @@ pub struct Template {
 /// its cgroup with these limits.
 type Ahead = Option<(Arc<dyn Manager>, CgroupLimits)>;
 
-/// A run's cgroup made ahead, with the limits it was made with.
-type CgroupAhead = Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>)>>;
+/// A run's cgroup made ahead, with the limits it was made with and the CPU time making it took.
+type CgroupAhead = Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>, Duration)>>;
 
 pub(crate) struct TemplateInner {
     /// Shared with the template's thread, which drops it last.
