@@ -399,6 +399,18 @@ pub(crate) fn finish_view(
     if plan.tty {
         ready.slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
     }
+    // 12b. A hold on this mount namespace goes to the supervisor (none where /proc cannot give
+    // one), so that the namespace's end does not come with init's: the last reference to a mount
+    // namespace waits for an expedited RCU grace period (all CPUs interrupted), and the
+    // supervisor, which sees the run end only when init has exited, lets it go after its report.
+    match sys::openat(libc::AT_FDCWD, c"/proc/self/ns/mnt", libc::O_RDONLY, 0) {
+        Ok(ns) => {
+            let r = sys::send_fds(fds.go, b'm', &[ns.as_raw_fd()]);
+            drop(ns);
+            r.map_err(at(Step::Engine))?;
+        }
+        Err(_) => sys::send_fds(fds.go, b'm', &[]).map_err(at(Step::Engine))?,
+    }
     // 13. The run's files, written here, inside the boundary, before the payload exists.
     if fds.files >= 0 {
         let r = write_files(plan, fds.files);

@@ -272,6 +272,8 @@ pub struct Running {
     sockets_made: u64,
     /// A network namespace lent by a template's pool, given back when the caller drops it.
     net_lease: Option<crate::zygote::NetLease>,
+    /// Init's hold on the run's mount namespace (see [`Running::take_mount_ns`]).
+    mount_ns: Option<OwnedFd>,
 }
 
 /// Kills a running sandbox from any thread; see [`Running::killer`].
@@ -1017,6 +1019,7 @@ impl Running {
             watch_sockets: !policy.network.enabled(),
             sockets_made: 0,
             net_lease: None,
+            mount_ns: None,
         })
     }
 
@@ -1106,6 +1109,16 @@ impl Running {
                             source: io::Error::from_raw_os_error(libc::EPROTO),
                         })
                     }
+                }
+            }
+            // Init's hold on the run's mount namespace (see child.rs, step 12b).
+            match sys::recv_fds(go_w).map(|(tag, got)| (tag, got.len(), got)) {
+                Ok((b'm', 0 | 1, got)) => self.mount_ns = got.into_iter().next(),
+                _ => {
+                    return Err(SetupError::Supervisor {
+                        op: "receive the run's mount namespace",
+                        source: io::Error::from_raw_os_error(libc::EPROTO),
+                    })
                 }
             }
             // The payload sent its seccomp listener before its exec, so before init's "started".
@@ -1314,6 +1327,15 @@ impl Running {
     /// [`crate::NetLease::unused`] if [`Outcome::made_no_socket`].
     pub fn take_net_lease(&mut self) -> Option<crate::zygote::NetLease> {
         self.net_lease.take()
+    }
+
+    /// Takes the supervisor's hold on the run's mount namespace (`None` where init could not
+    /// give one). Whoever holds it lets the namespace go: dropping the last reference to a mount
+    /// namespace waits for an expedited RCU grace period (tens to hundreds of microseconds, every
+    /// CPU interrupted), which without this hold init's own exit would wait for, before the run
+    /// can be seen to end. Drop it once the run's report is out, off the caller's path.
+    pub fn take_mount_ns(&mut self) -> Option<OwnedFd> {
+        self.mount_ns.take()
     }
 
     pub(crate) fn lend_net(&mut self, lease: crate::zygote::NetLease) {

@@ -818,6 +818,9 @@ impl Sandbox {
         // A network namespace lent by the template's pool: given back below, once the proxy's
         // listeners in it are closed, as unused only if the run made no socket at all.
         let net_lease = running.take_net_lease();
+        // The run's mount namespace, held past init's end (its last reference waits for an
+        // expedited RCU grace period): let go after the report, by the template's thread.
+        let mount_ns = running.take_mount_ns();
         let mut net_unused = false;
         let mut report = match running.wait(watch) {
             Ok(mut o) => {
@@ -869,6 +872,10 @@ impl Sandbox {
             report.set_workspace(ws);
         }
         report.set_engine(running_engine);
+        match (spawner, mount_ns) {
+            (Spawner::Template(t), Some(ns)) => t.release(ns),
+            (_, ns) => drop(ns),
+        }
         report
     }
 }
@@ -1077,7 +1084,7 @@ impl Sandbox {
         // It also makes the next run's init and cgroup when a run has started (a request on
         // `alive`), off the runs' own threads; requests that come while it works are one.
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (alive, until) = std::sync::mpsc::channel::<Ahead>();
+        let (alive, until) = std::sync::mpsc::channel::<ToThread>();
         let policy = self.policy.clone();
         let cgroup: Arc<CgroupAhead> = Arc::new(Mutex::new(None));
         let slot = cgroup.clone();
@@ -1091,10 +1098,21 @@ impl Sandbox {
                 let Some(engine) = engine else {
                     return;
                 };
-                while let Ok(mut ahead) = until.recv() {
-                    while let Ok(later) = until.try_recv() {
-                        ahead = later;
+                while let Ok(first) = until.recv() {
+                    // Requests that came meanwhile are one; holds are let go after the work.
+                    let (mut ahead, mut release) = (None, Vec::new());
+                    for m in
+                        std::iter::once(first).chain(std::iter::from_fn(|| until.try_recv().ok()))
+                    {
+                        match m {
+                            ToThread::Ahead(a) => ahead = Some(a),
+                            ToThread::Release(fd) => release.push(fd),
+                        }
                     }
+                    let Some(ahead) = ahead else {
+                        drop(release);
+                        continue;
+                    };
                     engine.fill();
                     if let Some((m, limits)) = ahead {
                         let empty = slot.lock().unwrap_or_else(|p| p.into_inner()).is_none();
@@ -1109,6 +1127,7 @@ impl Sandbox {
                             *slot.lock().unwrap_or_else(|p| p.into_inner()) = made;
                         }
                     }
+                    drop(release);
                 }
                 // The template's last holder is gone: its inits made ahead and its zygote end
                 // here, on the thread they belong to.
@@ -1149,6 +1168,15 @@ pub struct Template {
 /// its cgroup with these limits.
 type Ahead = Option<(Arc<dyn Manager>, CgroupLimits)>;
 
+/// What a run asks of the template's thread.
+enum ToThread {
+    /// Make the next run ahead.
+    Ahead(Ahead),
+    /// Let an ended run's mount namespace go (see `palisade_linux::Running::take_mount_ns`):
+    /// its end waits for the kernel, which the run's caller then does not.
+    Release(std::os::fd::OwnedFd),
+}
+
 /// A run's cgroup made ahead, with the limits it was made with and the CPU time making it took.
 type CgroupAhead = Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>, Duration)>>;
 
@@ -1163,7 +1191,7 @@ pub(crate) struct TemplateInner {
 }
 
 struct TemplateThread {
-    alive: Option<std::sync::mpsc::Sender<Ahead>>,
+    alive: Option<std::sync::mpsc::Sender<ToThread>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -1171,7 +1199,14 @@ impl TemplateInner {
     /// Asks the template's thread to make the next run's init and, with `cgroup`, its cgroup.
     fn ask_ahead(&self, cgroup: Ahead) {
         if let Some(a) = &self._thread.alive {
-            let _ = a.send(cgroup);
+            let _ = a.send(ToThread::Ahead(cgroup));
+        }
+    }
+
+    /// Hands an ended run's mount namespace to the template's thread, which lets it go.
+    fn release(&self, ns: std::os::fd::OwnedFd) {
+        if let Some(a) = &self._thread.alive {
+            let _ = a.send(ToThread::Release(ns));
         }
     }
 }
