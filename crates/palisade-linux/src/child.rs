@@ -399,18 +399,6 @@ pub(crate) fn finish_view(
     if plan.tty {
         ready.slave = open_pty(fds.pty_sock).map_err(at(Step::Pty))?;
     }
-    // 12b. A hold on this mount namespace goes to the supervisor (none where /proc cannot give
-    // one), so that the namespace's end does not come with init's: the last reference to a mount
-    // namespace waits for an expedited RCU grace period (all CPUs interrupted), and the
-    // supervisor, which sees the run end only when init has exited, lets it go after its report.
-    match sys::openat(libc::AT_FDCWD, c"/proc/self/ns/mnt", libc::O_RDONLY, 0) {
-        Ok(ns) => {
-            let r = sys::send_fds(fds.go, b'm', &[ns.as_raw_fd()]);
-            drop(ns);
-            r.map_err(at(Step::Engine))?;
-        }
-        Err(_) => sys::send_fds(fds.go, b'm', &[]).map_err(at(Step::Engine))?,
-    }
     // 13. The run's files, written here, inside the boundary, before the payload exists.
     if fds.files >= 0 {
         let r = write_files(plan, fds.files);
@@ -883,6 +871,7 @@ pub(crate) fn supervise(
                             value: st,
                         },
                     );
+                    hand_over_mount_ns(plan, fds.go);
                     sys::exit(0);
                 }
                 if r <= 0 {
@@ -892,6 +881,56 @@ pub(crate) fn supervise(
         } else {
             let _ = sys::kill(pid, sig);
         }
+    }
+}
+
+/// What a run may leave in its own file systems (every tmpfs of its view together) for its
+/// mount namespace to end after its report, off its path (see [`hand_over_mount_ns`]).
+const HAND_OVER_MAX_BYTES: u64 = 8 << 20;
+const HAND_OVER_MAX_FILES: u64 = 4096;
+
+/// Step 21, init's last, once the payload has ended. The last reference to a mount namespace waits
+/// for an expedited RCU grace period (every CPU interrupted) and tears its mounts down, and the
+/// supervisor sees the run end (init's pidfd) only after init's exit has done so. When init is
+/// the sandbox's last process and its file systems hold little, it sends a descriptor of its
+/// mount namespace on its `go` socket, which the supervisor keeps open until the run's report
+/// is out: the namespace then ends after it, off the run's path. Otherwise (processes left,
+/// which init's exit kills; more than a few files), nothing is sent and the namespace ends with
+/// init, inside the run's cgroup, as the work a run left is its own to pay for.
+fn hand_over_mount_ns(plan: &Plan, go: c_int) {
+    loop {
+        match sys::waitpid(-1, libc::WNOHANG) {
+            Ok((r, _)) if r > 0 => continue,
+            Err(libc::ECHILD) => break,
+            _ => return,
+        }
+    }
+    let (mut bytes, mut files) = (0u64, 0u64);
+    for op in &plan.ops {
+        let Op::Tmpfs { path, .. } = op else {
+            continue;
+        };
+        let mut abs = Vec::with_capacity(path.as_bytes().len() + 2);
+        if !path.as_bytes().starts_with(b"/") {
+            abs.push(b'/');
+        }
+        abs.extend_from_slice(path.as_bytes());
+        let Ok(abs) = std::ffi::CString::new(abs) else {
+            return;
+        };
+        match sys::fs_used(&abs) {
+            Ok((b, f)) => {
+                bytes = bytes.saturating_add(b);
+                files = files.saturating_add(f);
+            }
+            Err(_) => return,
+        }
+    }
+    if bytes > HAND_OVER_MAX_BYTES || files > HAND_OVER_MAX_FILES {
+        return;
+    }
+    if let Ok(ns) = sys::openat(libc::AT_FDCWD, c"/proc/self/ns/mnt", libc::O_RDONLY, 0) {
+        let _ = sys::send_fds(go, b'm', &[ns.as_raw_fd()]);
     }
 }
 

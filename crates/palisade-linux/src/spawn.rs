@@ -272,7 +272,8 @@ pub struct Running {
     sockets_made: u64,
     /// A network namespace lent by a template's pool, given back when the caller drops it.
     net_lease: Option<crate::zygote::NetLease>,
-    /// Init's hold on the run's mount namespace (see [`Running::take_mount_ns`]).
+    /// The socket on which init may send the run's mount namespace (see
+    /// [`Running::take_mount_ns`]).
     mount_ns: Option<OwnedFd>,
 }
 
@@ -1111,16 +1112,6 @@ impl Running {
                     }
                 }
             }
-            // Init's hold on the run's mount namespace (see child.rs, step 12b).
-            match sys::recv_fds(go_w).map(|(tag, got)| (tag, got.len(), got)) {
-                Ok((b'm', 0 | 1, got)) => self.mount_ns = got.into_iter().next(),
-                _ => {
-                    return Err(SetupError::Supervisor {
-                        op: "receive the run's mount namespace",
-                        source: io::Error::from_raw_os_error(libc::EPROTO),
-                    })
-                }
-            }
             // The payload sent its seccomp listener before its exec, so before init's "started".
             match sys::recv_fds(go_w).map(|(tag, got)| (tag, got.len(), got)) {
                 Ok((b's', 1, got)) => {
@@ -1134,7 +1125,8 @@ impl Running {
                 }
             }
         }
-        self.go_w = None;
+        // Kept: at its end, init may send its mount namespace on it (see child.rs, step 21).
+        self.mount_ns = self.go_w.take();
         self.setup_cpu = sys::thread_cpu_time().saturating_sub(setup_cpu0);
         match m.kind {
             child::MSG_STARTED => Ok(()),
@@ -1329,11 +1321,13 @@ impl Running {
         self.net_lease.take()
     }
 
-    /// Takes the supervisor's hold on the run's mount namespace (`None` where init could not
-    /// give one). Whoever holds it lets the namespace go: dropping the last reference to a mount
-    /// namespace waits for an expedited RCU grace period (tens to hundreds of microseconds, every
-    /// CPU interrupted), which without this hold init's own exit would wait for, before the run
-    /// can be seen to end. Drop it once the run's report is out, off the caller's path.
+    /// Takes the supervisor's end of init's `go` socket, on which init, at its end, sends a
+    /// descriptor of the run's mount namespace when the run left little in it (child.rs, step
+    /// 21): while the socket is open, the namespace lives. Dropping the last reference to a
+    /// mount namespace waits for an expedited RCU grace period (tens to hundreds of
+    /// microseconds, every CPU interrupted), which init's own exit would otherwise wait for,
+    /// before the run can be seen to end. Drop it once the run's report is out, off the caller's
+    /// path.
     pub fn take_mount_ns(&mut self) -> Option<OwnedFd> {
         self.mount_ns.take()
     }

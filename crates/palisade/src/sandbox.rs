@@ -818,8 +818,9 @@ impl Sandbox {
         // A network namespace lent by the template's pool: given back below, once the proxy's
         // listeners in it are closed, as unused only if the run made no socket at all.
         let net_lease = running.take_net_lease();
-        // The run's mount namespace, held past init's end (its last reference waits for an
-        // expedited RCU grace period): let go after the report, by the template's thread.
+        // The run's mount namespace, when init handed it over at its end (its last reference
+        // waits for an expedited RCU grace period): let go after the report, by the template's
+        // thread.
         let mount_ns = running.take_mount_ns();
         let mut net_unused = false;
         let mut report = match running.wait(watch) {
@@ -1088,6 +1089,8 @@ impl Sandbox {
         let policy = self.policy.clone();
         let cgroup: Arc<CgroupAhead> = Arc::new(Mutex::new(None));
         let slot = cgroup.clone();
+        let releasing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let released = releasing.clone();
         let thread = std::thread::Builder::new()
             .name("palisade-template".into())
             .spawn(move || {
@@ -1109,8 +1112,13 @@ impl Sandbox {
                             ToThread::Release(fd) => release.push(fd),
                         }
                     }
-                    let Some(ahead) = ahead else {
+                    let let_go = |release: Vec<std::os::fd::OwnedFd>| {
+                        let n = release.len();
                         drop(release);
+                        released.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+                    };
+                    let Some(ahead) = ahead else {
+                        let_go(release);
                         continue;
                     };
                     engine.fill();
@@ -1127,7 +1135,7 @@ impl Sandbox {
                             *slot.lock().unwrap_or_else(|p| p.into_inner()) = made;
                         }
                     }
-                    drop(release);
+                    let_go(release);
                 }
                 // The template's last holder is gone: its inits made ahead and its zygote end
                 // here, on the thread they belong to.
@@ -1146,6 +1154,7 @@ impl Sandbox {
             inner: Arc::new(TemplateInner {
                 engine,
                 cgroup,
+                releasing,
                 _thread: TemplateThread {
                     alive: Some(alive),
                     thread: Some(thread),
@@ -1168,6 +1177,10 @@ pub struct Template {
 /// its cgroup with these limits.
 type Ahead = Option<(Arc<dyn Manager>, CgroupLimits)>;
 
+/// Ended runs' mount namespaces a template's thread may have on their way at once (each holds at
+/// most what `palisade_linux::Running::take_mount_ns` says).
+const MAX_RELEASING: usize = 8;
+
 /// What a run asks of the template's thread.
 enum ToThread {
     /// Make the next run ahead.
@@ -1186,6 +1199,9 @@ pub(crate) struct TemplateInner {
     /// The next run's cgroup, made by the template's thread while a run's payload runs
     /// (docs/engine.md, "Inits made ahead"). Each is used once.
     cgroup: Arc<CgroupAhead>,
+    /// Ended runs' mount namespaces handed to the template's thread and not let go yet (at most
+    /// [`MAX_RELEASING`]; past that a run lets its own go).
+    releasing: Arc<std::sync::atomic::AtomicUsize>,
     /// Dropped after `engine`: the thread the zygote and the runs' inits belong to.
     _thread: TemplateThread,
 }
@@ -1203,10 +1219,19 @@ impl TemplateInner {
         }
     }
 
-    /// Hands an ended run's mount namespace to the template's thread, which lets it go.
+    /// Hands an ended run's mount namespace to the template's thread, which lets it go; with
+    /// [`MAX_RELEASING`] on their way already, the caller lets it go itself.
     fn release(&self, ns: std::os::fd::OwnedFd) {
-        if let Some(a) = &self._thread.alive {
-            let _ = a.send(ToThread::Release(ns));
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.releasing.fetch_add(1, Relaxed) >= MAX_RELEASING {
+            self.releasing.fetch_sub(1, Relaxed);
+            return;
+        }
+        match &self._thread.alive {
+            Some(a) if a.send(ToThread::Release(ns)).is_ok() => {}
+            _ => {
+                self.releasing.fetch_sub(1, Relaxed);
+            }
         }
     }
 }

@@ -11,6 +11,20 @@ struct OpenHow {
     resolve: u64,
 }
 
+/// Bytes and inodes in use on the file system holding `path` (`statfs`).
+pub fn fs_used(path: &std::ffi::CStr) -> SysResult<(u64, u64)> {
+    // SAFETY: `path` is NUL-terminated; `s` is a valid out-pointer, read only on success.
+    unsafe {
+        let mut s: libc::statfs = std::mem::zeroed();
+        check_int(libc::statfs(path.as_ptr(), &mut s))?;
+        let blocks = (s.f_blocks as u64).saturating_sub(s.f_bfree as u64);
+        Ok((
+            blocks.saturating_mul(s.f_bsize as u64),
+            (s.f_files as u64).saturating_sub(s.f_ffree as u64),
+        ))
+    }
+}
+
 /// `openat2(AT_FDCWD, path, O_PATH|O_CLOEXEC, resolve)`.
 pub fn open_path_noresolve(path: &std::ffi::CStr, resolve: u64) -> SysResult<OwnedFd> {
     let how = OpenHow {
