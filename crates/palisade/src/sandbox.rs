@@ -818,10 +818,14 @@ impl Sandbox {
         // A network namespace lent by the template's pool: given back below, once the proxy's
         // listeners in it are closed, as unused only if the run made no socket at all.
         let net_lease = running.take_net_lease();
-        // The run's mount namespace, when init handed it over at its end (its last reference
+        // The run's mount namespace, when init hands it over at its end (its last reference
         // waits for an expedited RCU grace period): let go after the report, by the template's
-        // thread.
-        let mount_ns = running.take_mount_ns();
+        // thread. A cold run gains nothing by it (its own thread would let it go before its
+        // report): its socket is closed now, and the namespace ends in init's exit, inside the
+        // run's cgroup, as it always did.
+        let mount_ns = running
+            .take_mount_ns()
+            .filter(|_| matches!(spawner, Spawner::Template(_)));
         let mut net_unused = false;
         let mut report = match running.wait(watch) {
             Ok(mut o) => {
@@ -873,9 +877,8 @@ impl Sandbox {
             report.set_workspace(ws);
         }
         report.set_engine(running_engine);
-        match (spawner, mount_ns) {
-            (Spawner::Template(t), Some(ns)) => t.release(ns),
-            (_, ns) => drop(ns),
+        if let (Spawner::Template(t), Some(ns)) = (spawner, mount_ns) {
+            t.release(ns);
         }
         report
     }
