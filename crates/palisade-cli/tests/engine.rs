@@ -1017,8 +1017,10 @@ fn held() -> Held {
             .unwrap()
             .flatten()
             .filter(|e| {
+                // A thread waiting in the library's pool for the next run's work (named so
+                // before its run is told it ended) is not held by any run.
                 std::fs::read_to_string(e.path().join("comm"))
-                    .is_ok_and(|c| c.starts_with("palisade-"))
+                    .is_ok_and(|c| c.starts_with("palisade-") && c.trim() != "palisade-idle")
             })
             .count(),
         children,

@@ -982,10 +982,16 @@ impl Running {
         let loop_feeds = relay_from.is_some() || feeds_bytes;
         let fed = stdin_w.as_ref().filter(|_| loop_feeds);
         for f in [out_r.as_ref(), err_r.as_ref(), fed].into_iter().flatten() {
-            sys::set_nonblocking(f.as_raw_fd()).map_err(|e| SetupError::Supervisor {
-                op: "make the output pipes non-blocking",
-                source: io::Error::from_raw_os_error(e),
-            })?;
+            if let Err(e) = sys::set_nonblocking(f.as_raw_fd()) {
+                // The init exists and is this process's child: killed and reaped here, not left
+                // to its parent-death signal (a caller's thread may outlive the run).
+                let _ = sys::pidfd_send_signal(pidfd.as_raw_fd(), libc::SIGKILL);
+                let _ = sys::waitpid(pid, 0);
+                return Err(SetupError::Supervisor {
+                    op: "make the output pipes non-blocking",
+                    source: io::Error::from_raw_os_error(e),
+                });
+            }
         }
         Ok(Running {
             pid,

@@ -11,7 +11,8 @@
 //! `Host` must be the connection's name). Every decision becomes an [`Event`].
 //!
 //! **What the sandbox can make the supervisor spend**, whatever it sends, per [`Egress`]:
-//! - threads: one per listener, plus one per open connection, at most [`MAX_CONNECTIONS`]; a
+//! - threads: one per listener (taken from a [`pool`] of waiting ones where it can), plus one per
+//!   open connection, at most [`MAX_CONNECTIONS`]; a
 //!   connection past that is closed at once (the HTTP listener answers `503`) and only counted;
 //! - time: a client has [`FIRST_BYTES`] in all (not per read) to send its request head, SOCKS
 //!   handshake or first bytes, and an upstream connection [`CONNECT_TIMEOUT`];
@@ -33,6 +34,7 @@
 mod ca;
 mod dns;
 mod http;
+pub mod pool;
 mod relay;
 mod secrets;
 mod serve;
@@ -54,7 +56,6 @@ use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What a listener is for (mirrors the backend's socket roles).
@@ -299,6 +300,11 @@ pub struct Lookup {
 
 /// Most connections open at once per [`Egress`] (each holds one supervisor thread).
 pub const MAX_CONNECTIONS: usize = 128;
+
+/// The threads of every [`Egress`]'s DNS stub, and of its other listeners, kept for the next
+/// sandbox's (see [`pool`]).
+static DNS_THREADS: pool::Pool = pool::Pool::new(c"palisade-dns");
+static PROXY_THREADS: pool::Pool = pool::Pool::new(c"palisade-proxy");
 /// At most this many events are kept per run, so a payload cannot grow the supervisor's memory.
 pub const MAX_EVENTS: usize = 10_000;
 /// At most this many bytes of events are kept per run (strings and bookkeeping).
@@ -513,7 +519,7 @@ struct Names {
 /// ```
 pub struct Egress {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<pool::Handle>,
 }
 
 impl Egress {
@@ -570,15 +576,11 @@ impl Egress {
             let t = if role == Role::Dns {
                 let sock = UdpSocket::from(fd);
                 sock.set_nonblocking(true)?;
-                std::thread::Builder::new()
-                    .name("palisade-dns".into())
-                    .spawn(move || serve::dns_loop(&sh, &sock))?
+                DNS_THREADS.spawn(move || serve::dns_loop(&sh, &sock))?
             } else {
                 let l = TcpListener::from(fd);
                 l.set_nonblocking(true)?;
-                std::thread::Builder::new()
-                    .name("palisade-proxy".into())
-                    .spawn(move || serve::accept_loop(&sh, &l, role))?
+                PROXY_THREADS.spawn(move || serve::accept_loop(&sh, &l, role))?
             };
             // On an error above, dropping `egress` stops the threads started so far.
             egress.threads.push(t);

@@ -205,22 +205,30 @@ pub(crate) struct CpuMeter<'a> {
 }
 
 impl<'a> CpuMeter<'a> {
-    /// Counts from the start of the thread.
+    /// Counts from now: a thread from a pool has spent CPU on earlier work (see [`crate::pool`]).
     pub(crate) fn new(total: &'a AtomicU64) -> CpuMeter<'a> {
-        CpuMeter { total, seen: 0 }
+        CpuMeter {
+            total,
+            seen: thread_cpu_ns(),
+        }
     }
 
     /// Adds what the thread spent since the last tick.
     pub(crate) fn tick(&mut self) {
-        use rustix::time::{clock_gettime, ClockId};
-        let t = clock_gettime(ClockId::ThreadCPUTime);
-        let now = (t.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(t.tv_nsec as u64);
+        let now = thread_cpu_ns();
         self.total
             .fetch_add(now.saturating_sub(self.seen), Ordering::Relaxed);
         self.seen = self.seen.max(now);
     }
+}
+
+/// The calling thread's CPU time so far, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    use rustix::time::{clock_gettime, ClockId};
+    let t = clock_gettime(ClockId::ThreadCPUTime);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }
 
 impl Drop for CpuMeter<'_> {

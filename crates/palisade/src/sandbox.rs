@@ -1,9 +1,11 @@
 //! The library entry point: build a policy, start it, hold the [`Run`], get a [`Report`].
 //!
-//! Each run is supervised by a thread of its own, which lives exactly as long as the run: it
-//! creates the sandbox (so the sandbox's parent-death signal is tied to it, not to a caller's
-//! thread that may be retired from a pool), serves its egress proxy, enforces its deadlines and
-//! ceilings, and cleans up. The caller holds a [`Run`]: it can kill it from any thread, wait for
+//! Each run is supervised by a thread of its own for as long as the run lasts: it creates the
+//! sandbox (so the sandbox's parent-death signal is tied to it, not to a caller's thread that may
+//! be retired from a pool of the caller's), serves its egress proxy, enforces its deadlines and
+//! ceilings, and cleans up. The thread is the library's: a run's thread that has finished waits
+//! for the next run's for a moment (`palisade_net::pool`), since a new thread costs ~50 µs of CPU
+//! here; it ends only with no child left (a run ends with its init reaped). The caller holds a [`Run`]: it can kill it from any thread, wait for
 //! it, poll a descriptor from an event loop, read its output as it comes, and drop it, which
 //! kills the sandbox and releases everything it held.
 
@@ -20,6 +22,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// The runs' supervising threads, kept for the next run (`palisade_net::pool`).
+static RUN_THREADS: palisade_net::pool::Pool = palisade_net::pool::Pool::new(c"palisade-run");
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory. Cheap to
 /// clone, `Send` and `Sync`: one `Sandbox` can start any number of runs from any threads.
@@ -195,7 +200,7 @@ pub enum Chunk {
 /// left behind: processes, cgroup, proxy threads, listeners, temporary directories.
 pub struct Run {
     shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<palisade_net::pool::Handle>,
     /// `None` only for a run that could not even start its thread.
     output: Option<Arc<OutputQueue>>,
     killer: Option<Killer>,
@@ -480,37 +485,35 @@ impl Sandbox {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Started>(1);
         let sandbox = self.clone();
         let (sh, out) = (shared.clone(), output.clone());
-        let thread = std::thread::Builder::new()
-            .name("palisade-run".into())
-            .spawn(move || {
-                let limits = sandbox.policy.limits;
-                // A bug that panics here must still end the run with a report (built with
-                // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
-                // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
-                let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    sandbox.supervise(io, policy, &spawner, &out, &tx, &sh.cgroup)
-                }))
-                .unwrap_or_else(|p| {
-                    out.close();
-                    let what = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    let e = SetupError::Supervisor {
-                        op: "supervise the run",
-                        source: std::io::Error::other(format!("palisade panicked: {what}")),
-                    };
-                    Report::from_error(&e, Duration::ZERO, None, limits)
-                });
-                // A run that failed after its cgroup was made: removed here, as the run ends.
-                drop(sh.cgroup.lock().unwrap_or_else(|p| p.into_inner()).take());
-                *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-                sh.done.notify_all();
-                if let Some(fd) = &sh.done_fd {
-                    palisade_linux::host::signal_event(fd);
-                }
+        let thread = RUN_THREADS.spawn(move || {
+            let limits = sandbox.policy.limits;
+            // A bug that panics here must still end the run with a report (built with
+            // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
+            // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
+            let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                sandbox.supervise(io, policy, &spawner, &out, &tx, &sh.cgroup)
+            }))
+            .unwrap_or_else(|p| {
+                out.close();
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let e = SetupError::Supervisor {
+                    op: "supervise the run",
+                    source: std::io::Error::other(format!("palisade panicked: {what}")),
+                };
+                Report::from_error(&e, Duration::ZERO, None, limits)
             });
+            // A run that failed after its cgroup was made: removed here, as the run ends.
+            drop(sh.cgroup.lock().unwrap_or_else(|p| p.into_inner()).take());
+            *sh.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+            sh.done.notify_all();
+            if let Some(fd) = &sh.done_fd {
+                palisade_linux::host::signal_event(fd);
+            }
+        });
         let thread = match thread {
             Ok(t) => t,
             Err(e) => return failed_run(self, &thread_error(e)),

@@ -93,9 +93,11 @@ fn held() -> Held {
         .unwrap_or(0);
     Held {
         fds: count("/proc/self/fd"),
+        // A thread waiting in the library's pool for the next run's work (named so before its
+        // run is told it ended) is not held by any run.
         threads: thread_names()
             .into_iter()
-            .filter(|n| n.starts_with("palisade-"))
+            .filter(|n| n.starts_with("palisade-") && n != "palisade-idle")
             .collect(),
         children,
         cgroups,
