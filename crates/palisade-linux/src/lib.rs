@@ -35,6 +35,8 @@ pub mod landlock;
 pub mod output;
 #[forbid(unsafe_code)]
 pub mod plan;
+#[deny(unsafe_code)]
+pub mod pool;
 #[forbid(unsafe_code)]
 pub mod seccomp;
 #[deny(unsafe_code)]

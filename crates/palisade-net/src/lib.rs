@@ -11,7 +11,8 @@
 //! `Host` must be the connection's name). Every decision becomes an [`Event`].
 //!
 //! **What the sandbox can make the supervisor spend**, whatever it sends, per [`Egress`]:
-//! - threads: one per listener (taken from a [`pool`] of waiting ones where it can), plus one per
+//! - threads: one per listener (taken from a pool of waiting ones where it can:
+//!   `palisade_linux::pool`), plus one per
 //!   open connection, at most [`MAX_CONNECTIONS`]; a
 //!   connection past that is closed at once (the HTTP listener answers `503`) and only counted;
 //! - time: a client has [`FIRST_BYTES`] in all (not per read) to send its request head, SOCKS
@@ -34,7 +35,6 @@
 mod ca;
 mod dns;
 mod http;
-pub mod pool;
 mod relay;
 mod secrets;
 mod serve;
@@ -46,6 +46,7 @@ pub use ca::{CaError, MAX_LEAVES};
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 
+use palisade_linux::pool::Pool;
 use palisade_policy::net::{Network, Refusal};
 use palisade_policy::untrusted::Untrusted;
 use serde::Serialize;
@@ -302,9 +303,9 @@ pub struct Lookup {
 pub const MAX_CONNECTIONS: usize = 128;
 
 /// The threads of every [`Egress`]'s DNS stub, and of its other listeners, kept for the next
-/// sandbox's (see [`pool`]).
-static DNS_THREADS: pool::Pool = pool::Pool::new(c"palisade-dns");
-static PROXY_THREADS: pool::Pool = pool::Pool::new(c"palisade-proxy");
+/// sandbox's (see `palisade_linux::pool`).
+static DNS_THREADS: Pool = Pool::new(c"palisade-dns");
+static PROXY_THREADS: Pool = Pool::new(c"palisade-proxy");
 /// At most this many events are kept per run, so a payload cannot grow the supervisor's memory.
 pub const MAX_EVENTS: usize = 10_000;
 /// At most this many bytes of events are kept per run (strings and bookkeeping).
@@ -519,7 +520,7 @@ struct Names {
 /// ```
 pub struct Egress {
     shared: Arc<Shared>,
-    threads: Vec<pool::Handle>,
+    threads: Vec<palisade_linux::pool::Handle>,
 }
 
 impl Egress {

@@ -205,7 +205,8 @@ pub(crate) struct CpuMeter<'a> {
 }
 
 impl<'a> CpuMeter<'a> {
-    /// Counts from now: a thread from a pool has spent CPU on earlier work (see [`crate::pool`]).
+    /// Counts from now: a thread from a pool has spent CPU on earlier work
+    /// (`palisade_linux::pool`).
     pub(crate) fn new(total: &'a AtomicU64) -> CpuMeter<'a> {
         CpuMeter {
             total,

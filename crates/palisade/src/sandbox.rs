@@ -4,7 +4,7 @@
 //! sandbox (so the sandbox's parent-death signal is tied to it, not to a caller's thread that may
 //! be retired from a pool of the caller's), serves its egress proxy, enforces its deadlines and
 //! ceilings, and cleans up. The thread is the library's: a run's thread that has finished waits
-//! for the next run's for a moment (`palisade_net::pool`), since a new thread costs ~50 µs of CPU
+//! for the next run's for a moment (`palisade_linux::pool`), since a new thread costs ~50 µs of CPU
 //! here; it ends only with no child left (a run ends with its init reaped). The caller holds a [`Run`]: it can kill it from any thread, wait for
 //! it, poll a descriptor from an event loop, read its output as it comes, and drop it, which
 //! kills the sandbox and releases everything it held.
@@ -23,8 +23,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The runs' supervising threads, kept for the next run (`palisade_net::pool`).
-static RUN_THREADS: palisade_net::pool::Pool = palisade_net::pool::Pool::new(c"palisade-run");
+/// The runs' supervising threads, kept for the next run (`palisade_linux::pool`).
+static RUN_THREADS: palisade_linux::pool::Pool = palisade_linux::pool::Pool::new(c"palisade-run");
 
 /// A sandbox ready to run: a validated policy plus how to treat the scratch directory. Cheap to
 /// clone, `Send` and `Sync`: one `Sandbox` can start any number of runs from any threads.
@@ -200,7 +200,7 @@ pub enum Chunk {
 /// left behind: processes, cgroup, proxy threads, listeners, temporary directories.
 pub struct Run {
     shared: Arc<Shared>,
-    thread: Option<palisade_net::pool::Handle>,
+    thread: Option<palisade_linux::pool::Handle>,
     /// `None` only for a run that could not even start its thread.
     output: Option<Arc<OutputQueue>>,
     killer: Option<Killer>,
@@ -490,10 +490,12 @@ impl Sandbox {
             // A bug that panics here must still end the run with a report (built with
             // `panic = "unwind"`; the release profile aborts instead): whoever waits for the
             // run would otherwise wait for ever. Dropping the unwound state kills the sandbox.
+            let mut panicked = false;
             let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 sandbox.supervise(io, policy, &spawner, &out, &tx, &sh.cgroup)
             }))
             .unwrap_or_else(|p| {
+                panicked = true;
                 out.close();
                 let what = p
                     .downcast_ref::<&str>()
@@ -512,6 +514,11 @@ impl Sandbox {
             sh.done.notify_all();
             if let Some(fd) = &sh.done_fd {
                 palisade_linux::host::signal_event(fd);
+            }
+            if panicked {
+                // Not back to the pool: the thread ends, and with it, by their parent-death
+                // signal, any child the panic left unreaped.
+                std::panic::resume_unwind(Box::new("the run's thread panicked"));
             }
         });
         let thread = match thread {

@@ -275,6 +275,43 @@ pub fn setgroups_empty() -> SysResult<()> {
         .map(drop)
 }
 
+/// The calling thread's real, effective and saved user and group ids (raw system calls: the
+/// thread's own, which a thread may have changed for itself).
+pub fn thread_ids() -> [u32; 6] {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    let (mut gr, mut ge, mut gs) = (0, 0, 0);
+    // SAFETY: each call writes three ids to valid locations.
+    unsafe {
+        libc::syscall(
+            libc::SYS_getresuid,
+            &mut r as *mut u32,
+            &mut e as *mut u32,
+            &mut s as *mut u32,
+        );
+        libc::syscall(
+            libc::SYS_getresgid,
+            &mut gr as *mut u32,
+            &mut ge as *mut u32,
+            &mut gs as *mut u32,
+        );
+    }
+    [r, e, s, gr, ge, gs]
+}
+
+/// Names the calling thread (`PR_SET_NAME`: at most 15 bytes kept).
+pub fn set_thread_name(name: &std::ffi::CStr) {
+    // SAFETY: a valid NUL-terminated string, which the kernel copies.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_NAME,
+            name.as_ptr() as c_ulong,
+            0 as c_ulong,
+            0 as c_ulong,
+            0 as c_ulong,
+        )
+    };
+}
+
 /// `setresuid(id, id, id)` as a raw system call: glibc's wrapper would try to synchronize with
 /// threads that do not exist in a child of `clone3`.
 pub fn setresuid(id: u32) -> SysResult<()> {

@@ -58,6 +58,14 @@ pub fn thread_set_mask(mask: &SigSet) {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask.0, std::ptr::null_mut()) };
 }
 
+/// The calling thread's signal mask.
+pub fn thread_mask() -> SigSet {
+    let mut old = SigSet::empty();
+    // SAFETY: a null set changes nothing; the old mask is written to a valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut old.0) };
+    old
+}
+
 /// `sigprocmask(how, set)` (`SIG_BLOCK`, `SIG_SETMASK`): the process's mask, on the child side
 /// where it is the only thread.
 #[inline]

@@ -6,16 +6,23 @@
 //! process's CPUs), twice a run. A [`Pool`] keeps a thread that finished its work for the next
 //! one instead: at most [`MAX_IDLE`] a pool, each for at most [`IDLE_FOR`], after which it ends.
 //!
-//! What a job may leave on its thread is what a thread keeps between jobs, so the callers' work
-//! leaves nothing: they restore a signal mask or an identity they change (with guards that also
-//! run while a panic unwinds), and measure their CPU as differences. A job that panics ends its
-//! thread instead of returning it, whatever it left. A thread is named [`IDLE_NAME`] from the
+//! A job runs with the signal mask of the thread that spawned it, as a new thread would (a caller
+//! that blocks `SIGINT` to take it from a signalfd, say). What else a job may leave on its thread
+//! is kept to the next job, so the callers' work leaves nothing: they restore a signal mask or an
+//! identity they change (with guards that also run while a panic unwinds), and measure their CPU
+//! as differences; a thread whose ids are not the ones its job started with afterwards ends. Other
+//! attributes a thread passes to what it starts (its CPU affinity and nice value, a seccomp filter
+//! or Landlock domain of its own) are those of the thread that made the pooled thread. A job that
+//! panics ends its thread instead of returning it, whatever it left. In a process forked from
+//! one with waiting threads, the pool starts empty (those threads are not there). A thread is named [`IDLE_NAME`] from the
 //! end of its job (before the job's [`Handle`] says so) until its next, when it takes its pool's
 //! name again: a count of a process's `palisade-*` threads by name tells waiting ones from
 //! working ones.
 
+use crate::sys;
 use std::any::Any;
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +39,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 pub struct Pool {
     name: &'static CStr,
     idle: Mutex<Vec<Arc<Slot>>>,
+    /// The process whose threads `idle` names (a forked child has none of them).
+    pid: AtomicU32,
 }
 
 /// Where a waiting thread is handed its next job.
@@ -56,6 +65,7 @@ impl Pool {
         Pool {
             name,
             idle: Mutex::new(Vec::new()),
+            pid: AtomicU32::new(0),
         }
     }
 
@@ -70,22 +80,34 @@ impl Pool {
             ended: Condvar::new(),
         });
         let d = done.clone();
+        let mask = sys::thread_mask();
         let job: Job = Box::new(move || {
+            sys::thread_set_mask(&mask);
+            let ids = sys::thread_ids();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             let panicked = r.is_err();
             if !panicked {
                 // Named as waiting before its end is told: whoever waits for the job and then
                 // counts threads by name sees this one as a waiting one.
-                let _ = rustix::thread::set_name(c"palisade-idle");
+                sys::set_thread_name(c"palisade-idle");
             }
             *d.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             d.ended.notify_all();
-            if panicked {
-                // What the job left on its thread is unknown: the thread ends (see `work`).
-                std::panic::resume_unwind(Box::new("a pooled job panicked"));
+            if panicked || sys::thread_ids() != ids {
+                // What the job left on its thread is unknown, or not what it found: the thread
+                // ends (see `work`).
+                std::panic::resume_unwind(Box::new("a pooled job panicked or kept other ids"));
             }
         });
-        let waiting = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let waiting = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let me = std::process::id();
+            if self.pid.swap(me, Ordering::Relaxed) != me {
+                // Made in the process this one was forked from: not threads of this one.
+                idle.clear();
+            }
+            idle.pop()
+        };
         match waiting {
             Some(slot) => {
                 *slot.job.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
@@ -121,7 +143,7 @@ impl Pool {
             }
             match self.wait(&slot) {
                 Some(next) => {
-                    let _ = rustix::thread::set_name(self.name);
+                    sys::set_thread_name(self.name);
                     job = next;
                 }
                 None => return,
@@ -198,14 +220,17 @@ mod tests {
             .collect()
     }
 
-    fn tid() -> i32 {
-        rustix::thread::gettid().as_raw_nonzero().get()
+    fn tid() -> String {
+        std::fs::read_link("/proc/thread-self")
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
     }
 
     #[test]
     fn a_finished_thread_takes_the_next_job() {
         static P: Pool = Pool::new(c"palisade-t1");
-        let first = Arc::new(Mutex::new(0));
+        let first = Arc::new(Mutex::new(String::new()));
         let f = first.clone();
         P.spawn(move || *f.lock().unwrap() = tid())
             .unwrap()
@@ -218,7 +243,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(names().iter().any(|n| n == IDLE_NAME));
-        let second = Arc::new(Mutex::new((0, String::new())));
+        let second = Arc::new(Mutex::new((String::new(), String::new())));
         let s = second.clone();
         P.spawn(move || {
             let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
@@ -260,7 +285,7 @@ mod tests {
     #[test]
     fn a_panicking_job_ends_its_thread_and_is_reported() {
         static P: Pool = Pool::new(c"palisade-t3");
-        let t = Arc::new(Mutex::new(0));
+        let t = Arc::new(Mutex::new(String::new()));
         let t1 = t.clone();
         let r = P
             .spawn(move || {
@@ -270,9 +295,10 @@ mod tests {
             .unwrap()
             .join();
         assert!(r.is_err());
-        let gone = *t.lock().unwrap();
+        // "PID/task/TID"
+        let gone = t.lock().unwrap().clone();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::path::Path::new(&format!("/proc/self/task/{gone}")).exists() {
+        while std::path::Path::new(&format!("/proc/{gone}")).exists() {
             assert!(
                 Instant::now() < deadline,
                 "the thread of a panicked job lived on"
@@ -303,18 +329,104 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let working = names().iter().filter(|n| *n == "palisade-t4").count();
-            if working == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{working} threads neither wait nor end"
-            );
+        // Every thread goes back to the pool or ends (the pool is full): it fills up to its bound,
+        // and no further.
+        let deadline = Instant::now() + Duration::from_secs(4);
+        while P.idle.lock().unwrap().len() < MAX_IDLE {
+            assert!(Instant::now() < deadline, "the pool never filled");
             std::thread::sleep(Duration::from_millis(5));
         }
+        std::thread::sleep(Duration::from_millis(200));
         assert_eq!(P.idle.lock().unwrap().len(), MAX_IDLE);
+    }
+
+    /// The thread's `SigBlk` mask, from /proc.
+    fn blocked() -> u64 {
+        let st = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let hex = st
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .unwrap()
+            .trim();
+        u64::from_str_radix(hex, 16).unwrap()
+    }
+
+    /// A job runs with the mask of the thread that spawned it, not the one of the thread that
+    /// made the pooled thread: a caller that blocks a signal to take it from a signalfd must not
+    /// have it delivered to a pooled thread that does not block it.
+    #[test]
+    fn a_job_runs_with_its_spawners_signal_mask() {
+        static P: Pool = Pool::new(c"palisade-t5");
+        let usr2 = 1u64 << (libc::SIGUSR2 - 1);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        for block in [false, true, false] {
+            let s = seen.clone();
+            std::thread::spawn(move || {
+                if block {
+                    sys::thread_block(&sys::SigSet::of(&[libc::SIGUSR2])).unwrap();
+                }
+                P.spawn(move || s.lock().unwrap().push((tid(), blocked() & usr2 != 0)))
+                    .unwrap()
+                    .join()
+                    .unwrap();
+            })
+            .join()
+            .unwrap();
+            // Back in the pool before the next spawn.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while P.idle.lock().unwrap().is_empty() {
+                assert!(Instant::now() < deadline, "the thread never waited");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen.iter().map(|s| s.1).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+        assert!(
+            seen.iter().all(|s| s.0 == seen[0].0),
+            "not one thread: {seen:?}"
+        );
+    }
+
+    /// In a forked child the waiting threads of the parent are not there: a job still runs.
+    #[test]
+    fn a_forked_child_starts_with_an_empty_pool() {
+        static P: Pool = Pool::new(c"palisade-t6");
+        P.spawn(|| {}).unwrap().join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while P.idle.lock().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the thread never waited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: the child uses the pool (glibc's fork leaves its allocator usable), then exits;
+        // the parent gives up on it after a while rather than hang.
+        let pid = unsafe { sys::fork() }.unwrap();
+        if pid == 0 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let ok = P.spawn(move || tx.send(()).unwrap()).is_ok();
+            let ran = ok && rx.recv_timeout(Duration::from_secs(10)).is_ok();
+            sys::exit(if ran { 0 } else { 1 });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let st = loop {
+            match sys::waitpid(pid, libc::WNOHANG).unwrap() {
+                (0, _) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                (0, _) => {
+                    let _ = sys::kill(pid, libc::SIGKILL);
+                    let _ = sys::waitpid(pid, 0);
+                    panic!("the child never ended");
+                }
+                (_, st) => break st,
+            }
+        };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "the job never ran in the child: {st:#x}"
+        );
     }
 }
