@@ -285,27 +285,36 @@ pub(crate) fn host_has_swap() -> bool {
     }
 }
 
+/// Writes `value` to control file `name` of a run's directory.
+pub(crate) fn write_in(dir: &owner::Owned, name: &str, value: &str) -> Result<(), CgroupError> {
+    use std::io::Write;
+    dir.open(name, true)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
+        .map_err(io_at("write", &dir.path.join(name)))
+}
+
 /// The `oom_kill N` count from a v1 `memory.oom_control` or v2 `memory.events` file.
-pub(crate) fn oom_kills(file: &Path) -> u64 {
-    read_small(file)
+pub(crate) fn oom_kills(dir: &owner::Owned, name: &str) -> u64 {
+    read_small(dir, name)
         .and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| keyed(&s, "oom_kill"))
         .unwrap_or(0)
 }
 
 /// Reads a run's accounting from its memory-peak, OOM-event and pids-peak files (their names
-/// differ between v1 and v2).
+/// differ between v1 and v2, and on v1 the pids file is in another directory).
 pub(crate) fn read_stats(
-    peak: &Path,
-    events: &Path,
-    pids_peak: &Path,
+    memory: &owner::Owned,
+    [peak, events]: [&str; 2],
+    pids: &owner::Owned,
+    pids_peak: &str,
     cpu_quota_us: Option<u64>,
     cpu: Option<CpuUsage>,
 ) -> CgroupStats {
     CgroupStats {
-        memory_peak: read_number(peak),
-        oom_kills: oom_kills(events),
-        pids_peak: read_number(pids_peak),
+        memory_peak: read_number(memory, peak),
+        oom_kills: oom_kills(memory, events),
+        pids_peak: read_number(pids, pids_peak),
         cpu_quota_us,
         cpu,
         socket_memory_peak: None,
@@ -321,8 +330,8 @@ pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
 }
 
 /// A number in a one-value cgroup file.
-pub(crate) fn read_number(file: &Path) -> Option<u64> {
-    std::str::from_utf8(&read_small(file)?)
+pub(crate) fn read_number(dir: &owner::Owned, name: &str) -> Option<u64> {
+    std::str::from_utf8(&read_small(dir, name)?)
         .ok()?
         .trim()
         .parse()
@@ -331,9 +340,9 @@ pub(crate) fn read_number(file: &Path) -> Option<u64> {
 
 /// A small cgroup file whole (at most 4 KiB, longer is `None`): one open and as few reads as it
 /// takes, without the size lookup `std::fs::read` makes first (cgroup files report size 0).
-pub(crate) fn read_small(file: &Path) -> Option<Vec<u8>> {
+pub(crate) fn read_small(dir: &owner::Owned, name: &str) -> Option<Vec<u8>> {
     use std::io::Read;
-    let mut f = std::fs::File::open(file).ok()?;
+    let mut f = dir.open(name, false).ok()?;
     let mut buf = vec![0u8; 4096];
     let mut n = 0;
     loop {

@@ -103,6 +103,38 @@ pub(crate) struct Owned {
     _lock: File,
 }
 
+impl Owned {
+    /// Opens control file `name` of this directory through the descriptor held, as `std::fs`
+    /// would (for writing: created if missing, truncated, which a cgroupfs file ignores): one
+    /// lookup instead of a walk of the whole path on each of a run's dozen reads and writes, and
+    /// always in the directory made, whatever its path names now.
+    pub(crate) fn open(&self, name: &str, write: bool) -> std::io::Result<File> {
+        use rustix::fs::{Mode, OFlags};
+        let flags = if write {
+            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC
+        } else {
+            OFlags::RDONLY
+        };
+        let fd = rustix::fs::openat(
+            &self._lock,
+            name,
+            flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::from_raw_mode(0o666),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// The directory's descriptor (the one its lock is taken through).
+    pub(crate) fn dir_fd(&self) -> &File {
+        &self._lock
+    }
+
+    /// Whether this directory has an entry `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        rustix::fs::statat(&self._lock, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    }
+}
+
 /// Why a run directory could not be made and locked.
 pub(crate) enum MakeError {
     /// A concurrent cleanup took the directory between `mkdir` and the lock: try another name.

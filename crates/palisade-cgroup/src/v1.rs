@@ -146,36 +146,38 @@ impl V1 {
     fn make(&self, name: &str, cpu: bool) -> Result<V1Run, owner::MakeError> {
         let at = |p: &Option<PathBuf>| p.as_ref().map(|p| p.join(name));
         let cpu = if cpu { at(&self.cpu) } else { None };
-        let mut run = V1Run {
-            memory: self.memory.join(name),
-            pids: self.pids.join(name),
-            cpuacct: at(&self.cpuacct),
-            cpu: None,
+        let mut made: Vec<owner::Owned> = Vec::new();
+        // Each directory once (cpu and cpuacct may be mounted together): its index in `made`.
+        let mut place = |d: Option<PathBuf>| -> Result<Option<usize>, owner::MakeError> {
+            let Some(d) = d else { return Ok(None) };
+            if let Some(i) = made.iter().position(|o| o.path == d) {
+                return Ok(Some(i));
+            }
+            made.push(owner::make(&d)?);
+            Ok(Some(made.len() - 1))
+        };
+        let memory = place(Some(self.memory.join(name)))?.unwrap_or_default();
+        let pids = place(Some(self.pids.join(name)))?.unwrap_or_default();
+        let cpuacct = place(at(&self.cpuacct))?;
+        let cpu = place(cpu)?;
+        Ok(V1Run {
+            memory,
+            pids,
+            cpuacct,
+            cpu,
             quota: None,
-            made: Vec::new(),
+            made,
             gaps: Vec::new(),
             sockets_counted: false,
-        };
-        for d in [Some(run.memory.clone()), Some(run.pids.clone())]
-            .into_iter()
-            .chain([run.cpuacct.clone(), cpu.clone()])
-            .flatten()
-        {
-            if run.made.iter().any(|o| o.path == d) {
-                continue; // cpu and cpuacct mounted together
-            }
-            run.made.push(owner::make(&d)?);
-        }
-        run.cpu = cpu;
-        Ok(run)
+        })
     }
 }
 
 /// The socket-buffer ceiling of a v1 memory cgroup `dir` (see the module doc): `memory_bytes`
 /// written to `memory.kmem.tcp.limit_in_bytes`, or, where the kernel has no such file or refuses
 /// the value, the gap that leaves. The flag says whether the buffers are now counted.
-fn limit_socket_buffers(dir: &Path, memory_bytes: u64) -> Result<(Gap, bool), CgroupError> {
-    let f = dir.join("memory.kmem.tcp.limit_in_bytes");
+fn limit_socket_buffers(dir: &owner::Owned, memory_bytes: u64) -> Result<(Gap, bool), CgroupError> {
+    const F: &str = "memory.kmem.tcp.limit_in_bytes";
     let unbounded = |why: String| Gap {
         what: "socket buffers",
         bound: format!(
@@ -183,13 +185,16 @@ fn limit_socket_buffers(dir: &Path, memory_bytes: u64) -> Result<(Gap, bool), Cg
              are bounded only by the host-wide net.ipv4.udp_mem and tcp_mem, shared with the host"
         ),
     };
-    if !f.exists() {
+    if !dir.has(F) {
         return Ok((
             unbounded("has no memory.kmem.tcp.limit_in_bytes (socket accounting)".into()),
             false,
         ));
     }
-    match std::fs::write(&f, memory_bytes.to_string()) {
+    let written = dir
+        .open(F, true)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, memory_bytes.to_string().as_bytes()));
+    match written {
         Ok(()) => Ok((
             Gap {
                 what: "socket buffers",
@@ -207,7 +212,7 @@ fn limit_socket_buffers(dir: &Path, memory_bytes: u64) -> Result<(Gap, bool), Cg
             unbounded(format!("refused memory.kmem.tcp.limit_in_bytes ({e})")),
             false,
         )),
-        Err(e) => Err(io_at("write", &f)(e)),
+        Err(e) => Err(io_at("write", &dir.path.join(F))(e)),
     }
 }
 
@@ -219,30 +224,30 @@ impl Manager for V1 {
     fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
         let mut run = make_run(|name| self.make(name, limits.cpu_quota_us.is_some()))?;
         let mem = limits.memory_bytes.to_string();
-        write(&run.memory.join("memory.limit_in_bytes"), &mem)?;
-        let (gap, counted) = limit_socket_buffers(&run.memory, limits.memory_bytes)?;
-        run.gaps.push(gap);
-        run.sockets_counted = counted;
-        run.gaps.extend_from_slice(host_boot_gaps());
+        let memory = &run.made[run.memory];
+        write_in(memory, "memory.limit_in_bytes", &mem)?;
+        let (gap, counted) = limit_socket_buffers(memory, limits.memory_bytes)?;
         // Swap off for the sandbox: memory+swap capped at the same value where the kernel accounts
         // swap, and swappiness 0. On a host without swap there is nothing to turn off (and each
         // write costs a trip through the cgroup locks), so both are skipped.
         if crate::host_has_swap() {
-            let memsw = run.memory.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
-                write(&memsw, &mem)?;
+            if memory.has("memory.memsw.limit_in_bytes") {
+                write_in(memory, "memory.memsw.limit_in_bytes", &mem)?;
             }
-            let swappiness = run.memory.join("memory.swappiness");
-            if swappiness.exists() {
-                write(&swappiness, "0")?;
+            if memory.has("memory.swappiness") {
+                write_in(memory, "memory.swappiness", "0")?;
             }
         }
-        write(&run.pids.join("pids.max"), &limits.pids.to_string())?;
-        if let (Some(c), Some(q)) = (&run.cpu, limits.cpu_quota_us) {
-            write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-            write(&c.join("cpu.cfs_quota_us"), &q.to_string())?;
+        write_in(&run.made[run.pids], "pids.max", &limits.pids.to_string())?;
+        if let (Some(c), Some(q)) = (run.cpu, limits.cpu_quota_us) {
+            let c = &run.made[c];
+            write_in(c, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            write_in(c, "cpu.cfs_quota_us", &q.to_string())?;
             run.quota = Some(q);
         }
+        run.gaps.push(gap);
+        run.sockets_counted = counted;
+        run.gaps.extend_from_slice(host_boot_gaps());
         Ok(Box::new(run))
     }
 
@@ -260,13 +265,14 @@ impl Manager for V1 {
 }
 
 struct V1Run {
-    memory: PathBuf,
-    pids: PathBuf,
-    cpuacct: Option<PathBuf>,
+    /// Where in `made` each hierarchy's directory is.
+    memory: usize,
+    pids: usize,
+    cpuacct: Option<usize>,
     /// The cpu directory, where a quota was asked for and the host has the hierarchy.
-    cpu: Option<PathBuf>,
+    cpu: Option<usize>,
     quota: Option<u64>,
-    /// Every directory of the run, once each, locked: joined, then removed.
+    /// Every directory of the run, once each, locked: joined, then removed (empty from then on).
     made: Vec<owner::Owned>,
     gaps: Vec<Gap>,
     /// Whether socket buffers are counted (`memory.kmem.tcp.limit_in_bytes` written).
@@ -274,14 +280,21 @@ struct V1Run {
 }
 
 /// A nanosecond count in a cpuacct file.
-fn ns(file: &Path) -> Option<Duration> {
-    read_number(file).map(Duration::from_nanos)
+fn ns(dir: &owner::Owned, name: &str) -> Option<Duration> {
+    read_number(dir, name).map(Duration::from_nanos)
+}
+
+impl V1Run {
+    /// The directory at `i` of `made`; `None` once removed.
+    fn dir(&self, i: usize) -> Option<&owner::Owned> {
+        self.made.get(i)
+    }
 }
 
 impl RunCgroup for V1Run {
     fn join(&self, pid: i32) -> Result<(), CgroupError> {
         for d in &self.made {
-            write(&d.path.join("cgroup.procs"), &pid.to_string())?;
+            write_in(d, "cgroup.procs", &pid.to_string())?;
         }
         Ok(())
     }
@@ -290,22 +303,29 @@ impl RunCgroup for V1Run {
         self.made
             .iter()
             .map(|d| {
-                let p = d.path.join("tasks");
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .map_err(io_at("open", &p))
+                // Opened, never created.
+                let f = rustix::fs::openat(
+                    d.dir_fd(),
+                    "tasks",
+                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                );
+                f.map(std::fs::File::from)
+                    .map_err(|e| io_at("open", &d.path.join("tasks"))(e.into()))
             })
             .collect()
     }
 
     fn stats(&self) -> CgroupStats {
+        let (Some(memory), Some(pids)) = (self.dir(self.memory), self.dir(self.pids)) else {
+            return CgroupStats::default();
+        };
         // `cpuacct.usage` is exact (the scheduler's own runtime); the user/system files are
         // sampled at ticks and need not add up to it, so they only split the exact total.
-        let cpu = self.cpuacct.as_ref().and_then(|d| {
-            let total = ns(&d.join("cpuacct.usage"))?;
-            let u = ns(&d.join("cpuacct.usage_user")).unwrap_or_default();
-            let s = ns(&d.join("cpuacct.usage_sys")).unwrap_or_default();
+        let cpu = self.cpuacct.and_then(|i| self.dir(i)).and_then(|d| {
+            let total = ns(d, "cpuacct.usage")?;
+            let u = ns(d, "cpuacct.usage_user").unwrap_or_default();
+            let s = ns(d, "cpuacct.usage_sys").unwrap_or_default();
             let user = match (u + s).as_nanos() {
                 0 => total,
                 both => Duration::from_nanos(
@@ -319,13 +339,14 @@ impl RunCgroup for V1Run {
         });
         let sockets = self
             .sockets_counted
-            .then(|| read_number(&self.memory.join("memory.kmem.tcp.max_usage_in_bytes")));
+            .then(|| read_number(memory, "memory.kmem.tcp.max_usage_in_bytes"));
         CgroupStats {
             socket_memory_peak: sockets.flatten(),
             ..read_stats(
-                &self.memory.join("memory.max_usage_in_bytes"),
-                &self.memory.join("memory.oom_control"),
-                &self.pids.join("pids.peak"),
+                memory,
+                ["memory.max_usage_in_bytes", "memory.oom_control"],
+                pids,
+                "pids.peak",
                 self.quota,
                 cpu,
             )
@@ -337,7 +358,7 @@ impl RunCgroup for V1Run {
     }
 
     fn cpu_used(&self) -> Option<Duration> {
-        ns(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
+        ns(self.dir(self.cpuacct?)?, "cpuacct.usage")
     }
 
     fn gaps(&self) -> &[Gap] {
@@ -522,9 +543,12 @@ mod tests {
     fn socket_buffers_get_a_ceiling_where_the_kernel_offers_one() {
         // A memory cgroup of a kernel with socket accounting: the file is there, at "no limit".
         let dir = fake_root("tcp", false).join("memory");
-        let f = dir.join("memory.kmem.tcp.limit_in_bytes");
+        let Ok(run) = owner::make(&dir.join("run-1-0123456789abcdef-0")) else {
+            panic!("cannot make a run directory in {}", dir.display());
+        };
+        let f = run.path.join("memory.kmem.tcp.limit_in_bytes");
         std::fs::write(&f, "9223372036854771712").unwrap();
-        let (gap, counted) = limit_socket_buffers(&dir, 64 << 20).unwrap();
+        let (gap, counted) = limit_socket_buffers(&run, 64 << 20).unwrap();
         assert!(counted);
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "67108864");
         assert_eq!(gap.what, "socket buffers");

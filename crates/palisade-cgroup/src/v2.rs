@@ -243,23 +243,20 @@ impl Manager for V2 {
 
     fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
         let dir = make_run(|name| owner::make(&self.base.join(name)))?;
-        let path = dir.path.clone();
-        let mut run = V2Run {
+        write_in(&dir, "memory.max", &limits.memory_bytes.to_string())?;
+        if dir.has("memory.swap.max") {
+            write_in(&dir, "memory.swap.max", "0")?;
+        }
+        write_in(&dir, "pids.max", &limits.pids.to_string())?;
+        let mut quota = None;
+        if let (Some(q), true) = (limits.cpu_quota_us, dir.has("cpu.max")) {
+            write_in(&dir, "cpu.max", &format!("{q} {CPU_PERIOD_US}"))?;
+            quota = Some(q);
+        }
+        Ok(Box::new(V2Run {
             dir: Some(dir),
-            quota: None,
-        };
-        write(&path.join("memory.max"), &limits.memory_bytes.to_string())?;
-        let swap = path.join("memory.swap.max");
-        if swap.exists() {
-            write(&swap, "0")?;
-        }
-        write(&path.join("pids.max"), &limits.pids.to_string())?;
-        let cpu_max = path.join("cpu.max");
-        if let (Some(q), true) = (limits.cpu_quota_us, cpu_max.exists()) {
-            write(&cpu_max, &format!("{q} {CPU_PERIOD_US}"))?;
-            run.quota = Some(q);
-        }
-        Ok(Box::new(run))
+            quota,
+        }))
     }
 
     fn clean_stale(&self) -> Vec<PathBuf> {
@@ -305,28 +302,36 @@ struct V2Run {
 }
 
 impl V2Run {
-    fn dir(&self) -> Option<&Path> {
-        self.dir.as_ref().map(|d| d.path.as_path())
+    fn dir(&self) -> Option<&owner::Owned> {
+        self.dir.as_ref()
     }
+}
+
+/// A v2 run's `cpu.stat` (a few hundred bytes).
+fn cpu_stat(dir: &owner::Owned) -> String {
+    read_small(dir, "cpu.stat")
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default()
 }
 
 impl RunCgroup for V2Run {
     fn join(&self, pid: i32) -> Result<(), CgroupError> {
         let dir = self.dir().expect("not removed");
-        write(&dir.join("cgroup.procs"), &pid.to_string())
+        write_in(dir, "cgroup.procs", &pid.to_string())
     }
 
     fn stats(&self) -> CgroupStats {
         let Some(dir) = self.dir() else {
             return CgroupStats::default();
         };
-        let stat = std::fs::read_to_string(dir.join("cpu.stat")).unwrap_or_default();
+        let stat = cpu_stat(dir);
         let us = |k| keyed(&stat, k).map(std::time::Duration::from_micros);
         let cpu = us("user_usec").zip(us("system_usec"));
         read_stats(
-            &dir.join("memory.peak"),
-            &dir.join("memory.events"),
-            &dir.join("pids.peak"),
+            dir,
+            ["memory.peak", "memory.events"],
+            dir,
+            "pids.peak",
             self.quota,
             cpu.map(|(user, system)| CpuUsage { user, system }),
         )
@@ -338,8 +343,7 @@ impl RunCgroup for V2Run {
 
     /// From `cpu.stat`, which every v2 cgroup has, with or without the cpu controller.
     fn cpu_used(&self) -> Option<std::time::Duration> {
-        let stat = std::fs::read_to_string(self.dir()?.join("cpu.stat")).ok()?;
-        keyed(&stat, "usage_usec").map(std::time::Duration::from_micros)
+        keyed(&cpu_stat(self.dir()?), "usage_usec").map(std::time::Duration::from_micros)
     }
 
     fn gaps(&self) -> &[Gap] {
