@@ -15,9 +15,9 @@ use palisade_service::api::{self, Content, ExecEvent, Stage};
 use palisade_service::{Class, Config, Service, ServiceError};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -331,8 +331,20 @@ struct Server {
 struct Kept {
     next: u64,
     bytes: usize,
-    items: VecDeque<(String, u64, Arc<Vec<u8>>)>,
+    items: VecDeque<KeptOutput>,
 }
+
+/// One whole output kept: its number (in its URI), URI, what it is, session and bytes.
+struct KeptOutput {
+    seq: u64,
+    uri: String,
+    what: String,
+    owner: u64,
+    bytes: Arc<Vec<u8>>,
+}
+
+/// Kept outputs listed per `resources/list` page (a session may have thousands).
+const LIST_PAGE: usize = 100;
 
 impl Kept {
     fn put(&mut self, what: &str, owner: u64, b: Vec<u8>) -> String {
@@ -342,10 +354,16 @@ impl Kept {
             return uri;
         }
         self.bytes += b.len();
-        self.items.push_back((uri.clone(), owner, Arc::new(b)));
+        self.items.push_back(KeptOutput {
+            seq: self.next,
+            uri: uri.clone(),
+            what: what.to_owned(),
+            owner,
+            bytes: Arc::new(b),
+        });
         while self.bytes > KEPT_TOTAL {
             match self.items.pop_front() {
-                Some((_, _, old)) => self.bytes -= old.len(),
+                Some(old) => self.bytes -= old.bytes.len(),
                 None => break,
             }
         }
@@ -356,8 +374,41 @@ impl Kept {
     fn get(&self, uri: &str, owner: u64) -> Option<Arc<Vec<u8>>> {
         self.items
             .iter()
-            .find(|(u, o, _)| u == uri && *o == owner)
-            .map(|(_, _, b)| b.clone())
+            .find(|k| k.uri == uri && k.owner == owner)
+            .map(|k| k.bytes.clone())
+    }
+
+    /// `owner`'s kept outputs numbered after `after`, oldest first, at most [`LIST_PAGE`], and
+    /// the number to go on after if there are more.
+    fn list(&self, owner: u64, after: u64) -> (Vec<Resource>, Option<u64>) {
+        let mut mine = self
+            .items
+            .iter()
+            .filter(|k| k.owner == owner && k.seq > after);
+        let page: Vec<&KeptOutput> = mine.by_ref().take(LIST_PAGE).collect();
+        let more = mine.next().is_some();
+        let next = page.last().filter(|_| more).map(|k| k.seq);
+        let resources = page
+            .into_iter()
+            .map(|k| {
+                let text = std::str::from_utf8(&k.bytes).is_ok();
+                Resource::new(k.uri.clone(), format!("output {} ({})", k.seq, k.what))
+                    .with_description(format!(
+                        "The whole {} of a call of this session ({} bytes), cut in the call's \
+                         result; kept up to {} MiB for all sessions, the oldest dropped first",
+                        k.what,
+                        k.bytes.len(),
+                        KEPT_TOTAL >> 20
+                    ))
+                    .with_mime_type(if text {
+                        "text/plain"
+                    } else {
+                        "application/octet-stream"
+                    })
+                    .with_size(k.bytes.len() as u64)
+            })
+            .collect();
+        (resources, next)
     }
 }
 
@@ -1382,6 +1433,35 @@ impl ServerHandler for Server {
         Ok(r.into())
     }
 
+    /// The kept outputs of this session (another session's are not listed), by pages.
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let after = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(c) => c.parse::<u64>().map_err(|_| {
+                ErrorData::invalid_params(
+                    format!(
+                        "cursor: `{}` is not a cursor this server gave (a `nextCursor` of an \
+                         earlier resources/list)",
+                        palisade_service_escape(&c)
+                    ),
+                    None,
+                )
+            })?,
+        };
+        let (resources, next) = self
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .list(self.owner, after);
+        let mut r = ListResourcesResult::with_all_items(resources);
+        r.next_cursor = next.map(|n| n.to_string());
+        Ok(r)
+    }
+
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
@@ -1421,4 +1501,53 @@ fn palisade_service_escape(s: &str) -> String {
         out.push('…');
     }
     out.escape_debug().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `resources/list` shows a session its own kept outputs only, by pages, each with its size
+    /// and type, and none that was dropped to keep the bound.
+    #[test]
+    fn a_session_lists_its_own_kept_outputs_by_pages() {
+        let mut k = Kept::default();
+        let mut mine = Vec::new();
+        for i in 0..(2 * LIST_PAGE + 7) {
+            mine.push(k.put("stdout", 1, vec![b'a'; 10 + i]));
+            k.put("stderr", 2, vec![0xff; 3]);
+        }
+        let (mut seen, mut after) = (Vec::new(), 0);
+        loop {
+            let (page, next) = k.list(1, after);
+            assert!(page.len() <= LIST_PAGE);
+            seen.extend(page);
+            match next {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        let uris: Vec<&str> = seen.iter().map(|r| r.uri.as_str()).collect();
+        assert_eq!(uris, mine.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(seen[3].size, Some(13));
+        assert_eq!(seen[3].mime_type.as_deref(), Some("text/plain"));
+        let (other, next) = k.list(2, 0);
+        assert_eq!(
+            (other.len(), next.is_some()),
+            (LIST_PAGE, true),
+            "session 2's own"
+        );
+        assert_eq!(
+            other[0].mime_type.as_deref(),
+            Some("application/octet-stream")
+        );
+        assert!(k.list(3, 0).0.is_empty(), "a session with nothing kept");
+        // Past the bound the oldest go, from the list too.
+        k.put("stdout", 1, vec![b'b'; KEPT_TOTAL - 1000]);
+        let (left, _) = k.list(1, 0);
+        assert!(
+            !left.iter().any(|r| r.uri == mine[0]),
+            "a dropped output listed"
+        );
+    }
 }

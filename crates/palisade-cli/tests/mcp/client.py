@@ -13,7 +13,7 @@ import sys
 import time
 
 import anyio
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -248,6 +248,16 @@ async def case_big_output(s):
     assert o["full"].startswith("palisade://output/"), o
     full = await s.read_resource(o["full"])
     assert len(full.contents[0].text) == o["bytes"], (len(full.contents[0].text), o["bytes"])
+    # Listed among this session's resources, with its size (every page read).
+    listed, cursor = [], None
+    while True:
+        page = await s.list_resources(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        listed += page.resources
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    mine = [x for x in listed if str(x.uri) == o["full"]]
+    assert len(mine) == 1 and mine[0].size == o["bytes"], (o["full"], [str(x.uri) for x in listed][-5:])
     # A session's exec, cut the same way, and whole output under the cap shown whole.
     sid = ok(await s.call_tool("sandbox_create", {}))["sandbox_id"]
     try:
