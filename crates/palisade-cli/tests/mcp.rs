@@ -196,6 +196,40 @@ fn http_checks_origin_and_token_and_refuses_open_addresses() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--token-file"));
 }
 
+/// On the 2026-07-28 revision (no sessions), closing a call's response stream is its
+/// cancellation: the server kills the run. A raw client, since the Python SDK's negotiates an
+/// earlier revision with this server. The control: the run is there while the stream is open.
+#[test]
+fn http_2026_a_closed_stream_kills_its_run() {
+    let m = McpHttp::start(&[]);
+    let marker = "987650013";
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"run_code","arguments":{{"command":["sh","-c","sleep {marker}"],"timeout_ms":40000}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}},"io.modelcontextprotocol/clientInfo":{{"name":"t","version":"1"}}}}}}}}"#
+    );
+    let mut s = std::net::TcpStream::connect(&m.addr).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: run_code\r\nContent-Length: {}\r\n\r\n{body}",
+        m.addr,
+        body.len()
+    )
+    .unwrap();
+    let running = within("the run starts", Duration::from_secs(30), || {
+        !host_pids_with(marker).is_empty()
+    });
+    assert!(running, "the run never started");
+    // Still running a moment later: only the stream's end stops it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !host_pids_with(marker).is_empty(),
+        "the run ended by itself"
+    );
+    drop(s);
+    wait_gone(marker, "a 2026-07-28 call whose stream was closed");
+}
+
 #[test]
 fn inspector_cli_lists_and_calls_tools() {
     let bin = palisade_bin().display().to_string();
