@@ -341,9 +341,15 @@ pub(crate) fn read_number(dir: &owner::Owned, name: &str) -> Option<u64> {
 /// A small cgroup file whole (at most 4 KiB, longer is `None`): one open and as few reads as it
 /// takes, without the size lookup `std::fs::read` makes first (cgroup files report size 0).
 pub(crate) fn read_small(dir: &owner::Owned, name: &str) -> Option<Vec<u8>> {
+    read_upto(dir, name, 4096)
+}
+
+/// A cgroup file whole if it is shorter than `cap` bytes (`None` otherwise, or if it cannot be
+/// read).
+pub(crate) fn read_upto(dir: &owner::Owned, name: &str, cap: usize) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut f = dir.open(name, false).ok()?;
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; cap];
     let mut n = 0;
     loop {
         match f.read(&mut buf[n..]) {

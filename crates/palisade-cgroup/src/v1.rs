@@ -146,30 +146,23 @@ impl V1 {
     fn make(&self, name: &str, cpu: bool) -> Result<V1Run, owner::MakeError> {
         let at = |p: &Option<PathBuf>| p.as_ref().map(|p| p.join(name));
         let cpu = if cpu { at(&self.cpu) } else { None };
-        let mut made: Vec<owner::Owned> = Vec::new();
-        // Each directory once (cpu and cpuacct may be mounted together): its index in `made`.
-        let mut place = |d: Option<PathBuf>| -> Result<Option<usize>, owner::MakeError> {
-            let Some(d) = d else { return Ok(None) };
-            if let Some(i) = made.iter().position(|o| o.path == d) {
-                return Ok(Some(i));
-            }
-            made.push(owner::make(&d)?);
-            Ok(Some(made.len() - 1))
-        };
-        let memory = place(Some(self.memory.join(name)))?.unwrap_or_default();
-        let pids = place(Some(self.pids.join(name)))?.unwrap_or_default();
-        let cpuacct = place(at(&self.cpuacct))?;
-        let cpu = place(cpu)?;
-        Ok(V1Run {
-            memory,
-            pids,
-            cpuacct,
-            cpu,
+        // Made into the run from the first directory on: if a later one fails, dropping the run
+        // removes those made so far.
+        let mut run = V1Run {
+            memory: 0,
+            pids: 0,
+            cpuacct: None,
+            cpu: None,
             quota: None,
-            made,
+            made: Vec::new(),
             gaps: Vec::new(),
             sockets_counted: false,
-        })
+        };
+        run.memory = run.place(Some(self.memory.join(name)))?.unwrap_or_default();
+        run.pids = run.place(Some(self.pids.join(name)))?.unwrap_or_default();
+        run.cpuacct = run.place(at(&self.cpuacct))?;
+        run.cpu = run.place(cpu)?;
+        Ok(run)
     }
 }
 
@@ -285,6 +278,17 @@ fn ns(dir: &owner::Owned, name: &str) -> Option<Duration> {
 }
 
 impl V1Run {
+    /// Makes and locks directory `d` (once: cpu and cpuacct may be mounted together); its index
+    /// in `made`.
+    fn place(&mut self, d: Option<PathBuf>) -> Result<Option<usize>, owner::MakeError> {
+        let Some(d) = d else { return Ok(None) };
+        if let Some(i) = self.made.iter().position(|o| o.path == d) {
+            return Ok(Some(i));
+        }
+        self.made.push(owner::make(&d)?);
+        Ok(Some(self.made.len() - 1))
+    }
+
     /// The directory at `i` of `made`; `None` once removed.
     fn dir(&self, i: usize) -> Option<&owner::Owned> {
         self.made.get(i)
@@ -430,6 +434,28 @@ mod tests {
         pids: 32,
         cpu_quota_us: None,
     };
+
+    /// A run whose last hierarchy cannot be made leaves none of the others' directories behind.
+    #[test]
+    fn a_run_made_in_part_is_removed_whole() {
+        let root = fake_root("part", false);
+        let m = V1::detect(&root, 0).unwrap().expect("fake v1 detected");
+        // cpuacct's parent becomes a file: its run directory cannot be made, whoever we are.
+        let acct = root.join("cpuacct/palisade");
+        std::fs::remove_dir_all(&acct).unwrap();
+        std::fs::write(&acct, "").unwrap();
+        assert!(m.create(&LIMITS).is_err());
+        for h in ["memory", "pids"] {
+            let left: Vec<String> = std::fs::read_dir(root.join(h).join("palisade"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| owner::is_run_name(n))
+                .collect();
+            assert!(left.is_empty(), "{h}: {left:?}");
+        }
+        std::fs::remove_dir_all(root).unwrap();
+    }
 
     #[test]
     fn create_writes_limits_in_each_hierarchy() {

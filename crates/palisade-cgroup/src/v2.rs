@@ -242,21 +242,22 @@ impl Manager for V2 {
     }
 
     fn create(&self, limits: &CgroupLimits) -> Result<Box<dyn RunCgroup>, CgroupError> {
-        let dir = make_run(|name| owner::make(&self.base.join(name)))?;
-        write_in(&dir, "memory.max", &limits.memory_bytes.to_string())?;
+        // A run from the start: if a write fails, dropping it removes the directory.
+        let mut run = V2Run {
+            dir: Some(make_run(|name| owner::make(&self.base.join(name)))?),
+            quota: None,
+        };
+        let dir = run.dir().expect("just made");
+        write_in(dir, "memory.max", &limits.memory_bytes.to_string())?;
         if dir.has("memory.swap.max") {
-            write_in(&dir, "memory.swap.max", "0")?;
+            write_in(dir, "memory.swap.max", "0")?;
         }
-        write_in(&dir, "pids.max", &limits.pids.to_string())?;
-        let mut quota = None;
+        write_in(dir, "pids.max", &limits.pids.to_string())?;
         if let (Some(q), true) = (limits.cpu_quota_us, dir.has("cpu.max")) {
-            write_in(&dir, "cpu.max", &format!("{q} {CPU_PERIOD_US}"))?;
-            quota = Some(q);
+            write_in(dir, "cpu.max", &format!("{q} {CPU_PERIOD_US}"))?;
+            run.quota = Some(q);
         }
-        Ok(Box::new(V2Run {
-            dir: Some(dir),
-            quota,
-        }))
+        Ok(Box::new(run))
     }
 
     fn clean_stale(&self) -> Vec<PathBuf> {
@@ -307,9 +308,10 @@ impl V2Run {
     }
 }
 
-/// A v2 run's `cpu.stat` (a few hundred bytes).
+/// A v2 run's `cpu.stat` (a few hundred bytes; read up to 64 KiB all the same: the CPU-time
+/// watch rests on it).
 fn cpu_stat(dir: &owner::Owned) -> String {
-    read_small(dir, "cpu.stat")
+    read_upto(dir, "cpu.stat", 64 << 10)
         .and_then(|b| String::from_utf8(b).ok())
         .unwrap_or_default()
 }
@@ -353,7 +355,7 @@ impl RunCgroup for V2Run {
     fn remove(&mut self) -> Result<(), CgroupError> {
         match self.dir.take() {
             Some(d) => {
-                let _ = std::fs::write(d.path.join("cgroup.kill"), "1");
+                let _ = write_in(&d, "cgroup.kill", "1");
                 owner::remove(d, true).map(|_| ())
             }
             None => Ok(()),

@@ -334,13 +334,15 @@ struct Kept {
     items: VecDeque<KeptOutput>,
 }
 
-/// One whole output kept: its number (in its URI), URI, what it is, session and bytes.
+/// One whole output kept: its number (in its URI), URI, what it is, session, bytes, and whether
+/// they are UTF-8 (found once, when kept).
 struct KeptOutput {
     seq: u64,
     uri: String,
     what: String,
     owner: u64,
     bytes: Arc<Vec<u8>>,
+    text: bool,
 }
 
 /// Kept outputs listed per `resources/list` page (a session may have thousands).
@@ -359,6 +361,7 @@ impl Kept {
             uri: uri.clone(),
             what: what.to_owned(),
             owner,
+            text: std::str::from_utf8(&b).is_ok(),
             bytes: Arc::new(b),
         });
         while self.bytes > KEPT_TOTAL {
@@ -379,37 +382,54 @@ impl Kept {
     }
 
     /// `owner`'s kept outputs numbered after `after`, oldest first, at most [`LIST_PAGE`], and
-    /// the number to go on after if there are more.
-    fn list(&self, owner: u64, after: u64) -> (Vec<Resource>, Option<u64>) {
-        let mut mine = self
-            .items
-            .iter()
-            .filter(|k| k.owner == owner && k.seq > after);
+    /// the number to go on after if there are more: their URI, what they are, size and whether
+    /// they are text. The items are in the order of their numbers, so a page starts with a
+    /// binary search; its `Resource`s are made by the caller, after the lock is let go.
+    fn list(&self, owner: u64, after: u64) -> (Vec<Listed>, Option<u64>) {
+        let from = self.items.partition_point(|k| k.seq <= after);
+        let mut mine = self.items.range(from..).filter(|k| k.owner == owner);
         let page: Vec<&KeptOutput> = mine.by_ref().take(LIST_PAGE).collect();
         let more = mine.next().is_some();
         let next = page.last().filter(|_| more).map(|k| k.seq);
-        let resources = page
+        let page = page
             .into_iter()
-            .map(|k| {
-                let text = std::str::from_utf8(&k.bytes).is_ok();
-                Resource::new(k.uri.clone(), format!("output {} ({})", k.seq, k.what))
-                    .with_description(format!(
-                        "The whole {} of a call of this session ({} bytes), cut in the call's \
-                         result; kept up to {} MiB for all sessions, the oldest dropped first",
-                        k.what,
-                        k.bytes.len(),
-                        KEPT_TOTAL >> 20
-                    ))
-                    .with_mime_type(if text {
-                        "text/plain"
-                    } else {
-                        "application/octet-stream"
-                    })
-                    .with_size(k.bytes.len() as u64)
+            .map(|k| Listed {
+                uri: k.uri.clone(),
+                seq: k.seq,
+                what: k.what.clone(),
+                size: k.bytes.len(),
+                text: k.text,
             })
             .collect();
-        (resources, next)
+        (page, next)
     }
+}
+
+/// What `resources/list` shows of a kept output, copied out of [`Kept`] under its lock.
+struct Listed {
+    uri: String,
+    seq: u64,
+    what: String,
+    size: usize,
+    text: bool,
+}
+
+/// A `resources/list` entry for a kept output.
+fn kept_resource(l: Listed) -> Resource {
+    Resource::new(l.uri, format!("output {} ({})", l.seq, l.what))
+        .with_description(format!(
+            "The whole {} of a call of this session ({} bytes), cut in the call's result; \
+             kept up to {} MiB for all sessions, the oldest dropped first",
+            l.what,
+            l.size,
+            KEPT_TOTAL >> 20
+        ))
+        .with_mime_type(if l.text {
+            "text/plain"
+        } else {
+            "application/octet-stream"
+        })
+        .with_size(l.size as u64)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1444,19 +1464,20 @@ impl ServerHandler for Server {
             Some(c) => c.parse::<u64>().map_err(|_| {
                 ErrorData::invalid_params(
                     format!(
-                        "cursor: `{}` is not a cursor this server gave (a `nextCursor` of an \
-                         earlier resources/list)",
+                        "cursor: `{}` is not a number; give the `nextCursor` of an earlier \
+                         resources/list",
                         palisade_service_escape(&c)
                     ),
                     None,
                 )
             })?,
         };
-        let (resources, next) = self
+        let (page, next) = self
             .kept
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .list(self.owner, after);
+        let resources = page.into_iter().map(kept_resource).collect();
         let mut r = ListResourcesResult::with_all_items(resources);
         r.next_cursor = next.map(|n| n.to_string());
         Ok(r)
@@ -1521,7 +1542,7 @@ mod tests {
         loop {
             let (page, next) = k.list(1, after);
             assert!(page.len() <= LIST_PAGE);
-            seen.extend(page);
+            seen.extend(page.into_iter().map(kept_resource));
             match next {
                 Some(n) => after = n,
                 None => break,
@@ -1532,6 +1553,7 @@ mod tests {
         assert_eq!(seen[3].size, Some(13));
         assert_eq!(seen[3].mime_type.as_deref(), Some("text/plain"));
         let (other, next) = k.list(2, 0);
+        let other: Vec<Resource> = other.into_iter().map(kept_resource).collect();
         assert_eq!(
             (other.len(), next.is_some()),
             (LIST_PAGE, true),
