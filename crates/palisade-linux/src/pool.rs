@@ -14,10 +14,11 @@
 //! attributes a thread passes to what it starts (its CPU affinity and nice value, a seccomp filter
 //! or Landlock domain of its own) are those of the thread that made the pooled thread. A job that
 //! panics ends its thread instead of returning it, whatever it left. In a process forked from
-//! one with waiting threads, the pool starts empty (those threads are not there). A thread is named [`IDLE_NAME`] from the
-//! end of its job (before the job's [`Handle`] says so) until its next, when it takes its pool's
-//! name again: a count of a process's `palisade-*` threads by name tells waiting ones from
-//! working ones.
+//! one with waiting threads, the pool starts empty (those threads are not there).
+//!
+//! A thread is named [`IDLE_NAME`] from the end of its job (before the job's [`Handle`] says so)
+//! until its next, when it takes its pool's name again: a count of a process's `palisade-*`
+//! threads by name tells waiting ones from working ones.
 
 use crate::sys;
 use std::any::Any;
@@ -220,6 +221,16 @@ mod tests {
             .collect()
     }
 
+    /// Waits until a thread of `p` waits in it (a finished job's thread goes back very soon after
+    /// its end is told).
+    fn wait_idle(p: &Pool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while p.idle.lock().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the thread never waited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn tid() -> String {
         std::fs::read_link("/proc/thread-self")
             .unwrap()
@@ -236,12 +247,7 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
-        // The thread is in the pool by the time it is waited for, or very soon after.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while P.idle.lock().unwrap().is_empty() {
-            assert!(Instant::now() < deadline, "the thread never waited");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_idle(&P);
         assert!(names().iter().any(|n| n == IDLE_NAME));
         let second = Arc::new(Mutex::new((String::new(), String::new())));
         let s = second.clone();
@@ -373,11 +379,7 @@ mod tests {
             .join()
             .unwrap();
             // Back in the pool before the next spawn.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while P.idle.lock().unwrap().is_empty() {
-                assert!(Instant::now() < deadline, "the thread never waited");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_idle(&P);
         }
         let seen = seen.lock().unwrap().clone();
         assert_eq!(
@@ -395,11 +397,7 @@ mod tests {
     fn a_forked_child_starts_with_an_empty_pool() {
         static P: Pool = Pool::new(c"palisade-t6");
         P.spawn(|| {}).unwrap().join().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while P.idle.lock().unwrap().is_empty() {
-            assert!(Instant::now() < deadline, "the thread never waited");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_idle(&P);
         #[allow(unsafe_code)]
         // SAFETY: the child uses the pool (glibc's fork leaves its allocator usable), then exits;
         // the parent gives up on it after a while rather than hang.
