@@ -257,7 +257,7 @@ pub struct FileIn {
 
 /// Most files one run may be given.
 pub const MAX_FILES_IN: usize = 4096;
-/// Most bytes the files' names and records may take in a run's request ([`in_files_size`]): they
+/// Most bytes the files' names and records may take in a run's request (`in_files_size`): they
 /// travel with the program in a template's request, which is bounded (160 KiB in all).
 pub const MAX_FILES_IN_BYTES: usize = 64 << 10;
 

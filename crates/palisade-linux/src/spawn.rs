@@ -147,9 +147,9 @@ pub struct Outcome {
     /// Times answering refused calls was paused because it had used the sandbox's CPU share.
     pub refusals_throttled: u64,
     /// Without egress: where `connect` calls were going (TCP and UDP, IPv4 and IPv6; at most
-    /// [`MAX_ATTEMPTS`] destinations), in the order first seen.
+    /// `MAX_ATTEMPTS` destinations), in the order first seen.
     pub attempts: Vec<Attempt>,
-    /// Attempts to destinations past [`MAX_ATTEMPTS`], counted only.
+    /// Attempts to destinations past `MAX_ATTEMPTS`, counted only.
     pub attempts_dropped: u64,
     /// The filter showed the supervisor every `socket` and `socketpair` of the run (a sandbox
     /// without egress), and there was none: the run left its network namespace as it found it.
@@ -298,7 +298,7 @@ fn pidfd_signal(pidfd: RawFd, sig: i32) -> io::Result<()> {
     sys::pidfd_send_signal(pidfd, sig).map_err(io::Error::from_raw_os_error)
 }
 
-/// A host id claimed for one root-launched run: a byte of [`ID_LOCK_FILE`] locked for as long
+/// A host id claimed for one root-launched run: a byte of `ID_LOCK_FILE` locked for as long
 /// as this lives.
 pub struct IdLease {
     _lock: OwnedFd,
@@ -510,7 +510,7 @@ pub(crate) fn write_proc(pid: i32, file: &'static str, data: &str) -> Result<(),
 
 /// Called with the sandbox init's host pid after its namespaces exist, while init builds the
 /// filesystem view, before the payload starts: it prepares the run's cgroup and either moves init
-/// in itself (cgroup v2) or returns up to [`sys::MAX_FDS`] files (cgroup v1 `tasks`) through which
+/// in itself (cgroup v2) or returns up to `sys::MAX_FDS` files (cgroup v1 `tasks`) through which
 /// init moves itself in, which is much cheaper. Every process of the sandbox then starts inside.
 pub type BeforeStart<'a> = &'a dyn Fn(i32) -> io::Result<Vec<File>>;
 

@@ -595,7 +595,7 @@ impl Template {
         self.ahead.lock().unwrap_or_else(|p| p.into_inner()).0.pop()
     }
 
-    /// Asks for runs' inits ahead until [`AHEAD`] are ready or asked for: call it once a run
+    /// Asks for runs' inits ahead until `AHEAD` are ready or asked for: call it once a run
     /// has started (the zygote and the new init then work while the run's payload does, not
     /// before the run's caller hears that it started). Runs that call it at the same time ask
     /// for no more than that between them. A failure is not this run's: the next run asks for

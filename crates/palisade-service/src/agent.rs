@@ -4,7 +4,7 @@
 //!
 //! It first makes itself non-dumpable (so that a process it starts, same uid, cannot read or
 //! write its memory or take its descriptors through `/proc`), moves its control socket (fd 0) to
-//! a close-on-exec descriptor and puts `/dev/null` at fd 0, then serves [`proto`](crate::proto)
+//! a close-on-exec descriptor and puts `/dev/null` at fd 0, then serves [`proto`]
 //! requests until the server closes the socket. Files are opened one component at a time with
 //! `O_NOFOLLOW` (a symlink anywhere on the path fails), with `O_NONBLOCK` (a fifo cannot block
 //! it), and only regular files are read or replaced.

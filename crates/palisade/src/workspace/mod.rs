@@ -5,7 +5,7 @@
 //! on a private tmpfs of the sandbox, capped like the scratch tmpfs (`limits.scratch_size`) and
 //! charged to the sandbox's memory: the project itself is never written, and nothing the code
 //! writes reaches the host's disk while it runs. After the run, once nothing of the sandbox is
-//! left, the supervisor reads the upper layer ([`capture`]) and keeps it as a *change set* in a
+//! left, the supervisor reads the upper layer (`capture`) and keeps it as a *change set* in a
 //! [`Store`] on the host: `meta.json` (what the run was, a summary), `entries.jsonl` (one
 //! [`Entry`] per changed path, in tree order) and `data` (the new contents, one after another).
 //! The change set is bounded by the tmpfs it came from: at most the cap in bytes and
