@@ -172,17 +172,20 @@ pub(crate) fn start(
     // of each warm payload it forks.
     let py = unsafe { sys::Python::start(library, python) }
         .map_err(|(index, e)| (Step::WarmPython, index, e))?;
-    // What every run's start needs, then the configured modules.
-    for (i, m) in [c"os", c"signal"]
+    // What every run's start and end use (see `END`), then the configured modules. A failure
+    // names a configured module by its index; one of the first four, none.
+    let first = [c"os", c"signal", c"types", c"weakref"];
+    for (i, m) in first
         .into_iter()
         .chain(modules.iter().map(|m| m.as_c_str()))
         .enumerate()
     {
         if !py.import(m) {
-            return Err((Step::WarmImport, i.saturating_sub(2) as u32, libc::ENOENT));
+            let index = i.checked_sub(first.len()).map_or(u32::MAX, |i| i as u32);
+            return Err((Step::WarmImport, index, libc::ENOENT));
         }
     }
-    // How a run ends (END), and every object made so far frozen out of the collector's reach:
+    // A run's start and end (END), and every object made so far frozen out of the collector's reach:
     // a collection in a run then never touches (and so never copies) the template's pages.
     if !py.run(END) {
         return Err((Step::WarmPython, 9, libc::EINVAL));
@@ -207,12 +210,44 @@ fn threads(proc: c_int) -> Result<u32, i32> {
         .ok_or(libc::EIO)
 }
 
-/// What the interpreter runs before a run's code, in a function so that `__main__` gets none of
-/// its names: the run's environment into `os.environ` (the C `environ` is already the run's),
-/// `''` first on `sys.path` (as for `python3 -c`), Python's usual signal dispositions (the
-/// payload steps reset every signal to its default), line buffering on a terminal.
-const BOOTSTRAP: &CStr = c"def _palisade_bootstrap():
-    import os, signal, sys, types
+/// The function of the template's interpreter (`sys.` this) that a run calls before its code
+/// (see `END`, which defines it).
+const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
+
+/// Defines, in the template's interpreter, what a run calls before its code and how it ends.
+///
+/// Before: `bootstrap`, in a function so that `__main__` gets none of its names and compiled
+/// once here (not per run): a fresh `__main__`, the run's environment into `os.environ` (the C
+/// `environ` is already the run's), `''` first on `sys.path` (as for `python3 -c`), Python's
+/// usual signal dispositions (the payload steps reset every signal to its default), line
+/// buffering on a terminal. The modules it and the end use (`os`, `signal`, `types`, `weakref`)
+/// are the template's, imported before this: a run imports none of them itself.
+///
+/// The end: what `Py_FinalizeEx` does that a program can see, for the run's own objects, without
+/// tearing down the whole interpreter (which writes to every object the template imported, and so
+/// copies most of its pages: ~6 ms a run, more than the rest of it). In CPython's order: wait for
+/// the non-daemon threads, the `atexit` handlers, flush the standard streams and every text file
+/// of the run still open (see below), then every global of
+/// `__main__` and of each module the run imported is set to `None` (names with one leading
+/// underscore first), which closes the files they held and runs their `__del__`, a collection (of
+/// the run's objects only: the template's are frozen), the standard streams flushed again; then
+/// the process exits with the code's status, or 120 if a flush failed, as `python3 -c` does.
+/// Modules the template imported keep their globals, as they were before the run
+/// (docs/engine.md, "How a warm run ends").
+///
+/// The text files are flushed before the collection because a collection finalizes a cycle's
+/// objects in no defined order: a text file (`io.TextIOWrapper`) whose buffer object is finalized
+/// first finds it closed and loses what it had not written. Which comes first depends on where
+/// the collector's lists hold them, which any allocation earlier in the process moves; a file held
+/// by the globals of `__main__` or of a module the run imported is in such a cycle as soon as a
+/// class or function of that module is.
+const END: &CStr = c"import sys
+_palisade_ns = {'__builtins__': __builtins__}
+exec('''
+import gc, io, os, signal, sys, types, weakref
+before = frozenset(sys.modules)
+def bootstrap():
+    del sys._palisade_bootstrap
     old = sys.modules['__main__']
     main = types.ModuleType('__main__')
     for k, v in old.__dict__.items():
@@ -235,25 +270,6 @@ const BOOTSTRAP: &CStr = c"def _palisade_bootstrap():
     for s in (sys.stdout, sys.stderr):
         if s is not None and s.isatty():
             s.reconfigure(line_buffering=True)
-_palisade_bootstrap()
-del _palisade_bootstrap
-";
-
-/// Defines, in the template's interpreter, how a run ends: what `Py_FinalizeEx` does that a
-/// program can see, for the run's own objects, without tearing down the whole interpreter (which
-/// writes to every object the template imported, and so copies most of its pages: ~6 ms a run,
-/// more than the rest of it). In CPython's order: wait for the non-daemon threads, the `atexit`
-/// handlers, flush the standard streams, then every global of `__main__` and of each module the
-/// run imported is set to `None` (names with one leading underscore first), which closes the
-/// files they held and runs their `__del__`, a collection (of the run's objects only: the
-/// template's are frozen), the standard streams flushed again; then the process exits with the
-/// code's status, or 120 if a flush failed, as `python3 -c` does. Modules the template imported
-/// keep their globals, as they were before the run (docs/engine.md, "How a warm run ends").
-const END: &CStr = c"import sys
-_palisade_ns = {'__builtins__': __builtins__}
-exec('''
-import gc, sys
-before = frozenset(sys.modules)
 def flush():
     ok = True
     for f in (sys.stdout, sys.stderr):
@@ -264,7 +280,6 @@ def flush():
             ok = False
     return ok
 def end(status):
-    import os, weakref
     threading = sys.modules.get('threading')
     shutdown = getattr(threading, '_shutdown', None)
     del threading
@@ -274,6 +289,14 @@ def end(status):
     import atexit
     atexit._run_exitfuncs()
     ok = flush()
+    for o in gc.get_objects():
+        if isinstance(o, io.TextIOWrapper):
+            try:
+                if not o.closed:
+                    o.flush()
+            except BaseException:
+                pass
+    o = None
     names = ['__main__'] + [n for n in list(sys.modules) if n not in before]
     refs = []
     for n in names:
@@ -301,6 +324,7 @@ def end_ok():
 def end_failed():
     end(1)
 ''', _palisade_ns)
+sys._palisade_bootstrap = _palisade_ns['bootstrap']
 sys._palisade_end_ok = _palisade_ns['end_ok']
 sys._palisade_end_failed = _palisade_ns['end_failed']
 del _palisade_ns, sys

@@ -164,7 +164,7 @@ fn warm_error(m: &Msg, wp: &WarmPython) -> Option<SetupError> {
             "import {} in the warm interpreter (warm_python.modules; is it installed for {}?)",
             wp.modules
                 .get(m.index as usize)
-                .map_or("os, signal", |s| s.as_str()),
+                .map_or("os, signal, types, weakref", |s| s.as_str()),
             wp.real.display()
         ),
         Step::WarmThreads => format!(

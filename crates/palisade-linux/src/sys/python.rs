@@ -131,7 +131,8 @@ impl Python {
 
     /// In a fork of the process that started the interpreter: `PyOS_AfterFork_Child`, then
     /// `sys.argv` = `[argv[1]] + argv[3..]` (`-c` and the arguments, as `python3 -c` has it),
-    /// `sys._palisade_env` = `envp` as bytes, `bootstrap` run, then `argv[2]` (the code) run.
+    /// `sys._palisade_env` = `envp` as bytes, the function `sys.<bootstrap>` called (the
+    /// template's, compiled once), then `argv[2]` (the code) run.
     /// The code's result (0: no uncaught exception); `Err` if the setup before it failed.
     /// `argv` holds at least three strings.
     pub fn run_command(
@@ -174,7 +175,7 @@ impl Python {
             }
             (py.decref)(argv_py);
             (py.decref)(env);
-            if (py.run_simple)(bootstrap.as_ptr(), std::ptr::null_mut()) != 0 {
+            if !py.call_sys(bootstrap) {
                 return Err(());
             }
             Ok((py.run_simple)(argv[2].as_ptr(), std::ptr::null_mut()))
