@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start-up benchmark: palisade against bubblewrap, `unshare` with all namespaces, sandlock (when
 # bench/setup-peers.sh installed it) and bare exec, side by side in one run; then throughput with
-# 1 and nproc callers, palisade's warm engine (a template) among the rows; then Python `print(1)`
-# runs/s: a bare loop, cold palisade, a template and a warm-Python template (bench/warm_python.py).
+# 1, nproc and 2x nproc callers, palisade's warm engine (a template) among the rows; then Python
+# `print(1)` runs/s: a bare loop, cold palisade, a template and a warm-Python template (bench/warm_python.py).
 # Usage: bench/startup.sh [--quick] [--out DIR] [--no-throughput]
 # Needs root (for `unshare --map-root-user` parity) and hyperfine + bwrap (.ci/setup installs them).
 set -euo pipefail

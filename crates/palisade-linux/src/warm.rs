@@ -290,7 +290,7 @@ def end(status):
     atexit._run_exitfuncs()
     ok = flush()
     for o in gc.get_objects():
-        if isinstance(o, io.TextIOWrapper):
+        if issubclass(type(o), io.TextIOWrapper):
             try:
                 if not o.closed:
                     o.flush()
