@@ -188,7 +188,7 @@ pub(crate) fn start(
     // A run's start and end (END), and every object made so far frozen out of the collector's reach:
     // a collection in a run then never touches (and so never copies) the template's pages.
     if !py.run(END) {
-        return Err((Step::WarmPython, 9, libc::EINVAL));
+        return Err((Step::WarmPython, END_FAILED, libc::EINVAL));
     }
     let threads = threads(proc).map_err(|e| (Step::WarmThreads, 0, e))?;
     if threads != 1 {
@@ -210,6 +210,9 @@ fn threads(proc: c_int) -> Result<u32, i32> {
         .ok_or(libc::EIO)
 }
 
+/// The index of a `Step::WarmPython` failure that is END's (0 and 1 are `Python::start`'s).
+pub(crate) const END_FAILED: u32 = 9;
+
 /// The function of the template's interpreter (`sys.` this) that a run calls before its code
 /// (see `END`, which defines it).
 const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
@@ -226,8 +229,9 @@ const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
 /// The end: what `Py_FinalizeEx` does that a program can see, for the run's own objects, without
 /// tearing down the whole interpreter (which writes to every object the template imported, and so
 /// copies most of its pages: ~6 ms a run, more than the rest of it). In CPython's order: wait for
-/// the non-daemon threads, the `atexit` handlers, flush the standard streams and every text file
-/// of the run still open (see below), then every global of
+/// the non-daemon threads, the `atexit` handlers, flush the standard streams (the original ones
+/// too, if the run replaced them) and every file of the run still open (see below), then every
+/// global of
 /// `__main__` and of each module the run imported is set to `None` (names with one leading
 /// underscore first), which closes the files they held and runs their `__del__`, a collection (of
 /// the run's objects only: the template's are frozen), the standard streams flushed again; then
@@ -235,17 +239,20 @@ const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
 /// Modules the template imported keep their globals, as they were before the run
 /// (docs/engine.md, "How a warm run ends").
 ///
-/// The text files are flushed before the collection because a collection finalizes a cycle's
-/// objects in no defined order: a text file (`io.TextIOWrapper`) whose buffer object is finalized
-/// first finds it closed and loses what it had not written. Which comes first depends on where
-/// the collector's lists hold them, which any allocation earlier in the process moves; a file held
-/// by the globals of `__main__` or of a module the run imported is in such a cycle as soon as a
-/// class or function of that module is.
+/// The run's files (text and buffered binary) are flushed before the collection because a
+/// collection finalizes a cycle's objects in no defined order: a text file (`io.TextIOWrapper`)
+/// whose buffer object is finalized first finds it closed and loses what it had not written, and
+/// so does a buffered one whose raw file goes first. Which comes first depends on where the
+/// collector's lists hold them, which any allocation earlier in the process moves; a file held by
+/// the globals of `__main__` or of a module the run imported is in such a cycle as soon as a class
+/// or function of that module is. Nothing in the search may end the run: a failure (memory) is
+/// passed over, as the file's own finalizer would be.
 const END: &CStr = c"import sys
 _palisade_ns = {'__builtins__': __builtins__}
 exec('''
 import gc, io, os, signal, sys, types, weakref
 before = frozenset(sys.modules)
+files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair)
 def bootstrap():
     del sys._palisade_bootstrap
     old = sys.modules['__main__']
@@ -272,7 +279,7 @@ def bootstrap():
             s.reconfigure(line_buffering=True)
 def flush():
     ok = True
-    for f in (sys.stdout, sys.stderr):
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if f is not None and not f.closed:
                 f.flush()
@@ -289,13 +296,16 @@ def end(status):
     import atexit
     atexit._run_exitfuncs()
     ok = flush()
-    for o in gc.get_objects():
-        if issubclass(type(o), io.TextIOWrapper):
-            try:
-                if not o.closed:
-                    o.flush()
-            except BaseException:
-                pass
+    try:
+        for o in gc.get_objects():
+            if issubclass(type(o), files):
+                try:
+                    if not o.closed:
+                        o.flush()
+                except BaseException:
+                    pass
+    except BaseException:
+        pass
     o = None
     names = ['__main__'] + [n for n in list(sys.modules) if n not in before]
     refs = []

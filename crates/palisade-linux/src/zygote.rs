@@ -156,6 +156,11 @@ fn warm_error(m: &Msg, wp: &WarmPython) -> Option<SetupError> {
             "load and start {} (warm_python.library)",
             wp.library.display()
         ),
+        Step::WarmPython if m.index == warm::END_FAILED => format!(
+            "define how runs start and end in the warm interpreter of {} (a module of \
+             warm_python.modules may have replaced one of the standard library's)",
+            wp.real.display()
+        ),
         Step::WarmPython => format!(
             "find CPython's C API in {} (warm_python.library)",
             wp.library.display()

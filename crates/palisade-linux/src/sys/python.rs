@@ -22,6 +22,7 @@ pub struct Python {
     bytes_from: unsafe extern "C" fn(*const c_char, isize) -> *mut c_void,
     decode_fs: unsafe extern "C" fn(*const c_char) -> *mut c_void,
     decref: unsafe extern "C" fn(*mut c_void),
+    incref: unsafe extern "C" fn(*mut c_void),
     sys_get_object: unsafe extern "C" fn(*const c_char) -> *mut c_void,
     call_object: unsafe extern "C" fn(*mut c_void, *mut c_void) -> *mut c_void,
     err_print: unsafe extern "C" fn(),
@@ -81,6 +82,7 @@ impl Python {
                 bytes_from: sym(lib, c"PyBytes_FromStringAndSize")?,
                 decode_fs: sym(lib, c"PyUnicode_DecodeFSDefault")?,
                 decref: sym(lib, c"Py_DecRef")?,
+                incref: sym(lib, c"Py_IncRef")?,
                 sys_get_object: sym(lib, c"PySys_GetObject")?,
                 call_object: sym(lib, c"PyObject_CallObject")?,
                 err_print: sym(lib, c"PyErr_Print")?,
@@ -193,14 +195,17 @@ impl Python {
     /// Calls `sys.NAME()` from C, with no Python frame under it (so no module's globals are held
     /// by the call); whether it returned without an exception (which is printed).
     pub fn call_sys(&self, name: &CStr) -> bool {
-        // SAFETY: as in `run`; PySys_GetObject returns a borrowed reference (or NULL), the call's
-        // result is a new reference, released.
+        // SAFETY: as in `run`; PySys_GetObject returns a borrowed reference (or NULL), held as
+        // our own for the call (the function may remove itself from `sys`); the call's result is
+        // a new reference, released.
         unsafe {
             let f = (self.sys_get_object)(name.as_ptr());
             if f.is_null() {
                 return false;
             }
+            (self.incref)(f);
             let r = (self.call_object)(f, std::ptr::null_mut());
+            (self.decref)(f);
             if r.is_null() {
                 (self.err_print)();
                 return false;
