@@ -910,15 +910,21 @@ fn hand_over_mount_ns(plan: &Plan, go: c_int) {
         let Op::Tmpfs { path, .. } = op else {
             continue;
         };
-        let mut abs = Vec::with_capacity(path.as_bytes().len() + 2);
-        if !path.as_bytes().starts_with(b"/") {
-            abs.push(b'/');
+        // On the stack, not the heap: in the in-process engine init is a clone of a process
+        // that may have had other threads, one of which may have held the allocator's lock.
+        let p = path.as_bytes();
+        let mut buf = [0u8; libc::PATH_MAX as usize + 2];
+        let lead = usize::from(!p.starts_with(b"/"));
+        let end = lead + p.len();
+        if end >= buf.len() {
+            return;
         }
-        abs.extend_from_slice(path.as_bytes());
-        let Ok(abs) = std::ffi::CString::new(abs) else {
+        buf[0] = b'/';
+        buf[lead..end].copy_from_slice(p);
+        let Ok(abs) = std::ffi::CStr::from_bytes_with_nul(&buf[..=end]) else {
             return;
         };
-        match sys::fs_used(&abs) {
+        match sys::fs_used(abs) {
             Ok((b, f)) => {
                 bytes = bytes.saturating_add(b);
                 files = files.saturating_add(f);

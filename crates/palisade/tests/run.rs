@@ -243,6 +243,56 @@ fn two_hundred_runs_from_tokio_half_cancelled_leave_nothing_behind() {
     assert_back_to(&before);
 }
 
+/// With the in-process engine a run's init is a clone of its caller, which may have other
+/// threads: from the clone to its end init must not allocate (a thread may have held the
+/// allocator's lock at that moment, and init would wait for it for ever). Two threads allocate
+/// without pause while runs start one after the other; every run ends on its own, none at its
+/// deadline (init had allocated at its very end, and a run hung until its timeout now and then).
+#[test]
+fn in_process_runs_beside_allocating_threads_end_on_their_own() {
+    let _g = serial();
+    let sb = Sandbox::builder()
+        .command(["/bin/true"])
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    // One arena for every thread: the allocating threads then take the lock of the arena the
+    // starting thread (and so its clone) uses. Threads made earlier keep theirs; the test's own
+    // do not exist yet.
+    // SAFETY: mallopt with a valid parameter; it only bounds the arenas made from now on.
+    assert_eq!(unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) }, 1);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammers: Vec<_> = (0..2)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let v: Vec<u8> = Vec::with_capacity(16 + (n * 37 + i) % 4000);
+                    std::hint::black_box(&v);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let mut bad = Vec::new();
+    for _ in 0..400 {
+        let out = sb.output();
+        if out.report.status != Status::Ok {
+            bad.push(format!(
+                "{:?} after {} ms",
+                out.report.status, out.report.wall_time_ms
+            ));
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hammers {
+        h.join().unwrap();
+    }
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
 /// Output nobody reads holds the payload back, never the deadline: a payload writing without end
 /// into a stalled consumer still ends at its timeout, within the drain grace.
 #[test]
