@@ -185,8 +185,8 @@ pub(crate) fn start(
             return Err((Step::WarmImport, index, libc::ENOENT));
         }
     }
-    // A run's start and end (END), and every object made so far frozen out of the collector's reach:
-    // a collection in a run then never touches (and so never copies) the template's pages.
+    // A run's start and end (END), and every object made so far frozen out of the collector's
+    // reach: a collection in a run then never touches (and so never copies) the template's pages.
     if !py.run(END) {
         return Err((Step::WarmPython, END_FAILED, libc::EINVAL));
     }
@@ -231,11 +231,11 @@ const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
 /// copies most of its pages: ~6 ms a run, more than the rest of it). In CPython's order: wait for
 /// the non-daemon threads, the `atexit` handlers, flush the standard streams (the original ones
 /// too, if the run replaced them) and every file of the run still open (see below), then every
-/// global of
-/// `__main__` and of each module the run imported is set to `None` (names with one leading
-/// underscore first), which closes the files they held and runs their `__del__`, a collection (of
-/// the run's objects only: the template's are frozen), the standard streams flushed again; then
-/// the process exits with the code's status, or 120 if a flush failed, as `python3 -c` does.
+/// global of `__main__` and of each module the run imported is set to `None` (names with one
+/// leading underscore first), which closes the files they held and runs their `__del__`, a
+/// collection (of the run's objects only: the template's are frozen), the standard streams
+/// flushed again; then the process exits with the code's status, or 120 if a flush failed, as
+/// `python3 -c` does.
 /// Modules the template imported keep their globals, as they were before the run
 /// (docs/engine.md, "How a warm run ends").
 ///
