@@ -937,6 +937,7 @@ fn hand_over_mount_ns(plan: &Plan, go: c_int) {
     }
     if let Ok(ns) = sys::openat(libc::AT_FDCWD, c"/proc/self/ns/mnt", libc::O_RDONLY, 0) {
         let _ = sys::send_fds(go, b'm', &[ns.as_raw_fd()]);
+        sys::close_owned(ns);
     }
 }
 
