@@ -184,6 +184,10 @@ case "$config" in
 cgroup-v2)
     step "root:report" check_report as_root
     suite palisade_cgroup v2_kernel stale_kernel limits library boundary cli
+    # A session's execs in cgroups of their own (the run's processes moved into a leaf first):
+    # the server's OOM tests, on the v2 kernel.
+    step "root:server-oom" as_root "$T/server" --quiet oom
+    step "user:server-oom" as_user "$T/server" --quiet oom
     step "user:report" check_report as_user
     ;;
 no-userns)

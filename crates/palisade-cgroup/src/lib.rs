@@ -13,10 +13,15 @@
 //! What a run's cgroup does not hold within its memory ceiling on a given host (socket buffers on
 //! cgroup v1, say) is listed by [`RunCgroup::gaps`], for the report.
 //!
+//! A session's execs (programs started one after another inside one running sandbox) can each
+//! have a child of the run's cgroup ([`RunCgroup::exec_cgroup`], the `exec` module): the run's
+//! limits hold over them together, and each counts its own OOM kills.
+//!
 //! File writes plus two system calls through rustix (`flock`, `getrandom`); the root of the
 //! hierarchies is injectable, so the writers and the cleanup are tested on a temporary directory.
 #![forbid(unsafe_code)]
 
+mod exec;
 mod owner;
 mod v1;
 mod v2;
@@ -25,6 +30,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
+pub use exec::MAX_EXEC_CGROUPS;
 pub use v1::V1;
 pub use v2::{PROCS_LEAF, V2};
 
@@ -182,6 +188,27 @@ pub trait RunCgroup: Send {
     /// processes are gone is not waited for: this process keeps it locked and retries at its next
     /// run, or, if it exits first, the next supervisor's stale cleanup removes it.
     fn remove(&mut self) -> Result<(), CgroupError>;
+    /// A cgroup of its own, under this one, for one program started inside the running sandbox
+    /// (a session's exec), so that what the kernel counts (an OOM kill) is that program's alone
+    /// (the `exec` module). `Ok(None)` where this run cannot give one: the host's hierarchy, or
+    /// [`MAX_EXEC_CGROUPS`] still there.
+    fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
+        Ok(None)
+    }
+}
+
+/// The cgroup of one exec of a session, under its run's (see [`RunCgroup::exec_cgroup`]): the
+/// run's limits hold over it; it counts its own OOM kills. Dropping it removes its directory, at
+/// once or, while processes the exec left still run there, once they are gone.
+pub trait ExecCgroup: Send + Sync {
+    /// The directory's name, under the run's.
+    fn name(&self) -> &str;
+    /// Files, opened for writing and close-on-exec, into which the exec's first process writes
+    /// `0` to move itself in before it starts the program (v1 `tasks`, v2 `cgroup.procs`): the
+    /// kernel checks the credentials they were opened with, not the writer's.
+    fn join_files(&self) -> Result<Vec<std::fs::File>, CgroupError>;
+    /// OOM kills of processes in this cgroup so far.
+    fn oom_kills(&self) -> u64;
 }
 
 /// Makes a run's directories with `make` (one per hierarchy, each locked) under a fresh name,

@@ -201,6 +201,19 @@ fn is_busy(e: &std::io::Error) -> bool {
     Errno::from_io_error(e) == Some(Errno::BUSY)
 }
 
+/// Removes a run's directory; if the kernel says it is busy, removes its child cgroups (a
+/// session's exec cgroups, a v2 run's leaf: `crate::exec`) and tries once more. A run without
+/// children costs one `rmdir`, as before.
+fn remove_run_dir(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir(path) {
+        Err(e) if is_busy(&e) => {
+            crate::exec::remove_children(path);
+            std::fs::remove_dir(path)
+        }
+        r => r,
+    }
+}
+
 /// Removes a run directory (its processes gone). While the kernel reports it busy, retries for a
 /// few milliseconds if `wait`, then keeps it locked on a list the process's next run retries.
 /// Returns whether it is gone (`false`: kept for later).
@@ -210,7 +223,7 @@ pub(crate) fn remove(o: Owned, wait: bool) -> Result<bool, CgroupError> {
         if pause > 0 {
             std::thread::sleep(Duration::from_micros(pause));
         }
-        match std::fs::remove_dir(&o.path) {
+        match remove_run_dir(&o.path) {
             Ok(()) => return Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
             Err(e) if is_busy(&e) => {}
@@ -240,7 +253,7 @@ fn defer(o: Owned) {
 /// many are still waiting.
 pub(crate) fn retry_pending() -> usize {
     let mut p = pending();
-    p.retain(|o| match std::fs::remove_dir(&o.path) {
+    p.retain(|o| match remove_run_dir(&o.path) {
         Ok(()) => false,
         Err(e) => is_busy(&e),
     });
@@ -275,7 +288,7 @@ pub(crate) fn clean(parents: &[&Path], kill_file: Option<&str>) -> Vec<PathBuf> 
                 let kill = std::fs::OpenOptions::new().write(true).open(path.join(k));
                 let _ = kill.and_then(|mut f| std::io::Write::write_all(&mut f, b"1"));
             }
-            match std::fs::remove_dir(&path) {
+            match remove_run_dir(&path) {
                 Ok(()) => removed.push(path),
                 Err(e) if is_busy(&e) => defer(Owned { path, _lock: f }),
                 Err(_) => {}

@@ -157,6 +157,7 @@ impl V1 {
             made: Vec::new(),
             gaps: Vec::new(),
             sockets_counted: false,
+            children: std::sync::OnceLock::new(),
         };
         run.memory = run.place(Some(self.memory.join(name)))?.unwrap_or_default();
         run.pids = run.place(Some(self.pids.join(name)))?.unwrap_or_default();
@@ -270,6 +271,8 @@ struct V1Run {
     gaps: Vec<Gap>,
     /// Whether socket buffers are counted (`memory.kmem.tcp.limit_in_bytes` written).
     sockets_counted: bool,
+    /// The cgroups of a session's execs, children of the memory directory, once asked for.
+    children: std::sync::OnceLock<std::sync::Arc<exec::Children>>,
 }
 
 /// A nanosecond count in a cpuacct file.
@@ -344,16 +347,20 @@ impl RunCgroup for V1Run {
         let sockets = self
             .sockets_counted
             .then(|| read_number(memory, "memory.kmem.tcp.max_usage_in_bytes"));
+        let stats = read_stats(
+            memory,
+            ["memory.max_usage_in_bytes", "memory.oom_control"],
+            pids,
+            "pids.peak",
+            self.quota,
+            cpu,
+        );
         CgroupStats {
             socket_memory_peak: sockets.flatten(),
-            ..read_stats(
-                memory,
-                ["memory.max_usage_in_bytes", "memory.oom_control"],
-                pids,
-                "pids.peak",
-                self.quota,
-                cpu,
-            )
+            // A v1 memory cgroup counts a kill only where the process was, not in its parents:
+            // the kills of the execs' own cgroups are added.
+            oom_kills: stats.oom_kills + self.children.get().map_or(0, |c| c.oom_total()),
+            ..stats
         }
     }
 
@@ -367,6 +374,24 @@ impl RunCgroup for V1Run {
 
     fn gaps(&self) -> &[Gap] {
         &self.gaps
+    }
+
+    fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
+        let Some(memory) = self.dir(self.memory) else {
+            return Ok(None);
+        };
+        let c = match self.children.get() {
+            Some(c) => c.clone(),
+            None => {
+                let made = std::sync::Arc::new(exec::Children::new(
+                    memory,
+                    "memory.oom_control",
+                    "tasks",
+                )?);
+                self.children.get_or_init(|| made).clone()
+            }
+        };
+        c.make()
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {

@@ -246,6 +246,7 @@ impl Manager for V2 {
         let mut run = V2Run {
             dir: Some(make_run(|name| owner::make(&self.base.join(name)))?),
             quota: None,
+            exec: std::sync::Mutex::new(None),
         };
         let dir = run.dir().expect("just made");
         write_in(dir, "memory.max", &limits.memory_bytes.to_string())?;
@@ -300,11 +301,72 @@ struct V2Run {
     /// The run's directory, locked; `None` once removed.
     dir: Option<owner::Owned>,
     quota: Option<u64>,
+    /// The cgroups of a session's execs: not asked for yet, or made ready (`Some(Some)`), or
+    /// found impossible in this run (`Some(None)`).
+    exec: std::sync::Mutex<Option<Option<std::sync::Arc<exec::Children>>>>,
 }
+
+/// Rounds of moving the run's processes into its leaf before giving up on exec cgroups (each
+/// round moves what it found; only a process started meanwhile makes another round).
+const LEAF_ROUNDS: usize = 8;
 
 impl V2Run {
     fn dir(&self) -> Option<&owner::Owned> {
         self.dir.as_ref()
+    }
+
+    /// Readies the run for exec cgroups (see the `exec` module): its processes (the sandbox's
+    /// init and agent) move into the leaf [`PROCS_LEAF`], then the run's cgroup enables the
+    /// memory controller for its children, which the kernel allows only once it holds no process
+    /// itself. A process started meanwhile is moved in the next round.
+    fn ready_children(&self) -> Result<exec::Children, CgroupError> {
+        use std::io::Write;
+        let dir = self.dir().ok_or_else(|| CgroupError::Io {
+            op: "make an exec cgroup in",
+            path: PathBuf::from("a removed run cgroup"),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        })?;
+        let leaf = dir.path.join(PROCS_LEAF);
+        match rustix::fs::mkdirat(
+            dir.dir_fd(),
+            PROCS_LEAF,
+            rustix::fs::Mode::from_raw_mode(0o700),
+        ) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io_at("create", &leaf)(e.into())),
+        }
+        let to = format!("{PROCS_LEAF}/cgroup.procs");
+        let mut dst = dir.open(&to, true).map_err(io_at("open", &leaf))?;
+        for _ in 0..LEAF_ROUNDS {
+            // The sandbox's processes, bounded by its pids ceiling; read whole or not at all.
+            let procs = read_upto(dir, "cgroup.procs", 1 << 20).ok_or_else(|| {
+                io_at("read", &dir.path.join("cgroup.procs"))(io::Error::other(
+                    "unreadable, or over 1 MiB",
+                ))
+            })?;
+            let text = String::from_utf8_lossy(&procs);
+            let pids: Vec<&str> = text.split_whitespace().collect();
+            if pids.is_empty() {
+                match write_in(dir, "cgroup.subtree_control", "+memory") {
+                    Ok(()) => return exec::Children::new(dir, "memory.events", "cgroup.procs"),
+                    // A process came in between: another round.
+                    Err(CgroupError::Io { ref source, .. })
+                        if Errno::from_io_error(source) == Some(Errno::BUSY) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            for p in pids {
+                // One pid a write; a process that exited meanwhile is skipped.
+                match dst.write_all(p.as_bytes()) {
+                    Ok(()) => {}
+                    Err(e) if Errno::from_io_error(&e) == Some(Errno::SRCH) => {}
+                    Err(e) => return Err(io_at("move a process into", &leaf)(e)),
+                }
+            }
+        }
+        Err(io_at("empty", &dir.path)(io::Error::other(format!(
+            "processes kept coming in over {LEAF_ROUNDS} rounds of moving them into {PROCS_LEAF}"
+        ))))
     }
 }
 
@@ -350,6 +412,30 @@ impl RunCgroup for V2Run {
 
     fn gaps(&self) -> &[Gap] {
         v2_gaps()
+    }
+
+    /// The first one moves the run's processes into a leaf and gives the memory controller to
+    /// the run's children ([`V2Run::ready_children`]); if that fails, no exec of this run gets
+    /// one, and the error says why once.
+    fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
+        let mut st = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+        let c = match &*st {
+            Some(Some(c)) => c.clone(),
+            Some(None) => return Ok(None),
+            None => match self.ready_children() {
+                Ok(c) => {
+                    let c = std::sync::Arc::new(c);
+                    *st = Some(Some(c.clone()));
+                    c
+                }
+                Err(e) => {
+                    *st = Some(None);
+                    return Err(e);
+                }
+            },
+        };
+        drop(st);
+        c.make()
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {

@@ -299,12 +299,16 @@ fn a_run_cgroup_still_busy_is_not_waited_for_but_removed_later() {
     let parent = memory_parent(&private.root);
     let mut run = m.create(&LIMITS).unwrap();
     let name = run_dirs(&parent).pop().unwrap();
-    // A cgroup with a child cgroup is busy for rmdir (EBUSY), as one whose last member is still
-    // being torn down is, on v1 and v2 alike (v2's cgroup.kill cannot empty this one): what the
-    // run thread waited ~0.9 s per hierarchy for before. Now removal returns after a few ms, and
-    // the directory stays, locked by this process.
+    // A cgroup with a child cgroup that has a child of its own is busy for rmdir (EBUSY), as
+    // one whose last member is still being torn down is, on v1 and v2 alike (v2's cgroup.kill
+    // cannot empty this one): what the run thread waited ~0.9 s per hierarchy for before. Now
+    // removal returns after a few ms, and the directory stays, locked by this process. (A run's
+    // own children, a session's exec cgroups, are one level deep and removed with it once empty:
+    // two levels stand for one that will not go yet.)
     let child = parent.join(&name).join("busy");
+    let inner = child.join("inner");
     std::fs::create_dir(&child).unwrap();
+    std::fs::create_dir(&inner).unwrap();
     let t = std::time::Instant::now();
     run.remove().unwrap();
     eprintln!(
@@ -319,8 +323,8 @@ fn a_run_cgroup_still_busy_is_not_waited_for_but_removed_later() {
         "the busy directory was let go: another cleaner could take it for stale while it is ours"
     );
     drop(other);
-    // Once it is no longer busy, this process's next run removes it.
-    std::fs::remove_dir(&child).unwrap();
+    // Once it is no longer busy, this process's next run removes it, its empty child first.
+    std::fs::remove_dir(&inner).unwrap();
     drop(m.create(&LIMITS).unwrap());
     assert_eq!(run_dirs(&parent), Vec::<String>::new());
 }

@@ -6,14 +6,14 @@
 mod common;
 
 use common::serve::{
-    assert_nothing_held, held, request, send, serve_on, wait_until, zygotes_of, Reap, Resp, Server,
-    POLICY,
+    assert_nothing_held, held, request, send, serve_on, wait_until, within, zygotes_of, Reap, Resp,
+    Server, POLICY,
 };
 use common::{ci_tool, host_pids_with, palisade_bin, unique, TempDir};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 #[test]
@@ -1882,6 +1882,197 @@ fn a_sessions_execs_report_their_own_oom_and_cpu() {
     });
     assert!(r["result"]["cpu_time_ms"].as_f64().unwrap() >= 290.0, "{r}");
     assert_eq!(r["result"]["oom_kills"], 0, "{r}");
+    let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
+    assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
+    assert_nothing_held(s.pid());
+}
+
+/// A streamed exec (NDJSON or SSE) whose client stays connected but stops reading still ends at
+/// its deadline: the output it cannot hand over past the deadline is dropped, not waited on (it
+/// held the exec, and its deadline, for as long as the client held the connection).
+#[test]
+fn a_streamed_exec_whose_client_stops_reading_ends_at_its_deadline() {
+    let s = Server::start(POLICY, &[]);
+    let id = s.post("/v1/sandboxes", &json!({})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for mode in ["stream", "sse"] {
+        let marker = unique("unread");
+        let body = json!({"command": ["sh", "-c", format!("yes {marker}")], "timeout_ms": 1000, "mode": mode});
+        let held = s.send(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            body.to_string().as_bytes(),
+        );
+        wait_until("the exec runs", || !host_pids_with(&marker).is_empty());
+        wait_until("the exec is killed at its deadline", || {
+            host_pids_with(&marker).is_empty()
+        });
+        wait_until("the session knows", || {
+            s.get(&format!("/v1/sandboxes/{id}")).json()["running"] == json!([])
+        });
+        drop(held);
+    }
+    assert_eq!(
+        s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").status,
+        200
+    );
+    assert_nothing_held(s.pid());
+}
+
+/// The runs the server has finished, every status and engine together.
+fn runs_total(s: &Server) -> u64 {
+    s.get("/metrics")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("palisade_runs_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A batch whose client stops reading stops too: a run's result waits for the client with the
+/// batch's place held, so at most a few results (the batch's concurrency, one, waiting to be
+/// sent, and one in the channel and the connection) are held for it, not the whole batch's.
+#[test]
+fn a_batch_whose_client_stops_reading_holds_no_more_than_its_concurrency() {
+    let s = Server::start(POLICY, &[]);
+    let before = runs_total(&s);
+    let run = json!({"command": ["sh", "-c", "head -c 4000000 /dev/zero"]});
+    let body = json!({"runs": vec![run; 40], "concurrency": 1});
+    let held = s.send("POST", "/v1/run/batch", body.to_string().as_bytes());
+    wait_until("the batch has started", || runs_total(&s) > before);
+    // Time for the rest of the batch, had it gone on without the client (40 runs take ~1 s
+    // here); the bound below holds whatever the time.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let done = runs_total(&s) - before;
+    assert!(
+        done <= 4,
+        "{done} runs of 40 finished for a client that reads nothing"
+    );
+    drop(held);
+    assert_nothing_held(s.pid());
+}
+
+/// The `exec-*` cgroups of the server `pid`'s runs, each with the processes in it (every
+/// hierarchy; on v1 they are in the memory hierarchy only).
+fn exec_cgroups(pid: u32) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().into_owned();
+            let in_run = d
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&format!("run-{pid}-")));
+            if in_run && name.starts_with("exec-") {
+                let procs =
+                    std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+                found.push((e.path().display().to_string(), procs.lines().count()));
+            } else if d.components().count() < 8 {
+                stack.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+/// Two execs of one session at the same time: one killed by the OOM killer, the other by a
+/// `SIGKILL` of its own sent once the first was dead. Each exec has a cgroup of its own, so the
+/// first is `oom` with its kill and the second `signal` with none (counted from the session's
+/// cgroup, as before, the second read as `oom` too). An exec's cgroup goes when the exec ends,
+/// unless it left a process running there: then it stays until that process is gone, here until
+/// the session goes, which leaves nothing.
+#[test]
+fn concurrent_execs_of_a_session_count_their_own_oom_kills() {
+    let s = Server::start(POLICY, &[]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20}}),
+        )
+        .json();
+    let id = info["id"].as_str().unwrap().to_owned();
+    let background = |cmd: Value| {
+        let r = s
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                &json!({"command": cmd, "mode": "background"}),
+            )
+            .json();
+        r["id"].as_u64().unwrap_or_else(|| panic!("{r}"))
+    };
+    let result = |n: u64| {
+        let mut r = Value::Null;
+        wait_until("a background exec ends", || {
+            r = s.get(&format!("/v1/sandboxes/{id}/exec/{n}")).json();
+            !r["result"].is_null()
+        });
+        r["result"].clone()
+    };
+    // B waits for A's pid, then for A to be gone, then kills itself.
+    let b = background(json!([
+        "sh",
+        "-c",
+        "while [ ! -s a.pid ]; do sleep 0.05; done; p=$(cat a.pid); \
+         while kill -0 $p 2>/dev/null; do sleep 0.05; done; kill -9 $$"
+    ]));
+    let a = background(json!([
+        "sh",
+        "-c",
+        "echo $$ > a.pid; exec python3 -c 'x = bytearray(400 << 20)\nx[::4096] = b\"x\" * len(x[::4096])'"
+    ]));
+    let (ra, rb) = (result(a), result(b));
+    assert_eq!(
+        (ra["status"].as_str(), ra["signal"].as_i64()),
+        (Some("oom"), Some(9)),
+        "{ra}"
+    );
+    assert!(ra["oom_kills"].as_u64().unwrap() >= 1, "{ra}");
+    assert_eq!(
+        (
+            rb["status"].as_str(),
+            rb["signal"].as_i64(),
+            rb["oom_kills"].as_u64()
+        ),
+        (Some("signal"), Some(9), Some(0)),
+        "{rb}"
+    );
+    // C leaves a process running in its cgroup; D's start removes A's and B's, D's own goes as
+    // it ends: C's alone is left, with its process.
+    let exec = |cmd: Value| {
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": cmd}),
+        )
+        .json()
+    };
+    // (The exec ends once its process left its process group, which its end would kill.)
+    let c = exec(json!([
+        "sh",
+        "-c",
+        "setsid sh -c 'echo $$ > c.pid; exec sleep 1000' </dev/null >/dev/null 2>&1 & \
+         while [ ! -s c.pid ]; do sleep 0.05; done; echo left"
+    ]));
+    assert_eq!(c["status"], "ok", "{c}");
+    let d = exec(json!(["true"]));
+    assert_eq!(d["status"], "ok", "{d}");
+    let mut left = Vec::new();
+    let one = within(
+        "only the cgroup of the exec that left a process is there",
+        std::time::Duration::from_secs(30),
+        || {
+            left = exec_cgroups(s.pid());
+            left.len() == 1 && left[0].1 == 1
+        },
+    );
+    assert!(one, "{left:?}");
     let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
     assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
     assert_nothing_held(s.pid());

@@ -454,6 +454,39 @@ pub fn replace_file_at(dir: &File, name: &std::ffi::OsStr, data: &[u8]) -> io::R
     Err(io::Error::other("no free temporary name for the report"))
 }
 
+/// Whether the child of a [`join_cgroups_before_exec`] command entered its cgroups.
+#[derive(Debug)]
+pub struct Joined {
+    /// Read end of a pipe into which the child writes a byte for a cgroup it could not enter.
+    failures: OwnedFd,
+}
+
+impl Joined {
+    /// After the spawn returned (the child has exec'd its program, or failed to): whether it
+    /// entered every cgroup. A child writes before its exec, so the answer is there by then.
+    pub fn all(&self) -> bool {
+        let mut b = [0u8; 1];
+        // Non-blocking: no byte (and the write end still open in the command) is success too.
+        !matches!(sys::read(self.failures.as_raw_fd(), &mut b), Ok(1))
+    }
+}
+
+/// Has `cmd`'s child move itself into the cgroups of `files` before it execs its program: it
+/// writes `0` into each, as a cgroup's `tasks` (v1) or `cgroup.procs` (v2) file, which the
+/// supervisor opened and whose opener's credentials the kernel checks, not the child's. Everything
+/// the program starts is then in them from the start. The descriptors are close-on-exec, so the
+/// program never holds them. A write that fails leaves the child where it was (its program still
+/// runs) and [`Joined::all`] says so.
+pub fn join_cgroups_before_exec(
+    cmd: &mut std::process::Command,
+    files: Vec<OwnedFd>,
+) -> io::Result<Joined> {
+    let (r, w) = sys::pipe().map_err(io::Error::from_raw_os_error)?;
+    sys::set_nonblocking(r.as_raw_fd()).map_err(io::Error::from_raw_os_error)?;
+    sys::write_zero_before_exec(cmd, files, w);
+    Ok(Joined { failures: r })
+}
+
 #[cfg(test)]
 mod tests {
     /// One component, ending in `.blocked`, and distinct for distinct paths.

@@ -68,9 +68,11 @@ pub fn main() -> i32 {
     let mut input = UnixStream::from(sock);
     loop {
         let mut prefix = [0u8; 8];
-        if input.read_exact(&mut prefix).is_err() {
-            break; // the server closed the socket: the end
-        }
+        // Descriptors the server sends (an exec's cgroup) come with a frame's first bytes.
+        let fds = match read_prefix(&input, &mut prefix) {
+            Ok(fds) => fds,
+            Err(_) => break, // the server closed the socket: the end
+        };
         let (h, d) = match proto::lengths(&prefix, proto::MAX_DATA) {
             Ok(l) => l,
             Err(e) => {
@@ -90,10 +92,45 @@ pub fn main() -> i32 {
                 return 125;
             }
         };
-        agent.handle(req, data);
+        agent.handle(req, data, fds);
     }
     // Whatever is still running dies with the sandbox when this payload ends.
     0
+}
+
+/// Most descriptors the agent takes with one frame; more are closed by the kernel.
+const MAX_FRAME_FDS: usize = 4;
+
+/// Reads a frame's 8-byte prefix, with the descriptors that came with its first bytes
+/// (close-on-exec). An error or the end of the stream before the whole prefix is an error.
+fn read_prefix(sock: &UnixStream, prefix: &mut [u8; 8]) -> std::io::Result<Vec<OwnedFd>> {
+    let mut fds = Vec::new();
+    let mut n = 0;
+    while n < prefix.len() {
+        let mut space =
+            [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FRAME_FDS))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let got = match rustix::net::recvmsg(
+            sock,
+            &mut [std::io::IoSliceMut::new(&mut prefix[n..])],
+            &mut control,
+            rustix::net::RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for m in control.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(r) = m {
+                fds.extend(r);
+            }
+        }
+        if got == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        n += got;
+    }
+    Ok(fds)
 }
 
 struct Agent {
@@ -148,7 +185,7 @@ impl Agent {
         }
     }
 
-    fn handle(&self, req: Request, data: Vec<u8>) {
+    fn handle(&self, req: Request, data: Vec<u8>, fds: Vec<OwnedFd>) {
         let id = req.id();
         let r = match req {
             Request::Write { path, mode, .. } => self.write(&path, mode, &data),
@@ -162,6 +199,7 @@ impl Agent {
                             pid: None,
                             skipped: None,
                             truncated: false,
+                            joined: None,
                         },
                         &bytes,
                         &[],
@@ -179,6 +217,7 @@ impl Agent {
                             pid: None,
                             skipped: None,
                             truncated,
+                            joined: None,
                         },
                         &[],
                         &[],
@@ -190,8 +229,16 @@ impl Agent {
             Request::Remove {
                 path, recursive, ..
             } => self.remove(&path, recursive),
-            Request::Exec { argv, env, cwd, .. } => {
-                if let Err(Fail(code, message)) = self.exec(id, argv, env, &cwd) {
+            Request::Exec {
+                argv,
+                env,
+                cwd,
+                join,
+                ..
+            } => {
+                // The descriptors of the exec's cgroup came with its frame, if it has one.
+                let join = if join { fds } else { Vec::new() };
+                if let Err(Fail(code, message)) = self.exec(id, argv, env, &cwd, join) {
                     self.send(
                         &Event::Err {
                             id,
@@ -214,6 +261,7 @@ impl Agent {
                             pid: None,
                             skipped: Some(skipped),
                             truncated: false,
+                            joined: None,
                         },
                         &bytes,
                         &[],
@@ -232,6 +280,7 @@ impl Agent {
                     pid: None,
                     skipped: None,
                     truncated: false,
+                    joined: None,
                 },
                 &[],
                 &[],
@@ -451,6 +500,7 @@ impl Agent {
         argv: Vec<String>,
         env: Vec<(String, String)>,
         cwd: &str,
+        join: Vec<OwnedFd>,
     ) -> Result<(), Fail> {
         let Some(prog) = argv.first() else {
             return Err(Fail("invalid", "an empty command".into()));
@@ -475,6 +525,13 @@ impl Agent {
             .stdout(std::process::Stdio::from(out_w))
             .stderr(std::process::Stdio::from(err_w))
             .process_group(0);
+        // The exec's own cgroup, entered by its process before the program starts.
+        let joined = if join.is_empty() {
+            None
+        } else {
+            let j = palisade::agent::join_cgroups_before_exec(&mut cmd, join);
+            Some(j.map_err(|e| Fail("io", format!("cannot prepare the exec's cgroup: {e}")))?)
+        };
         let t0 = Instant::now();
         let mut child = cmd.spawn().map_err(|e| {
             let code = match e.kind() {
@@ -486,6 +543,7 @@ impl Agent {
         })?;
         // The Command holds the child's ends; drop them so that end of file reaches the server.
         drop(cmd);
+        let joined = joined.map(|j| j.all());
         let pid = child.id() as i32;
         self.execs
             .lock()
@@ -498,6 +556,7 @@ impl Agent {
                 pid: Some(pid),
                 skipped: None,
                 truncated: false,
+                joined,
             },
             &[],
             &[in_w.as_fd(), out_r.as_fd(), err_r.as_fd()],

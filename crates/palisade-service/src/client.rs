@@ -11,7 +11,7 @@
 //! (a `signal` queued behind a long file operation is given that operation's time too).
 
 use crate::proto::{self, Entry, Event, Request};
-use rustix::fd::OwnedFd;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +23,8 @@ use tokio::sync::oneshot;
 
 /// Most descriptors that may wait for their frame.
 const MAX_PENDING_FDS: usize = 16;
+/// Most descriptors the server sends with one frame (an exec's cgroup: one file on v1 and v2).
+const MAX_SENT_FDS: usize = 4;
 /// How long the agent may take to answer a control call (start a program, send a signal): it
 /// does either at once, so missing this means it is stopped or broken.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(20);
@@ -45,6 +47,8 @@ pub enum Reply {
         skipped: Option<u64>,
         /// A listing cut to what fits in one frame.
         truncated: bool,
+        /// An exec's: whether its process entered the cgroups it was given.
+        joined: Option<bool>,
     },
     /// Failed, with the agent's code and message.
     Err { code: String, message: String },
@@ -124,6 +128,8 @@ pub struct Exec {
     pub stdout: pipe::Receiver,
     pub stderr: pipe::Receiver,
     pub exit: oneshot::Receiver<Exit>,
+    /// Whether its process entered the cgroups it was given (`false` when none were).
+    pub joined: bool,
 }
 
 impl AgentConn {
@@ -194,6 +200,16 @@ impl AgentConn {
     /// plus this call's own allowance. Past it the agent is taken for broken (see the module's
     /// doc): the connection is gone and every call fails.
     pub async fn call(&self, req: Request, data: &[u8]) -> Result<Reply, Lost> {
+        self.call_fds(req, data, &[]).await
+    }
+
+    /// [`AgentConn::call`] with descriptors that go with the request's frame.
+    async fn call_fds(
+        &self,
+        req: Request,
+        data: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Reply, Lost> {
         let id = req.id();
         let (tx, rx) = oneshot::channel();
         if self.is_dead() {
@@ -213,7 +229,7 @@ impl AgentConn {
             deadline
         };
         let exchange = async {
-            self.send(&req, data).await?;
+            self.send(&req, data, fds).await?;
             rx.await.map_err(|_| self.lost())
         };
         match tokio::time::timeout_at(deadline, exchange).await {
@@ -230,24 +246,53 @@ impl AgentConn {
         }
     }
 
-    async fn send(&self, req: &Request, data: &[u8]) -> Result<(), Lost> {
+    /// Writes `req`'s frame with `data`; `fds` go with its first bytes (`SCM_RIGHTS`).
+    async fn send(&self, req: &Request, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Lost> {
         let frame = proto::encode(req, data);
         let mut w = self.writer.lock().await;
-        match w.as_mut() {
-            Some(w) => w
-                .write_all(&frame)
-                .await
-                .map_err(|e| Lost(format!("writing to the agent: {e}"))),
-            None => Err(Lost("the connection to the agent is closed".into())),
+        let Some(w) = w.as_mut() else {
+            return Err(Lost("the connection to the agent is closed".into()));
+        };
+        let lost = |e: std::io::Error| Lost(format!("writing to the agent: {e}"));
+        let mut sent = 0;
+        if !fds.is_empty() {
+            let stream: &tokio::net::UnixStream = w.as_ref();
+            sent = loop {
+                stream.writable().await.map_err(lost)?;
+                let r = stream.try_io(Interest::WRITABLE, || {
+                    let mut space = [std::mem::MaybeUninit::<u8>::uninit();
+                        rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
+                    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
+                        return Err(std::io::Error::other("too many descriptors for one frame"));
+                    }
+                    rustix::net::sendmsg(
+                        stream,
+                        &[std::io::IoSlice::new(&frame)],
+                        &mut control,
+                        rustix::net::SendFlags::NOSIGNAL,
+                    )
+                    .map_err(std::io::Error::from)
+                });
+                match r {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(lost(e)),
+                }
+            };
         }
+        w.write_all(&frame[sent..]).await.map_err(lost)
     }
 
-    /// Starts `argv`; the exit's receiver is registered before the request goes out.
+    /// Starts `argv`; the exit's receiver is registered before the request goes out. Its
+    /// process enters the cgroups of `join` (files opened for writing: an exec's cgroup) before
+    /// it starts the program.
     pub async fn exec(
         &self,
         argv: Vec<String>,
         env: Vec<(String, String)>,
         cwd: String,
+        join: &[std::fs::File],
     ) -> Result<Result<Exec, (String, String)>, Lost> {
         let id = self.id();
         let (etx, erx) = oneshot::channel();
@@ -256,7 +301,15 @@ impl AgentConn {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, etx);
-        let reply = self.call(Request::Exec { id, argv, env, cwd }, &[]).await;
+        let fds: Vec<BorrowedFd<'_>> = join.iter().map(|f| f.as_fd()).collect();
+        let req = Request::Exec {
+            id,
+            argv,
+            env,
+            cwd,
+            join: !join.is_empty(),
+        };
+        let reply = self.call_fds(req, &[], &fds).await;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => return Err(e),
@@ -265,6 +318,7 @@ impl AgentConn {
             Reply::Ok {
                 pid: Some(pid),
                 fds,
+                joined,
                 ..
             } if fds.len() == 3 => {
                 let mut it = fds.into_iter();
@@ -283,6 +337,8 @@ impl AgentConn {
                     stdout,
                     stderr,
                     exit: erx,
+                    // What the agent says of it: the exec's own count is used only then.
+                    joined: !join.is_empty() && joined == Some(true),
                 }))
             }
             Reply::Ok { .. } => Err(Lost(
@@ -406,6 +462,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
             pid,
             skipped,
             truncated,
+            joined,
         } => {
             // An exec's reply takes the three descriptors that came with it; any other reply
             // takes none (and a stray descriptor is closed when the queue is dropped or trimmed).
@@ -427,6 +484,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                     fds: mine,
                     skipped,
                     truncated,
+                    joined,
                 });
             }
         }

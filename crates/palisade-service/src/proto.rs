@@ -54,6 +54,10 @@ pub enum Request {
         env: Vec<(String, String)>,
         /// Relative working directory; empty: the sandbox's working directory.
         cwd: String,
+        /// The frame carries descriptors of the exec's cgroup (files opened by the server for
+        /// writing): the program's process writes `0` into each before its exec, to enter it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        join: bool,
     },
     /// Send `signal` to the process group of the exec `exec`.
     Signal { id: u64, exec: u64, signal: i32 },
@@ -102,6 +106,9 @@ pub enum Event {
         /// holds the first ones by name.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         truncated: bool,
+        /// For an exec asked to `join`: whether its process entered every cgroup it was given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        joined: Option<bool>,
     },
     /// The request `id` failed.
     Err {

@@ -136,6 +136,14 @@ impl Held {
         self.run.as_ref().and_then(|r| r.oom_kills())
     }
 
+    /// A cgroup of its own for one exec (see [`Run::exec_cgroup`]).
+    pub(crate) fn exec_cgroup(&self) -> Result<Option<palisade::ExecCgroup>, String> {
+        match self.run.as_ref() {
+            Some(r) => r.exec_cgroup(),
+            None => Ok(None),
+        }
+    }
+
     pub(crate) fn kill(&self) {
         if let Some(r) = &self.run {
             r.kill();
@@ -741,8 +749,12 @@ impl Service {
                         t0.elapsed().as_secs_f64(),
                         result.report.as_ref(),
                     );
-                    drop((lp, gp));
+                    // The server's slot goes back at once; the batch's own place only once the
+                    // result is handed on, so that a client that stops reading stops the batch
+                    // (at most `conc` results wait for it) instead of piling results up.
+                    drop(gp);
                     let _ = tx.send(api::BatchLine { index, result }).await;
+                    drop(lp);
                 });
                 while set.try_join_next().is_some() {}
             }
@@ -866,7 +878,10 @@ pub(crate) struct Captured {
 
 /// Runs one stage through the agent and reads its pipes, keeping its deadline and output cap.
 async fn stage(conn: &AgentConn, s: &StagePlan, stdin: Vec<u8>) -> Result<Stage, ServiceError> {
-    let exec = match conn.exec(s.argv.clone(), Vec::new(), String::new()).await {
+    let exec = match conn
+        .exec(s.argv.clone(), Vec::new(), String::new(), &[])
+        .await
+    {
         Ok(Ok(e)) => e,
         Ok(Err((code, message))) => return Err(exec_error(&code, &message)),
         Err(e) => return Err(ServiceError::internal(format!("the agent: {}", e.0))),
@@ -972,11 +987,11 @@ pub(crate) async fn capture(
         tokio::select! {
             r = exec.stdout.read(&mut ob), if out_open => match r {
                 Ok(0) | Err(_) => out_open = false,
-                Ok(n) => keep(&mut c, false, &ob[..n], cap, tap).await,
+                Ok(n) => keep(&mut c, false, &ob[..n], cap, tap, deadline).await,
             },
             r = exec.stderr.read(&mut eb), if err_open => match r {
                 Ok(0) | Err(_) => err_open = false,
-                Ok(n) => keep(&mut c, true, &eb[..n], cap, tap).await,
+                Ok(n) => keep(&mut c, true, &eb[..n], cap, tap, deadline).await,
             },
             e = async { exit_rx.as_mut().expect("guarded").await }, if exit_rx.is_some() => {
                 exit_rx = None;
@@ -1012,12 +1027,16 @@ pub(crate) async fn capture(
     c
 }
 
+/// Keeps a chunk of output, or hands it to `tap` (a streamed exec). A streaming client that
+/// does not read holds the hand-over only until the exec's `deadline`: past it the chunk is
+/// dropped, so that the deadline still kills the exec (the caller's loop acts on it next).
 async fn keep(
     c: &mut Captured,
     err: bool,
     b: &[u8],
     cap: u64,
     tap: Option<&tokio::sync::mpsc::Sender<(bool, Vec<u8>)>>,
+    deadline: tokio::time::Instant,
 ) {
     let used = (c.stdout.len() + c.stderr.len()) as u64 + c.streamed;
     let room = cap.saturating_sub(used) as usize;
@@ -1032,7 +1051,7 @@ async fn keep(
         // Streamed bytes are counted against the cap, not kept.
         Some(t) => {
             c.streamed += take.len() as u64;
-            let _ = t.send((err, take.to_vec())).await;
+            let _ = tokio::time::timeout_at(deadline, t.send((err, take.to_vec()))).await;
         }
         None if err => c.stderr.extend_from_slice(take),
         None => c.stdout.extend_from_slice(take),

@@ -134,10 +134,32 @@ impl Execs {
     }
 }
 
+/// How an exec's OOM kills are counted.
+enum OomCount {
+    /// In a cgroup of its own, which its process entered before the program started: exact.
+    Own(palisade::ExecCgroup),
+    /// From the session's cgroup, whose count at the exec's start this is (`None`: no cgroup):
+    /// with other execs at the same time, a kill counted meanwhile may have been another's.
+    Session(Option<u64>),
+}
+
 impl Session {
     /// The OOM kills the session's cgroup has counted so far.
     async fn oom_kills(&self) -> Option<u64> {
         self.held.lock().await.as_ref().and_then(|h| h.oom_kills())
+    }
+
+    /// A cgroup of its own for the next exec, or `None` (the reason logged): the exec's kills
+    /// are then counted from the session's cgroup.
+    async fn exec_cgroup(&self) -> Option<palisade::ExecCgroup> {
+        let r = match self.held.lock().await.as_ref() {
+            Some(h) => h.exec_cgroup(),
+            None => Ok(None),
+        };
+        r.unwrap_or_else(|why| {
+            tracing::warn!(session = %self.id, why, "execs get no cgroup of their own");
+            None
+        })
     }
 
     fn touch(&self) {
@@ -576,12 +598,12 @@ impl Service {
     /// exec still leaves the session's running list when it ends.
     pub async fn exec(&self, id: &str, req: api::ExecRequest) -> Result<Stage, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
+        let (e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let (svc, s2) = (self.clone(), s.clone());
         let kept = tokio::spawn(async move {
             let mut c = capture(&s2.conn, e, stdin, timeout, cap, None).await;
-            let stage = svc.exec_ended(&s2, eid, &mut c, oom0).await;
+            let stage = svc.exec_ended(&s2, eid, &mut c, oom).await;
             (c, stage)
         });
         let (c, stage) = kept
@@ -610,7 +632,7 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecStream, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        let (e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
+        let (e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let (tx, rx) = tokio::sync::mpsc::channel::<ExecEvent>(16);
         let (ctx, mut crx) = tokio::sync::mpsc::channel::<(bool, Vec<u8>)>(16);
@@ -641,8 +663,10 @@ impl Service {
         tokio::spawn(async move {
             let mut c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
             drop(ctx);
+            // The exec is over (its process is gone) whether or not the client reads: it leaves
+            // the session's running list now, and its exit follows what is still to send.
+            let result = svc.exec_ended(&s, eid, &mut c, oom).await;
             let _ = fwd.await;
-            let result = svc.exec_ended(&s, eid, &mut c, oom0).await;
             let _ = tx.send(ExecEvent::Exit { result }).await;
         });
         Ok(rx)
@@ -655,7 +679,7 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecInfo, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        let (mut e, oom0) = self.start_exec(&s, argv, env, cwd).await?;
+        let (mut e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let pipe = Arc::new(tokio::sync::Mutex::new(e.stdin.take()));
         if !stdin.is_empty() {
@@ -678,7 +702,7 @@ impl Service {
         let s2 = s.clone();
         tokio::spawn(async move {
             let mut c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
-            let result = svc.exec_ended(&s2, eid, &mut c, oom0).await;
+            let result = svc.exec_ended(&s2, eid, &mut c, oom).await;
             drop(c);
             s2.execs
                 .lock()
@@ -844,18 +868,32 @@ impl Service {
         argv: Vec<String>,
         env: Vec<(String, String)>,
         cwd: String,
-    ) -> Result<(crate::client::Exec, Option<u64>), ServiceError> {
-        // The session cgroup's OOM kills before the exec, for the exec's own count.
+    ) -> Result<(crate::client::Exec, OomCount), ServiceError> {
+        // The exec's own cgroup, which its process enters before the program starts; failing
+        // that, the session cgroup's OOM kills before the exec, for the exec's count.
+        let own = s.exec_cgroup().await;
+        let join = match own.as_ref().map(|c| c.join_files()) {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                tracing::warn!(session = %s.id, error = %e, "an exec's cgroup cannot be joined");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
         let oom0 = s.oom_kills().await;
-        match s.conn.exec(argv, env, cwd).await {
+        match s.conn.exec(argv, env, cwd, &join).await {
             Ok(Ok(e)) => {
+                let oom = match own {
+                    Some(c) if e.joined => OomCount::Own(c),
+                    _ => OomCount::Session(oom0),
+                };
                 s.count.fetch_add(1, Ordering::Relaxed);
                 s.running
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(e.id);
                 self.inner.metrics.exec();
-                Ok((e, oom0))
+                Ok((e, oom))
             }
             Ok(Err((code, message))) => Err(exec_error(&code, &message)),
             Err(e) => Err(ServiceError::gone(
@@ -865,21 +903,25 @@ impl Service {
         }
     }
 
-    /// An exec ended: its result, with the OOM kills the session's cgroup counted since `oom0`
-    /// (read before it started). A program killed by `SIGKILL` that the server did not send
-    /// (not its deadline, nor its output cap) while the cgroup counted a kill died of memory:
-    /// `oom`. The OOM killer counts its kill as it sends it, before the program can be seen to
-    /// end, so the count read after the end holds it.
+    /// An exec ended: its result, with its OOM kills: those its own cgroup counted, or, where
+    /// it has none, those the session's cgroup counted since it started. A program killed by
+    /// `SIGKILL` that the server did not send (not its deadline, nor its output cap) while its
+    /// count rose died of memory: `oom`. The OOM killer counts its kill as it sends it, before
+    /// the program can be seen to end, so the count read after the end holds it.
     async fn exec_ended(
         &self,
         s: &Arc<Session>,
         eid: u64,
         c: &mut crate::run::Captured,
-        oom0: Option<u64>,
+        oom: OomCount,
     ) -> Stage {
         let mut stage = stage_of(c);
-        if let (Some(a), Some(b)) = (oom0, s.oom_kills().await) {
-            let n = b.saturating_sub(a);
+        let n = match oom {
+            // Read, then let go: its directory goes once what the exec left there is gone.
+            OomCount::Own(cg) => Some(cg.oom_kills()),
+            OomCount::Session(a) => a.zip(s.oom_kills().await).map(|(a, b)| b.saturating_sub(a)),
+        };
+        if let Some(n) = n {
             stage.oom_kills = Some(n);
             if n > 0 && stage.status == api::RunStatus::Signal && stage.signal == Some(9) {
                 stage.status = api::RunStatus::Oom;

@@ -30,13 +30,19 @@ pub use report::{
     Layer, Report, Status, EXIT_CANNOT_EXECUTE, EXIT_LIMIT, EXIT_NOT_FOUND, EXIT_SANDBOX_ERROR,
 };
 pub use sandbox::{
-    in_files_fit, Chunk, Engine, FileIn, Io, NetNotify, Output, Run, RunKiller, Sandbox, Stdin,
-    Stream, Template, WarmPython, WorkspaceOptions, MAX_FILES_IN,
+    in_files_fit, Chunk, Engine, ExecCgroup, FileIn, Io, NetNotify, Output, Run, RunKiller,
+    Sandbox, Stdin, Stream, Template, WarmPython, WorkspaceOptions, MAX_FILES_IN,
 };
 
 /// The engine hook of a program that can serve as palisade's init program (docs/engine.md).
 pub mod engine {
     pub use palisade_linux::engine::{run_if_init, InitProgram, INIT_PROGRAM_ENV};
+}
+
+/// For a session's agent (a program inside the sandbox that starts others): its programs enter
+/// the cgroups of their exec before they start ([`Run::exec_cgroup`]).
+pub mod agent {
+    pub use palisade_linux::host::{join_cgroups_before_exec, Joined};
 }
 
 /// A front end's own terminal and signals (the CLI's): raw mode restored on drop, and signals

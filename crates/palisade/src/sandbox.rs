@@ -318,6 +318,24 @@ impl Run {
             .map(|c| c.stats().oom_kills)
     }
 
+    /// A cgroup of its own, under the run's, for one program that something inside the sandbox
+    /// starts on the caller's behalf (a session's exec, through its agent): the run's limits hold
+    /// over it, and it counts its own OOM kills, so that two programs at once are told apart
+    /// (palisade-cgroup's `exec` module). The program's process enters it before its exec
+    /// ([`crate::agent::join_cgroups_before_exec`] with [`ExecCgroup::join_files`]).
+    /// `Ok(None)` where the run has none to give: no cgroup (waived), the run over, or
+    /// [`palisade_cgroup::MAX_EXEC_CGROUPS`] still there; `Err` says why it could not be made.
+    pub fn exec_cgroup(&self) -> Result<Option<ExecCgroup>, String> {
+        let cg = self.shared.cgroup.lock().unwrap_or_else(|p| p.into_inner());
+        match cg.as_ref() {
+            Some(c) => c
+                .exec_cgroup()
+                .map(|e| e.map(ExecCgroup))
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
     /// The write end of the payload's stdin ([`Stdin::Pipe`]), once.
     pub fn take_stdin(&mut self) -> Option<File> {
         self.stdin.take()
@@ -327,6 +345,35 @@ impl Run {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The cgroup of one program started inside a run's sandbox ([`Run::exec_cgroup`]). Dropping it
+/// removes its directory, at once or, while processes the program left still run there, once
+/// they are gone (at the latest with the run).
+pub struct ExecCgroup(Box<dyn palisade_cgroup::ExecCgroup>);
+
+impl ExecCgroup {
+    /// Its directory's name under the run's cgroup.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// Files (opened for writing, close-on-exec) into which the program's process writes `0` to
+    /// enter, before its exec.
+    pub fn join_files(&self) -> std::io::Result<Vec<File>> {
+        self.0.join_files().map_err(std::io::Error::other)
+    }
+
+    /// OOM kills of its processes so far.
+    pub fn oom_kills(&self) -> u64 {
+        self.0.oom_kills()
+    }
+}
+
+impl std::fmt::Debug for ExecCgroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ExecCgroup").field(&self.0.name()).finish()
     }
 }
 

@@ -628,3 +628,31 @@ pub fn volatile_zero(b: &mut [u8]) {
         unsafe { std::ptr::write_volatile(x, 0) };
     }
 }
+
+/// Has `cmd`'s child, after its fork and before its exec, write one byte `0` into each of `fds`,
+/// and a byte into `failed` for each write that fails. The command holds the descriptors until it
+/// is dropped.
+pub fn write_zero_before_exec(
+    cmd: &mut std::process::Command,
+    fds: Vec<std::os::fd::OwnedFd>,
+    failed: std::os::fd::OwnedFd,
+) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let raw: Vec<c_int> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let fail = failed.as_raw_fd();
+    let held = (fds, failed);
+    // SAFETY: the closure runs in the forked child before its exec and only calls write(2) on
+    // descriptors the closure itself keeps open: it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _ = &held;
+            for &fd in &raw {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    libc::write(fail, b"x".as_ptr().cast(), 1);
+                }
+            }
+            Ok(())
+        });
+    }
+}

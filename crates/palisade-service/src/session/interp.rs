@@ -399,7 +399,7 @@ impl Service {
             env.retain(|(n, _)| n != k);
             env.push((k.clone(), v.clone()));
         }
-        let e = match s.conn.exec(argv, env, ctx.cwd.clone()).await {
+        let e = match s.conn.exec(argv, env, ctx.cwd.clone(), &[]).await {
             Ok(Ok(e)) => e,
             Ok(Err((code, message))) => return Err(crate::run::exec_error(&code, &message)),
             Err(e) => {
