@@ -6,7 +6,7 @@
 
 use anyhow::Context;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -119,6 +119,57 @@ struct App {
 
 /// An answer that is an error.
 struct ApiError(ServiceError);
+
+/// The URL path's parameters (`{id}`, `{path}`), as axum's `Path`, except that a path it
+/// cannot decode (a segment that is not UTF-8 once percent-decoded) answers as every other
+/// error does: JSON naming the field, not axum's plain text.
+struct Path<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(e) => Err(ApiError(ServiceError::invalid(
+                "path",
+                parts.uri.path(),
+                format!(
+                    "a URL path whose segments are UTF-8 once percent-decoded ({})",
+                    e.body_text()
+                ),
+            ))),
+        }
+    }
+}
+
+/// The query string, as axum's `Query`, with its rejection (a parameter given twice, say) an
+/// error in JSON naming the field.
+struct Query<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(e) => Err(ApiError(ServiceError::invalid(
+                "query",
+                parts.uri.query().unwrap_or_default(),
+                format!(
+                    "the documented parameters, each at most once ({})",
+                    e.body_text()
+                ),
+            ))),
+        }
+    }
+}
 
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {

@@ -253,6 +253,31 @@ fn finding_5_a_large_listing_or_archive_keeps_the_session() {
     );
 }
 
+/// A cell's answer line is read only as far as the driver's own can go (its texts base64, 4/3 of
+/// three caps, and 64 KiB): a forged line past that is refused without being read whole (it had
+/// been read up to 18 times the cap, then decoded whole, before the cap was applied).
+#[test]
+fn a_forged_answer_line_is_read_no_further_than_a_real_one_can_be() {
+    let s = Server::start(POLICY, &[]);
+    let id = s.session(&json!({}));
+    // 75 000 bytes: past 4 x 1000 + 64 KiB, within the 18 x 1000 + 64 KiB read before.
+    let cell = "import sys\n\
+        m = sys.modules['__main__']\n\
+        m._out.write(b'{\"nonce\": \"' + m.req['nonce'].encode() + b'\", \"stdout\": \"' + b'QUFB' * 18750 + b'\"}\\n')\n\
+        m._out.flush()\n";
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/run_code"),
+            &json!({"code": cell, "output_bytes": 1000}),
+        )
+        .json();
+    let text = j.to_string();
+    assert!(
+        text.contains("longer than 69536 bytes"),
+        "a forged answer line past the bound was read: {text}"
+    );
+}
+
 /// Finding 8: a cell's answer is the interpreter's line, and the interpreter is the code's: a cell
 /// that writes its own answer on the driver's pipe returns 60 000 bytes of stdout under
 /// `output_bytes: 1000` (up to 18 times the cap and 64 KiB more pass), marked not truncated; the

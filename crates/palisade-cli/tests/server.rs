@@ -480,6 +480,20 @@ fn bad_input_is_a_4xx_naming_the_field_and_starts_nothing() {
     let r = s.post("/v1/sandboxes/sb-nope/exec", &json!({"command": ["true"]}));
     assert_eq!(r.status, 404);
     assert_eq!(s.get("/v2/nothing").status, 404);
+    // A path or a query the router cannot decode is JSON naming the field too (it was axum's
+    // plain text): a segment that is not UTF-8, a parameter given twice.
+    for (url, field) in [
+        ("/v1/sandboxes/%ff", "path"),
+        ("/v1/sandboxes/sb-nope/exec/%ff", "path"),
+        ("/v1/sandboxes/sb-nope/files?path=a&path=b", "query"),
+    ] {
+        let r = s.get(url);
+        assert_eq!(
+            (r.status, r.json()["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{url}"
+        );
+    }
     // Found by schemathesis: these were 500s (the sandbox could not even start its agent).
     let r = s.post("/v1/sandboxes", &json!({"limits": {"open_files": 1}}));
     assert_eq!(
@@ -1025,6 +1039,50 @@ fn file_transfers_cannot_leave_the_sandbox() {
         404,
         "nothing of a refused archive is written"
     );
+    // A directory and a file of one name, or an entry under a file: refused whole before
+    // anything is written (unpacking had stopped half-way, the directory made).
+    for names in [["confl/", "confl"], ["under", "under/x"]] {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        let (d, f) = if names[0].ends_with('/') {
+            (names[0], names[1])
+        } else {
+            (names[1], names[0])
+        };
+        if d.ends_with('/') {
+            b.append_data(&mut h, d, &b""[..]).unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(1);
+        b.append_data(&mut h, f, &b"1"[..]).unwrap();
+        if !d.ends_with('/') {
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o644);
+            h.set_size(1);
+            b.append_data(&mut h, d, &b"1"[..]).unwrap();
+        }
+        let r = s.req(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/archive"),
+            &b.into_inner().unwrap(),
+        );
+        assert_eq!(
+            (r.status, r.json()["error"]["value"].as_str()),
+            (400, Some("invalid")),
+            "{names:?}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let top = names[0].trim_end_matches('/');
+        let l = s.get(&format!("/v1/sandboxes/{id}/files?path=")).json();
+        assert!(
+            !l.to_string().contains(&format!("\"{top}\"")),
+            "{names:?}: written in part: {l}"
+        );
+    }
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret");
     // One budget for all the files a run fetches: --max-fetch in all, not per file.
     let j = s

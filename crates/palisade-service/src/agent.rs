@@ -748,6 +748,7 @@ impl Agent {
                 }
             }
         }
+        conflicts(&plan)?;
         let (_, base) = self.base_dir(path, true)?;
         for (rel, what) in plan {
             let full = if base.is_empty() {
@@ -764,6 +765,35 @@ impl Agent {
         }
         Ok(())
     }
+}
+
+/// A file and a directory of the same name in one archive, or an entry under a name the
+/// archive has as a file: refused before anything is written (unpacking would stop half-way).
+fn conflicts(plan: &[(String, Option<FileData>)]) -> Result<(), Fail> {
+    let mut kind: HashMap<&str, bool> = HashMap::new();
+    for (rel, what) in plan {
+        let dir = what.is_none();
+        if kind.insert(rel.as_str(), dir).is_some_and(|d| d != dir) {
+            return Err(Fail(
+                "invalid",
+                format!("entry `{rel}` is both a file and a directory in the archive"),
+            ));
+        }
+    }
+    for (rel, _) in plan {
+        let mut at = 0;
+        while let Some(i) = rel[at..].find('/') {
+            let up = &rel[..at + i];
+            if kind.get(up) == Some(&false) {
+                return Err(Fail(
+                    "invalid",
+                    format!("entry `{rel}` is under `{up}`, which the archive has as a file"),
+                ));
+            }
+            at += i + 1;
+        }
+    }
+    Ok(())
 }
 
 /// Builds an archive from inside, never following a link.

@@ -5,7 +5,7 @@
 # close-on-exec descriptors. Each answer repeats its cell's nonce. Everything here runs inside the
 # boundary and is treated by the server as untrusted (lines bounded, JSON checked, every field
 # held to the cap again, answers matched to their cell by the nonce).
-import ast, json, linecache, os, sys, traceback
+import ast, base64, json, linecache, os, sys, traceback
 
 _inp = os.fdopen(os.dup(0), "rb")
 _out = os.fdopen(os.dup(1), "wb")
@@ -25,7 +25,15 @@ def _take(fd, cap):
             break
         chunks.append(b)
         left -= len(b)
-    return b"".join(chunks).decode("utf-8", "replace"), size > cap
+    return b"".join(chunks), size > cap
+
+
+def _b64(b):
+    # Texts go as base64 (of their bytes; the server decodes them as UTF-8, replacing what is
+    # not): an answer line is then at most 4/3 of what it holds, whatever the bytes.
+    if isinstance(b, str):
+        b = b.encode("utf-8", "replace")
+    return base64.b64encode(b).decode("ascii")
 
 
 def _cut(s, cap):
@@ -78,7 +86,7 @@ while True:
             shown = str(e)
         except BaseException:
             shown = "<unprintable>"
-        error = {"name": type(e).__name__, "value": _cut(shown, cap), "traceback": _cut(text, cap)}
+        error = {"name": type(e).__name__, "value": _b64(_cut(shown, cap)), "traceback": _b64(_cut(text, cap))}
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -92,13 +100,13 @@ while True:
     value = None if value is None else _cut(value, cap)
     room = cap - (0 if value is None else len(value.encode("utf-8", "replace")))
     so, so_cut = _take(fo, room)
-    se, se_cut = _take(fe, max(0, room - len(so.encode("utf-8", "replace"))))
+    se, se_cut = _take(fe, max(0, room - len(so)))
     os.close(fo)
     os.close(fe)
     ans = {
         "nonce": req["nonce"],
-        "stdout": so, "stdout_truncated": so_cut, "stderr": se, "stderr_truncated": se_cut,
-        "value": value, "error": error,
+        "stdout": _b64(so), "stdout_truncated": so_cut, "stderr": _b64(se), "stderr_truncated": se_cut,
+        "value": None if value is None else _b64(value), "error": error,
     }
     _out.write(json.dumps(ans).encode() + b"\n")
     _out.flush()

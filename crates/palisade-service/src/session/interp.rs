@@ -83,17 +83,61 @@ struct Proc {
 }
 
 /// The interpreter's answer for one cell (checked against this shape; unknown fields refused).
+/// Its texts come base64-encoded (their UTF-8), so that a line is at most 4/3 of what it holds
+/// whatever the bytes, and the server reads at most that ([`max_answer_line`]).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Answer {
     /// The nonce of the cell it answers.
     nonce: String,
+    #[serde(deserialize_with = "b64_text")]
     stdout: String,
     stdout_truncated: bool,
+    #[serde(deserialize_with = "b64_text")]
     stderr: String,
     stderr_truncated: bool,
+    #[serde(default, deserialize_with = "b64_opt")]
     value: Option<String>,
-    error: Option<CellError>,
+    error: Option<WireError>,
+}
+
+/// A cell's error as the driver sends it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireError {
+    name: String,
+    #[serde(deserialize_with = "b64_text")]
+    value: String,
+    #[serde(deserialize_with = "b64_text")]
+    traceback: String,
+}
+
+/// Text sent as base64 of its bytes (UTF-8; a program's output may be any bytes, invalid
+/// sequences replaced here), decoded straight from the line (a base64 string has no escape to
+/// copy).
+fn b64_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    use base64::Engine;
+    let s = <&str as serde::Deserialize>::deserialize(d)?;
+    let b = base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(serde::de::Error::custom)?;
+    Ok(match String::from_utf8(b) {
+        Ok(t) => t,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+fn b64_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    struct W(#[serde(deserialize_with = "b64_text")] String);
+    Ok(<Option<W> as serde::Deserialize>::deserialize(d)?.map(|w| w.0))
+}
+
+/// The longest answer line the server reads for a cell whose output cap is `cap`: the driver
+/// holds the value, stdout and stderr to `cap` together and the error's message and traceback to
+/// `cap` each, all base64 (4/3), and a little more for the rest.
+fn max_answer_line(cap: u64) -> u64 {
+    cap.saturating_mul(4).saturating_add(64 << 10)
 }
 
 impl Context {
@@ -293,9 +337,7 @@ impl Service {
             )
             .map_err(|e| ServiceError::internal(format!("encoding a cell: {e}")))?;
             req_line.push(b'\n');
-            // The answer holds the output, the value and the traceback (each at most `cap`
-            // bytes, JSON-escaped at most six times larger) and a little more.
-            let max_line = cap.saturating_mul(3 * 6).saturating_add(64 << 10);
+            let max_line = max_answer_line(cap);
             tokio::time::timeout(
                 Duration::from_millis(timeout),
                 exchange(p, &req_line, max_line, &nonce),
@@ -341,7 +383,11 @@ impl Service {
                     stdout: Data::new(a.stdout.into_bytes(), a.stdout_truncated),
                     stderr: Data::new(a.stderr.into_bytes(), a.stderr_truncated),
                     value: a.value,
-                    error: a.error,
+                    error: a.error.map(|e| CellError {
+                        name: e.name,
+                        value: e.value,
+                        traceback: e.traceback,
+                    }),
                     ..base
                 }
             }
@@ -543,7 +589,7 @@ fn hold(a: Answer, cap: usize) -> Answer {
     let (stdout, out_cut) = cut(a.stdout, room);
     let room = room - stdout.len();
     let (stderr, err_cut) = cut(a.stderr, room);
-    let error = a.error.map(|e| CellError {
+    let error = a.error.map(|e| WireError {
         name: cut_marked(e.name, ERROR_NAME_MAX),
         value: cut_marked(e.value, cap),
         traceback: cut_marked(e.traceback, cap),
