@@ -43,6 +43,9 @@ pub(crate) struct Children {
     events: &'static str,
     /// The file a process writes `0` into to enter: v1 `tasks`, v2 `cgroup.procs`.
     join: &'static str,
+    /// Control files written in each new child before it is handed out (v1: the socket-buffer
+    /// knob, without which the child's sockets are charged to no cgroup at all).
+    setup: &'static [(&'static str, &'static str)],
     state: Mutex<State>,
 }
 
@@ -61,6 +64,7 @@ impl Children {
         parent: &owner::Owned,
         events: &'static str,
         join: &'static str,
+        setup: &'static [(&'static str, &'static str)],
     ) -> Result<Children, CgroupError> {
         let dir = rustix::fs::openat(
             parent.dir_fd(),
@@ -74,6 +78,7 @@ impl Children {
             path: parent.path.clone(),
             events,
             join,
+            setup,
             state: Mutex::new(State::default()),
         })
     }
@@ -93,6 +98,20 @@ impl Children {
         st.seq += 1;
         rustix::fs::mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700))
             .map_err(|e| io_at("create", &self.path.join(&name))(e.into()))?;
+        for (file, value) in self.setup {
+            let rel = format!("{name}/{file}");
+            let written = rustix::fs::openat(
+                &self.dir,
+                rel.as_str(),
+                OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .and_then(|f| rustix::io::write(&f, value.as_bytes()));
+            if let Err(e) = written {
+                let _ = rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR);
+                return Err(io_at("write", &self.path.join(&rel))(e.into()));
+            }
+        }
         st.live.push((name.clone(), false));
         Ok(Some(Box::new(Exec {
             children: self.clone(),
@@ -223,7 +242,7 @@ mod tests {
             Ok(o) => o,
             Err(_) => panic!("could not make the run directory"),
         };
-        let c = Arc::new(Children::new(&run, "memory.oom_control", "tasks").unwrap());
+        let c = Arc::new(Children::new(&run, "memory.oom_control", "tasks", &[]).unwrap());
         let a = c.make().unwrap().expect("an exec cgroup");
         let b = c.make().unwrap().expect("another");
         assert_ne!(a.name(), b.name());

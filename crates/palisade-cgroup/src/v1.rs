@@ -383,10 +383,19 @@ impl RunCgroup for V1Run {
         let c = match self.children.get() {
             Some(c) => c.clone(),
             None => {
+                // v1 charges a socket's buffers to a memory cgroup only once its own
+                // `memory.kmem.tcp.limit_in_bytes` was written (not inherited): written
+                // unlimited in each child, the run's ceiling above it holds them.
+                let setup: &'static [(&str, &str)] = if self.sockets_counted {
+                    &[("memory.kmem.tcp.limit_in_bytes", "-1")]
+                } else {
+                    &[]
+                };
                 let made = std::sync::Arc::new(exec::Children::new(
                     memory,
                     "memory.oom_control",
                     "tasks",
+                    setup,
                 )?);
                 self.children.get_or_init(|| made).clone()
             }

@@ -309,6 +309,9 @@ struct V2Run {
 /// Rounds of moving the run's processes into its leaf before giving up on exec cgroups (each
 /// round moves what it found; only a process started meanwhile makes another round).
 const LEAF_ROUNDS: usize = 8;
+/// Milliseconds the run may take to freeze before its processes move (each of its processes
+/// stops at its next return to user space).
+const FREEZE_POLLS: usize = 200;
 
 impl V2Run {
     fn dir(&self) -> Option<&owner::Owned> {
@@ -320,7 +323,6 @@ impl V2Run {
     /// memory controller for its children, which the kernel allows only once it holds no process
     /// itself. A process started meanwhile is moved in the next round.
     fn ready_children(&self) -> Result<exec::Children, CgroupError> {
-        use std::io::Write;
         let dir = self.dir().ok_or_else(|| CgroupError::Io {
             op: "make an exec cgroup in",
             path: PathBuf::from("a removed run cgroup"),
@@ -335,8 +337,40 @@ impl V2Run {
             Ok(()) | Err(Errno::EXIST) => {}
             Err(e) => return Err(io_at("create", &leaf)(e.into())),
         }
+        // Frozen while its processes move: none can exit and be reaped (the reaper, the
+        // sandbox's init, is frozen too), so no pid read below can be reused by a process of
+        // the host's before it is written.
+        write_in(dir, "cgroup.freeze", "1")?;
+        let r = self.move_into_leaf(dir, &leaf);
+        let thawed = write_in(dir, "cgroup.freeze", "0");
+        let c = r?;
+        thawed?;
+        Ok(c)
+    }
+
+    /// [`V2Run::ready_children`]'s moves, the run frozen.
+    fn move_into_leaf(
+        &self,
+        dir: &owner::Owned,
+        leaf: &Path,
+    ) -> Result<exec::Children, CgroupError> {
+        use std::io::Write;
+        let mut frozen = false;
+        for _ in 0..FREEZE_POLLS {
+            let events = read_small(dir, "cgroup.events").unwrap_or_default();
+            if keyed(&String::from_utf8_lossy(&events), "frozen") == Some(1) {
+                frozen = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if !frozen {
+            return Err(io_at("freeze", &dir.path)(io::Error::other(format!(
+                "not frozen within {FREEZE_POLLS} ms"
+            ))));
+        }
         let to = format!("{PROCS_LEAF}/cgroup.procs");
-        let mut dst = dir.open(&to, true).map_err(io_at("open", &leaf))?;
+        let mut dst = dir.open(&to, true).map_err(io_at("open", leaf))?;
         for _ in 0..LEAF_ROUNDS {
             // The sandbox's processes, bounded by its pids ceiling; read whole or not at all.
             let procs = read_upto(dir, "cgroup.procs", 1 << 20).ok_or_else(|| {
@@ -348,7 +382,9 @@ impl V2Run {
             let pids: Vec<&str> = text.split_whitespace().collect();
             if pids.is_empty() {
                 match write_in(dir, "cgroup.subtree_control", "+memory") {
-                    Ok(()) => return exec::Children::new(dir, "memory.events", "cgroup.procs"),
+                    Ok(()) => {
+                        return exec::Children::new(dir, "memory.events", "cgroup.procs", &[])
+                    }
                     // A process came in between: another round.
                     Err(CgroupError::Io { ref source, .. })
                         if Errno::from_io_error(source) == Some(Errno::BUSY) => {}
@@ -360,7 +396,7 @@ impl V2Run {
                 match dst.write_all(p.as_bytes()) {
                     Ok(()) => {}
                     Err(e) if Errno::from_io_error(&e) == Some(Errno::SRCH) => {}
-                    Err(e) => return Err(io_at("move a process into", &leaf)(e)),
+                    Err(e) => return Err(io_at("move a process into", leaf)(e)),
                 }
             }
         }

@@ -873,6 +873,8 @@ pub(crate) struct Captured {
     pub stderr: Vec<u8>,
     /// Bytes handed to a tap.
     pub streamed: u64,
+    /// Output a streaming client did not take by the exec's deadline, dropped.
+    pub dropped: bool,
     pub wall: Duration,
 }
 
@@ -930,8 +932,9 @@ pub(crate) fn stage_of(c: &mut Captured) -> Stage {
             .unwrap_or(c.wall.as_secs_f64() * 1000.0),
         cpu_time_ms: c.exit.and_then(|e| e.cpu_ms),
         oom_kills: None,
-        stdout: Data::new(std::mem::take(&mut c.stdout), c.output_hit),
-        stderr: Data::new(std::mem::take(&mut c.stderr), c.output_hit),
+        // A streamed exec keeps none of its output here; its exit says whether some was lost.
+        stdout: Data::new(std::mem::take(&mut c.stdout), c.output_hit || c.dropped),
+        stderr: Data::new(std::mem::take(&mut c.stderr), c.output_hit || c.dropped),
     }
 }
 
@@ -956,6 +959,7 @@ pub(crate) async fn capture(
         stdout: Vec::new(),
         stderr: Vec::new(),
         streamed: 0,
+        dropped: false,
         wall: Duration::ZERO,
     };
     let mut writer = exec.stdin.take().map(|mut w| {
@@ -1051,7 +1055,11 @@ async fn keep(
         // Streamed bytes are counted against the cap, not kept.
         Some(t) => {
             c.streamed += take.len() as u64;
-            let _ = tokio::time::timeout_at(deadline, t.send((err, take.to_vec()))).await;
+            let sent = tokio::time::timeout_at(deadline, t.send((err, take.to_vec()))).await;
+            // Not taken by the deadline (a client that went away is acted on by the caller).
+            if sent.is_err() {
+                c.dropped = true;
+            }
         }
         None if err => c.stderr.extend_from_slice(take),
         None => c.stdout.extend_from_slice(take),

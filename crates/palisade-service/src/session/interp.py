@@ -86,7 +86,9 @@ while True:
             shown = str(e)
         except BaseException:
             shown = "<unprintable>"
-        error = {"name": type(e).__name__, "value": _b64(_cut(shown, cap)), "traceback": _b64(_cut(text, cap))}
+        # The name is held to 256 bytes (as the server holds it), so that an honest answer line
+        # fits the server's bound whatever a class calls itself.
+        error = {"name": _cut(type(e).__name__, 256), "value": _b64(_cut(shown, cap)), "traceback": _b64(_cut(text, cap))}
     try:
         sys.stdout.flush()
         sys.stderr.flush()

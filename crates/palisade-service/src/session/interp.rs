@@ -83,21 +83,22 @@ struct Proc {
 }
 
 /// The interpreter's answer for one cell (checked against this shape; unknown fields refused).
-/// Its texts come base64-encoded (their UTF-8), so that a line is at most 4/3 of what it holds
-/// whatever the bytes, and the server reads at most that ([`max_answer_line`]).
+/// Its texts come base64-encoded (their bytes), so that a line is at most 4/3 of what it holds
+/// whatever the bytes, and the server reads at most that ([`max_answer_line`]); they are held
+/// to the cap as bytes before they become text ([`hold`]).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Answer {
     /// The nonce of the cell it answers.
     nonce: String,
-    #[serde(deserialize_with = "b64_text")]
-    stdout: String,
+    #[serde(deserialize_with = "b64")]
+    stdout: Vec<u8>,
     stdout_truncated: bool,
-    #[serde(deserialize_with = "b64_text")]
-    stderr: String,
+    #[serde(deserialize_with = "b64")]
+    stderr: Vec<u8>,
     stderr_truncated: bool,
     #[serde(default, deserialize_with = "b64_opt")]
-    value: Option<String>,
+    value: Option<Vec<u8>>,
     error: Option<WireError>,
 }
 
@@ -106,31 +107,61 @@ struct Answer {
 #[serde(deny_unknown_fields)]
 struct WireError {
     name: String,
-    #[serde(deserialize_with = "b64_text")]
-    value: String,
-    #[serde(deserialize_with = "b64_text")]
-    traceback: String,
+    #[serde(deserialize_with = "b64")]
+    value: Vec<u8>,
+    #[serde(deserialize_with = "b64")]
+    traceback: Vec<u8>,
 }
 
-/// Text sent as base64 of its bytes (UTF-8; a program's output may be any bytes, invalid
-/// sequences replaced here), decoded straight from the line (a base64 string has no escape to
+/// Bytes sent as base64, decoded straight from the line (a base64 string has no escape to
 /// copy).
-fn b64_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+fn b64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
     use base64::Engine;
     let s = <&str as serde::Deserialize>::deserialize(d)?;
-    let b = base64::engine::general_purpose::STANDARD
+    base64::engine::general_purpose::STANDARD
         .decode(s)
-        .map_err(serde::de::Error::custom)?;
-    Ok(match String::from_utf8(b) {
-        Ok(t) => t,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
+        .map_err(serde::de::Error::custom)
 }
 
-fn b64_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+fn b64_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
     #[derive(serde::Deserialize)]
-    struct W(#[serde(deserialize_with = "b64_text")] String);
+    struct W(#[serde(deserialize_with = "b64")] Vec<u8>);
     Ok(<Option<W> as serde::Deserialize>::deserialize(d)?.map(|w| w.0))
+}
+
+/// An answer held to its cell's cap, as text.
+struct Held {
+    stdout: String,
+    stdout_truncated: bool,
+    stderr: String,
+    stderr_truncated: bool,
+    value: Option<String>,
+    error: Option<CellError>,
+}
+
+/// At most `max` bytes of `b` as text (UTF-8, invalid sequences replaced), and whether it was
+/// cut. The bytes are cut first, so a replaced sequence never makes more than `max` of it.
+fn text(mut b: Vec<u8>, max: usize) -> (String, bool) {
+    let over = b.len() > max;
+    b.truncate(max);
+    let s = match String::from_utf8(b) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    let (s, cut_more) = cut(s, max);
+    (s, over || cut_more)
+}
+
+/// [`text`], its end marked `…` when cut (and `max` leaves room).
+fn text_marked(b: Vec<u8>, max: usize) -> String {
+    let (s, was_cut) = text(b, max);
+    let mark = '…'.len_utf8();
+    if !was_cut || max < mark {
+        return s;
+    }
+    let (mut s, _) = cut(s, max - mark);
+    s.push('…');
+    s
 }
 
 /// The longest answer line the server reads for a cell whose output cap is `cap`: the driver
@@ -383,11 +414,7 @@ impl Service {
                     stdout: Data::new(a.stdout.into_bytes(), a.stdout_truncated),
                     stderr: Data::new(a.stderr.into_bytes(), a.stderr_truncated),
                     value: a.value,
-                    error: a.error.map(|e| CellError {
-                        name: e.name,
-                        value: e.value,
-                        traceback: e.traceback,
-                    }),
+                    error: a.error,
                     ..base
                 }
             }
@@ -583,19 +610,18 @@ fn cut_marked(s: String, max: usize) -> String {
 /// The answer held to the cell's cap, whatever the interpreter wrote: the value first, then
 /// stdout and stderr share what is left (each marked truncated when cut); the error's value and
 /// traceback each at most the cap, its name at most [`ERROR_NAME_MAX`].
-fn hold(a: Answer, cap: usize) -> Answer {
-    let value = a.value.map(|v| cut_marked(v, cap));
+fn hold(a: Answer, cap: usize) -> Held {
+    let value = a.value.map(|v| text_marked(v, cap));
     let room = cap - value.as_ref().map_or(0, |v| v.len());
-    let (stdout, out_cut) = cut(a.stdout, room);
+    let (stdout, out_cut) = text(a.stdout, room);
     let room = room - stdout.len();
-    let (stderr, err_cut) = cut(a.stderr, room);
-    let error = a.error.map(|e| WireError {
+    let (stderr, err_cut) = text(a.stderr, room);
+    let error = a.error.map(|e| CellError {
         name: cut_marked(e.name, ERROR_NAME_MAX),
-        value: cut_marked(e.value, cap),
-        traceback: cut_marked(e.traceback, cap),
+        value: text_marked(e.value, cap),
+        traceback: text_marked(e.traceback, cap),
     });
-    Answer {
-        nonce: a.nonce,
+    Held {
         stdout,
         stdout_truncated: a.stdout_truncated || out_cut,
         stderr,
@@ -627,12 +653,10 @@ async fn exchange(p: &mut Proc, req: &[u8], max_line: u64, nonce: &str) -> Resul
 
 /// One answer line.
 async fn read_answer(p: &mut Proc, max_line: u64) -> Result<Answer, String> {
-    let mut line = Vec::new();
-    let n = (&mut p.stdout)
-        .take(max_line + 1)
-        .read_until(b'\n', &mut line)
+    let line = read_line_upto(&mut p.stdout, max_line)
         .await
         .map_err(|e| format!("reading the interpreter's answer: {e}"))?;
+    let n = line.len();
     if n == 0 {
         return Err("the interpreter exited".into());
     }
@@ -646,6 +670,37 @@ async fn read_answer(p: &mut Proc, max_line: u64) -> Result<Answer, String> {
     let a: Answer = serde_json::from_slice(&line)
         .map_err(|e| format!("the interpreter's answer is not of the protocol ({e})"))?;
     Ok(a)
+}
+
+/// A line (with its `\n`) read from `r`, or what came before the end of the stream or before
+/// `max + 1` bytes. The buffer grows by doubling but never past `max + 1` bytes, so a line of
+/// the longest kind costs about that, not twice.
+async fn read_line_upto<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: u64,
+) -> std::io::Result<Vec<u8>> {
+    let limit = usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX);
+    let mut line = Vec::new();
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(line);
+        }
+        let (end, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let take = end.min(limit - line.len());
+        if line.capacity() - line.len() < take {
+            let want = (line.len() + take).max(line.capacity() * 2).min(limit);
+            line.reserve_exact(want - line.len());
+        }
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take);
+        if (done && take == end) || line.len() >= limit {
+            return Ok(line);
+        }
+    }
 }
 
 /// How the interpreter ended, for the message: its exit code or signal and its first stderr.
@@ -664,4 +719,35 @@ async fn end_detail(p: Proc) -> String {
         s.push_str(&crate::shorten(&String::from_utf8_lossy(&kept), 1000));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes become text only once cut to the cap: invalid bytes (each replaced by three) never
+    /// make more than the cap, and a cut is said.
+    #[test]
+    fn answer_texts_are_cut_as_bytes_before_they_become_text() {
+        let (t, cut) = text(vec![0xff; 1000], 10);
+        assert!(t.len() <= 10 && cut, "{} bytes, cut {cut}", t.len());
+        assert_eq!(text(b"hello".to_vec(), 10), ("hello".to_owned(), false));
+        let (t, cut) = text("é".repeat(10).into_bytes(), 5);
+        assert_eq!((t.as_str(), cut), ("éé", true));
+        assert_eq!(text_marked(b"abcdefgh".to_vec(), 6), "abc…");
+        assert_eq!(text_marked(b"abc".to_vec(), 6), "abc");
+    }
+
+    /// A line is read up to its bound and no further, whatever follows; a line within it whole.
+    #[tokio::test]
+    async fn an_answer_line_is_read_up_to_its_bound() {
+        let data = [vec![b'a'; 100], b"\nnext\n".to_vec()].concat();
+        let mut r = tokio::io::BufReader::with_capacity(7, &data[..]);
+        let l = read_line_upto(&mut r, 10).await.unwrap();
+        assert_eq!(l.len(), 11);
+        assert!(l.capacity() <= 11, "{}", l.capacity());
+        let mut r = tokio::io::BufReader::with_capacity(7, &b"short\nrest"[..]);
+        assert_eq!(read_line_upto(&mut r, 10).await.unwrap(), b"short\n");
+        assert_eq!(read_line_upto(&mut r, 10).await.unwrap(), b"rest");
+    }
 }
