@@ -151,11 +151,16 @@ impl Session {
 
     /// A cgroup of its own for the next exec, or `None` (the reason logged): the exec's kills
     /// are then counted from the session's cgroup.
-    async fn exec_cgroup(&self) -> Option<palisade::ExecCgroup> {
-        let r = match self.held.lock().await.as_ref() {
+    /// The cgroup work (a `mkdir`; before a v2 session's first exec, freezing it and moving its
+    /// processes) runs on a blocking thread, not the server's async workers.
+    async fn exec_cgroup(self: &Arc<Self>) -> Option<palisade::ExecCgroup> {
+        let s = self.clone();
+        let r = tokio::task::spawn_blocking(move || match s.held.blocking_lock().as_ref() {
             Some(h) => h.exec_cgroup(),
             None => Ok(None),
-        };
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the cgroup's thread failed: {e}")));
         r.unwrap_or_else(|why| {
             tracing::warn!(session = %self.id, why, "execs get no cgroup of their own");
             None
