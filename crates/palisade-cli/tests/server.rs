@@ -2074,12 +2074,15 @@ fn concurrent_execs_of_a_session_count_their_own_oom_kills() {
         });
         r["result"].clone()
     };
-    // B waits for A's pid, then for A to be gone, then kills itself.
+    // B waits for A's pid, then for A to be gone, then kills itself. While A is being killed it
+    // waits with shell builtins only: a process that allocates (a `sleep` forked) while the
+    // session is at its ceiling and A's memory not yet freed can bring a second OOM kill, which
+    // takes the largest process left, the session's agent (seen under the VM matrix's emulator).
     let b = background(json!([
         "sh",
         "-c",
         "while [ ! -s a.pid ]; do sleep 0.05; done; p=$(cat a.pid); \
-         while kill -0 $p 2>/dev/null; do sleep 0.05; done; kill -9 $$"
+         while kill -0 $p 2>/dev/null; do :; done; kill -9 $$"
     ]));
     let a = background(json!([
         "sh",
