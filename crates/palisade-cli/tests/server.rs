@@ -6,14 +6,14 @@
 mod common;
 
 use common::serve::{
-    assert_nothing_held, held, request, send, serve_on, wait_until, within, zygotes_of, Reap, Resp,
-    Server, POLICY,
+    assert_nothing_held, held, request, run_cgroups, send, serve_on, wait_until, within,
+    zygotes_of, Reap, Resp, Server, POLICY,
 };
 use common::{ci_tool, host_pids_with, palisade_bin, unique, TempDir};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 #[test]
@@ -2016,25 +2016,17 @@ fn a_batch_whose_client_stops_reading_holds_no_more_than_its_concurrency() {
 /// hierarchy; on v1 they are in the memory hierarchy only).
 fn exec_cgroups(pid: u32) -> Vec<(String, usize)> {
     let mut found = Vec::new();
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
+    for run in run_cgroups(pid) {
+        let Ok(rd) = std::fs::read_dir(&run) else {
             continue;
         };
         for e in rd.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let name = e.file_name().to_string_lossy().into_owned();
-            let in_run = d
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&format!("run-{pid}-")));
-            if in_run && name.starts_with("exec-") {
+            if e.file_type().is_ok_and(|t| t.is_dir())
+                && e.file_name().to_string_lossy().starts_with("exec-")
+            {
                 let procs =
                     std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
                 found.push((e.path().display().to_string(), procs.lines().count()));
-            } else if d.components().count() < 8 {
-                stack.push(e.path());
             }
         }
     }

@@ -438,6 +438,29 @@ pub fn zygotes_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The run cgroups of the server `pid` (`run-PID-*`), in every hierarchy.
+pub fn run_cgroups(pid: u32) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&format!("run-{pid}-")) {
+                    found.push(e.path());
+                }
+                if d.components().count() < 8 {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    found
+}
+
 pub fn held(pid: u32) -> Held {
     // A template's zygote is held on purpose (at most --templates of them, each checked by the
     // template tests), and so is its next run's init made ahead and that run's cgroup, empty (at
@@ -453,24 +476,10 @@ pub fn held(pid: u32) -> Held {
     if ahead > zygotes {
         children += ahead;
     }
-    let mut cgroups = Vec::new();
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&format!("run-{pid}-")) {
-                    cgroups.push(e.path().display().to_string());
-                }
-                if d.components().count() < 8 {
-                    stack.push(e.path());
-                }
-            }
-        }
-    }
+    let mut cgroups: Vec<String> = run_cgroups(pid)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     // Empty run cgroups (one name in each hierarchy) up to one per zygote are made ahead.
     let mut spare: Vec<String> = cgroups
         .iter()
