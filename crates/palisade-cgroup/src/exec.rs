@@ -21,9 +21,26 @@
 //! credentials, so the sandbox never needs a cgroup file system of its own, and the descriptor is
 //! close-on-exec, so the program never holds it.
 //!
-//! An exec's directory is removed when it ends, or, while processes it left behind still run
-//! there, at a later exec's start or with the run. At most [`MAX_EXEC_CGROUPS`] exist at once in
-//! one run: past that, an exec gets none (its count is the session's, as before).
+//! An exec's directory is kept when it ends, for a later exec of the same run: making and
+//! removing a memory cgroup costs more than the rest of a short exec's start (~0.35 ms of 1.5 on
+//! a v1 host). A later exec takes it only once no process is left in it (its process list reads
+//! empty), and counts its OOM kills from the count read as it takes it. Nothing else carries
+//! over that matters: the directory has no limit of its own, and memory still charged to it (a
+//! file the earlier exec wrote, cached) is the run's, under the run's ceiling, either way. The
+//! only processes that can enter it are those given its join file, and the supervisor gives that
+//! only with the exec it hands the directory to. Past [`IDLE_EXEC_CGROUPS`] ended ones, those
+//! nothing runs in are removed; one an exec left processes in stays until they are gone, then
+//! goes at a later exec's start or end, or with the run. At most [`MAX_EXEC_CGROUPS`] exist at
+//! once in one run: past that, an exec gets none (its count is the session's, as before).
+//!
+//! Taking ended ones again also bounds what the host keeps of removed ones. A memory cgroup
+//! removed while pages are still charged to it (a file the exec wrote in scratch, cached) stays
+//! in the kernel, offline but counted, until those pages go: with a directory made and removed
+//! per exec, 2,000 execs that each appended to a file left 2,000 such cgroups for the session's
+//! life (measured). The kernel gives at most 65,535 memory cgroups ids host-wide, and once they
+//! are spent no cgroup can be made on the host at all, for any tenant or service. So a run makes
+//! at most [`MADE_EXEC_CGROUPS`] over its life; an exec that then finds none free (a session
+//! whose execs keep leaving processes behind) gets none.
 
 use crate::*;
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -31,8 +48,15 @@ use rustix::io::Errno;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
-/// Most exec cgroups one run holds at once, ended ones still busy included.
+/// Most exec cgroups one run holds at once, ended ones included.
 pub const MAX_EXEC_CGROUPS: usize = 64;
+
+/// Most ended exec cgroups one run keeps for later execs to take.
+pub const IDLE_EXEC_CGROUPS: usize = 8;
+
+/// Most exec cgroups one run makes over its life (see the module's text: removed memory cgroups
+/// the kernel keeps).
+pub const MADE_EXEC_CGROUPS: u64 = 256;
 
 /// The exec cgroups of one run.
 pub(crate) struct Children {
@@ -41,7 +65,8 @@ pub(crate) struct Children {
     path: PathBuf,
     /// The file with the `oom_kill` count: v1 `memory.oom_control`, v2 `memory.events`.
     events: &'static str,
-    /// The file a process writes `0` into to enter: v1 `tasks`, v2 `cgroup.procs`.
+    /// The file a process writes `0` into to enter, and whose reading lists those in it: v1
+    /// `tasks` (threads), v2 `cgroup.procs`.
     join: &'static str,
     /// Control files written in each new child before it is handed out (v1: the socket-buffer
     /// knob, without which the child's sockets are charged to no cgroup at all).
@@ -56,6 +81,12 @@ struct State {
     live: Vec<(String, bool)>,
     /// OOM kills counted in directories since removed.
     removed_oom: u64,
+}
+
+impl State {
+    fn ended(&self) -> usize {
+        self.live.iter().filter(|c| c.1).count()
+    }
 }
 
 impl Children {
@@ -90,8 +121,24 @@ impl Children {
     /// A new exec cgroup, or `None` if [`MAX_EXEC_CGROUPS`] are still there.
     pub(crate) fn make(self: &Arc<Self>) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
         let mut st = self.state();
-        self.remove_ended(&mut st);
-        if st.live.len() >= MAX_EXEC_CGROUPS {
+        // An ended exec's, once nothing runs in it, counting from its count now.
+        for i in 0..st.live.len() {
+            let (name, ended) = &st.live[i];
+            if !*ended || !self.empty(name) {
+                continue;
+            }
+            let Some(base) = self.oom_kills(name) else {
+                continue;
+            };
+            st.live[i].1 = false;
+            return Ok(Some(Box::new(Exec {
+                children: self.clone(),
+                name: st.live[i].0.clone(),
+                base,
+            })));
+        }
+        self.remove_ended(&mut st, IDLE_EXEC_CGROUPS);
+        if st.live.len() >= MAX_EXEC_CGROUPS || st.seq >= MADE_EXEC_CGROUPS {
             return Ok(None);
         }
         let name = format!("exec-{}", st.seq);
@@ -116,45 +163,61 @@ impl Children {
         Ok(Some(Box::new(Exec {
             children: self.clone(),
             name,
+            base: 0,
         })))
     }
 
-    /// The `oom_kill` count of child `name`.
-    fn oom_kills(&self, name: &str) -> u64 {
+    /// Reads up to `buf.len()` bytes of the control file `file` of child `name`.
+    fn read<'a>(&self, name: &str, file: &str, buf: &'a mut [u8]) -> Option<&'a [u8]> {
         let f = rustix::fs::openat(
             &self.dir,
-            format!("{name}/{}", self.events).as_str(),
+            format!("{name}/{file}").as_str(),
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::empty(),
-        );
-        let Ok(f) = f else { return 0 };
-        let mut buf = [0u8; 4096];
+        )
+        .ok()?;
         let mut n = 0;
         while n < buf.len() {
             match rustix::io::read(&f, &mut buf[n..]) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(Errno::INTR) => {}
-                Err(_) => return 0,
+                Err(_) => return None,
             }
         }
-        std::str::from_utf8(&buf[..n])
-            .ok()
-            .and_then(|s| keyed(s, "oom_kill"))
-            .unwrap_or(0)
+        Some(&buf[..n])
     }
 
-    /// Removes the directories of ended execs that nothing runs in any more (one attempt each).
-    fn remove_ended(&self, st: &mut State) {
+    /// The `oom_kill` count of child `name`; `None` if it cannot be read.
+    fn oom_kills(&self, name: &str) -> Option<u64> {
+        let mut buf = [0u8; 4096];
+        let text = self.read(name, self.events, &mut buf)?;
+        std::str::from_utf8(text)
+            .ok()
+            .and_then(|s| keyed(s, "oom_kill"))
+    }
+
+    /// Whether child `name` is known to hold no process (its process list read, and empty).
+    fn empty(&self, name: &str) -> bool {
+        let mut buf = [0u8; 1];
+        self.read(name, self.join, &mut buf)
+            .is_some_and(|b| b.is_empty())
+    }
+
+    /// Removes the directories of ended execs that nothing runs in any more (one attempt each)
+    /// until at most `keep` ended ones are left.
+    fn remove_ended(&self, st: &mut State, keep: usize) {
+        let mut ended = st.ended();
         let mut i = 0;
-        while i < st.live.len() {
-            let (name, ended) = &st.live[i];
-            if *ended {
-                let kills = self.oom_kills(name);
+        while i < st.live.len() && ended > keep {
+            let (name, ended_) = &st.live[i];
+            if *ended_ {
+                let kills = self.oom_kills(name).unwrap_or(0);
                 match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR) {
                     Ok(()) | Err(Errno::NOENT) => {
                         st.removed_oom += kills;
-                        st.live.swap_remove(i);
+                        st.live.remove(i);
+                        ended -= 1;
                         continue;
                     }
                     Err(_) => {} // busy: processes it left still run there
@@ -167,7 +230,11 @@ impl Children {
     /// OOM kills counted in every exec cgroup of the run, removed ones included.
     pub(crate) fn oom_total(&self) -> u64 {
         let st = self.state();
-        st.removed_oom + st.live.iter().map(|(n, _)| self.oom_kills(n)).sum::<u64>()
+        st.removed_oom
+            + st.live
+                .iter()
+                .map(|(n, _)| self.oom_kills(n).unwrap_or(0))
+                .sum::<u64>()
     }
 
     fn ended(&self, name: &str) {
@@ -175,7 +242,7 @@ impl Children {
         if let Some(c) = st.live.iter_mut().find(|(n, _)| n == name) {
             c.1 = true;
         }
-        self.remove_ended(&mut st);
+        self.remove_ended(&mut st, IDLE_EXEC_CGROUPS);
     }
 }
 
@@ -183,6 +250,8 @@ impl Children {
 struct Exec {
     children: Arc<Children>,
     name: String,
+    /// Its count when this exec took it (an earlier exec's kills).
+    base: u64,
 }
 
 impl ExecCgroup for Exec {
@@ -201,7 +270,9 @@ impl ExecCgroup for Exec {
     }
 
     fn oom_kills(&self) -> u64 {
-        self.children.oom_kills(&self.name)
+        self.children
+            .oom_kills(&self.name)
+            .map_or(0, |n| n.saturating_sub(self.base))
     }
 
     fn name(&self) -> &str {
@@ -233,8 +304,19 @@ pub(crate) fn remove_children(dir: &Path) {
 mod tests {
     use super::*;
 
+    /// The kernel's files of a v1 memory cgroup that these tests read: its OOM count and its
+    /// process list (`procs` lines).
+    fn kernel_files(dir: &Path, kills: u64, procs: &str) {
+        std::fs::write(
+            dir.join("memory.oom_control"),
+            format!("oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("tasks"), procs).unwrap();
+    }
+
     #[test]
-    fn exec_cgroups_are_bounded_counted_and_removed() {
+    fn exec_cgroups_are_bounded_counted_reused_and_removed() {
         let parent = std::env::temp_dir().join(format!("palisade-exec-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&parent);
         std::fs::create_dir_all(&parent).unwrap();
@@ -246,38 +328,93 @@ mod tests {
         let a = c.make().unwrap().expect("an exec cgroup");
         let b = c.make().unwrap().expect("another");
         assert_ne!(a.name(), b.name());
-        // What the kernel writes in a v1 memory cgroup's memory.oom_control.
-        let events = |n: &str, k: u64| {
-            std::fs::write(
-                run.path.join(n).join("memory.oom_control"),
-                format!("oom_kill_disable 0\nunder_oom 0\noom_kill {k}\n"),
-            )
-            .unwrap()
-        };
-        events(a.name(), 2);
-        events(b.name(), 0);
+        let (an, bn) = (a.name().to_owned(), b.name().to_owned());
+        kernel_files(&run.path.join(&an), 2, "");
+        kernel_files(&run.path.join(&bn), 0, "41\n");
         assert_eq!((a.oom_kills(), b.oom_kills()), (2, 0));
         assert_eq!(c.oom_total(), 2);
-        // On a real cgroupfs the kernel removes the control files with the directory; here the
-        // directory stays busy (not empty) while they are there, as one with a process left.
-        let an = a.name().to_owned();
+        // Ended, a's is kept, and the next exec takes it: the same directory, counting from its
+        // count then; the run's total still holds the earlier kills.
         drop(a);
-        assert!(run.path.join(&an).is_dir(), "a busy directory is kept");
-        assert_eq!(c.oom_total(), 2, "its count still counts");
-        // Removed at the next exec's start once empty. (Its count, read just before, stays in
-        // the total: on a real cgroupfs the file goes with the directory, which a temporary
-        // directory cannot show; the server's tests check the session's total on the kernel.)
-        std::fs::remove_file(run.path.join(&an).join("memory.oom_control")).unwrap();
-        let mut more = vec![c.make().unwrap().expect("a third")];
-        assert!(!run.path.join(&an).exists());
-        assert_eq!(c.oom_total(), 0);
-        // Bounded: past MAX_EXEC_CGROUPS live ones, an exec gets none.
+        assert!(
+            run.path.join(&an).is_dir(),
+            "an ended exec's directory is kept"
+        );
+        let again = c.make().unwrap().expect("a's again");
+        assert_eq!(again.name(), an, "an empty ended exec's directory is taken");
+        assert_eq!(
+            again.oom_kills(),
+            0,
+            "the earlier exec's kills are not this one's"
+        );
+        kernel_files(&run.path.join(&an), 3, "");
+        assert_eq!((again.oom_kills(), c.oom_total()), (1, 3));
+        // One that a process still runs in is not taken.
+        drop(b);
+        let other = c.make().unwrap().expect("a new one");
+        assert!(other.name() != bn && other.name() != an, "{}", other.name());
+        // One whose process list cannot be read (here: has none) is not taken either.
+        assert_eq!(other.name(), "exec-2");
+        drop(other);
+        let fourth = c.make().unwrap().expect("a fourth");
+        assert_eq!(fourth.name(), "exec-3");
+        drop(again);
+        // Bounded: past MAX_EXEC_CGROUPS, none of them free, an exec gets none. Each new one
+        // here holds a process.
+        let mut more = vec![fourth];
+        kernel_files(&run.path.join("exec-3"), 0, "1\n");
         while let Some(e) = c.make().unwrap() {
+            if e.name() != an {
+                kernel_files(&run.path.join(e.name()), 0, "1\n");
+            }
             more.push(e);
         }
-        assert_eq!(more.len() + 1, MAX_EXEC_CGROUPS, "b and the others");
+        assert_eq!(more.len(), MAX_EXEC_CGROUPS - 2, "all but b's and exec-2");
+        // Ended ones past IDLE_EXEC_CGROUPS are removed once nothing is in them (the files
+        // stand for a process here: the kernel's go with the directory).
+        for e in &more {
+            let d = run.path.join(e.name());
+            for f in ["tasks", "memory.oom_control"] {
+                let _ = std::fs::remove_file(d.join(f));
+            }
+        }
         drop(more);
-        drop(b);
+        let left: Vec<_> = std::fs::read_dir(&run.path).unwrap().flatten().collect();
+        assert!(
+            left.len() <= IDLE_EXEC_CGROUPS + 2,
+            "{} directories left: {left:?}",
+            left.len()
+        );
+        // Over its life a run makes no more than MADE_EXEC_CGROUPS; free ones are still taken.
+        let made = |c: &Arc<Children>| c.state().seq;
+        while made(&c) < MADE_EXEC_CGROUPS {
+            // (With no process list to read, an ended one is not taken again.)
+            drop(c.make().unwrap().expect("one more"));
+        }
+        let ended = std::fs::read_dir(&run.path)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| *n != bn)
+            .expect("an ended one kept");
+        kernel_files(&run.path.join(&ended), 0, "");
+        let free = c
+            .make()
+            .unwrap()
+            .expect("an ended, empty one is still taken");
+        assert_eq!(free.name(), ended);
+        assert!(
+            c.make().unwrap().is_none(),
+            "a new one past the run's {MADE_EXEC_CGROUPS}"
+        );
+        drop(free);
+        for e in std::fs::read_dir(&run.path).unwrap().flatten() {
+            if e.file_name().to_string_lossy() != bn {
+                for f in ["tasks", "memory.oom_control"] {
+                    let _ = std::fs::remove_file(e.path().join(f));
+                }
+            }
+        }
         // Directories only stay while something is in them; a file stands for that here.
         remove_children(&run.path);
         let left: Vec<_> = std::fs::read_dir(&run.path).unwrap().flatten().collect();

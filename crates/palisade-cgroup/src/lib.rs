@@ -30,7 +30,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-pub use exec::MAX_EXEC_CGROUPS;
+pub use exec::{IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS, MAX_EXEC_CGROUPS};
 pub use v1::V1;
 pub use v2::{PROCS_LEAF, V2};
 
@@ -190,16 +190,19 @@ pub trait RunCgroup: Send {
     fn remove(&mut self) -> Result<(), CgroupError>;
     /// A cgroup of its own, under this one, for one program started inside the running sandbox
     /// (a session's exec), so that what the kernel counts (an OOM kill) is that program's alone
-    /// (the `exec` module). `Ok(None)` where this run cannot give one: the host's hierarchy, or
-    /// [`MAX_EXEC_CGROUPS`] still there.
+    /// (the `exec` module): an ended exec's, once nothing runs in it, or a new one. `Ok(None)`
+    /// where this run cannot give one: the host's hierarchy, or [`MAX_EXEC_CGROUPS`] still
+    /// there or [`MADE_EXEC_CGROUPS`] made, none of them free.
     fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
         Ok(None)
     }
 }
 
 /// The cgroup of one exec of a session, under its run's (see [`RunCgroup::exec_cgroup`]): the
-/// run's limits hold over it; it counts its own OOM kills. Dropping it removes its directory, at
-/// once or, while processes the exec left still run there, once they are gone.
+/// run's limits hold over it; it counts its own OOM kills. Dropping it hands its directory back
+/// to the run, for a later exec to take once no process the exec left runs there (the count
+/// starting again from zero), or to be removed (past [`IDLE_EXEC_CGROUPS`] ended ones, or with
+/// the run).
 pub trait ExecCgroup: Send + Sync {
     /// The directory's name, under the run's.
     fn name(&self) -> &str;

@@ -349,8 +349,8 @@ impl Run {
 }
 
 /// The cgroup of one program started inside a run's sandbox ([`Run::exec_cgroup`]). Dropping it
-/// removes its directory, at once or, while processes the program left still run there, once
-/// they are gone (at the latest with the run).
+/// hands it back to the run: a later program takes it once nothing this one left runs there
+/// (counting from zero), or it is removed (at the latest with the run).
 pub struct ExecCgroup(Box<dyn palisade_cgroup::ExecCgroup>);
 
 impl ExecCgroup {
