@@ -183,7 +183,7 @@ say "boot $(uname -r) config=$config"
 case "$config" in
 cgroup-v2)
     step "root:report" check_report as_root
-    suite palisade_cgroup v2_kernel stale_kernel exec_kernel limits library boundary cli
+    suite palisade_cgroup v2_kernel stale_kernel exec_kernel held_kernel limits library boundary cli
     # A session's execs in cgroups of their own (the run's processes moved into a leaf first):
     # the server's OOM tests, on the v2 kernel.
     step "root:server-oom" as_root "$T/server" --quiet oom

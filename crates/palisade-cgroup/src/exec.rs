@@ -213,6 +213,9 @@ impl Children {
             let (name, ended_) = &st.live[i];
             if *ended_ {
                 let kills = self.oom_kills(name).unwrap_or(0);
+                if self.empty(name) {
+                    self.give_back(name);
+                }
                 match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR) {
                     Ok(()) | Err(Errno::NOENT) => {
                         st.removed_oom += kills;
@@ -224,6 +227,21 @@ impl Children {
                 }
             }
             i += 1;
+        }
+    }
+
+    /// Past the mark, child `name`, about to be removed, gives back what is charged to it, so
+    /// that the kernel frees it with its directory (`crate::held`).
+    fn give_back(&self, name: &str) {
+        let v2 = self.events == "memory.events";
+        let parent = crate::held::parent_of(&self.path);
+        let count = if v2 {
+            crate::held::Count::V2(&parent)
+        } else {
+            crate::held::Count::V1
+        };
+        if crate::held::over(count) {
+            crate::held::give_back(&self.dir, name, v2);
         }
     }
 

@@ -17,11 +17,16 @@
 //! have a child of the run's cgroup ([`RunCgroup::exec_cgroup`], the `exec` module): the run's
 //! limits hold over them together, and each counts its own OOM kills.
 //!
+//! A memory cgroup removed while pages are still charged to it stays in the kernel, and the host
+//! has 65,535 ids for them: past a mark, a run's gives back its pages before it goes (the `held`
+//! module).
+//!
 //! File writes plus two system calls through rustix (`flock`, `getrandom`); the root of the
 //! hierarchies is injectable, so the writers and the cleanup are tested on a temporary directory.
 #![forbid(unsafe_code)]
 
 mod exec;
+mod held;
 mod owner;
 mod v1;
 mod v2;
@@ -31,6 +36,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use exec::{IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS, MAX_EXEC_CGROUPS};
+pub use held::{set_give_back_above, GIVE_BACK_ABOVE};
 pub use v1::V1;
 pub use v2::{PROCS_LEAF, V2};
 

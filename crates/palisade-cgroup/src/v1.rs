@@ -404,6 +404,13 @@ impl RunCgroup for V1Run {
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {
+        // Past the mark, the memory directory (and its exec children) give back what is still
+        // charged to them, so that the kernel frees them with their directories (`crate::held`).
+        if let Some(m) = self.made.get(self.memory) {
+            if crate::held::over(crate::held::Count::V1) {
+                crate::held::give_back(m.dir_fd(), ".", false);
+            }
+        }
         // The same processes are in every hierarchy: once one directory is still busy after the
         // short wait, the others are too, and are kept for later at once.
         let (mut first, mut wait) = (None, true);

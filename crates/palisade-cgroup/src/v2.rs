@@ -478,6 +478,12 @@ impl RunCgroup for V2Run {
         match self.dir.take() {
             Some(d) => {
                 let _ = write_in(&d, "cgroup.kill", "1");
+                // Past the mark, what is still charged to it (and its children) is given back,
+                // so that the kernel frees it with its directory (`crate::held`).
+                let parent = crate::held::parent_of(&d.path);
+                if crate::held::over(crate::held::Count::V2(&parent)) {
+                    crate::held::give_back(d.dir_fd(), ".", true);
+                }
                 owner::remove(d, true).map(|_| ())
             }
             None => Ok(()),

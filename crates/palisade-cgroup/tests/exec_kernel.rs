@@ -6,33 +6,27 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The directory `name` under one of this process's run cgroups, in any hierarchy.
-fn exec_dir(name: &str) -> PathBuf {
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    let prefix = format!("run-{}-", std::process::id());
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let in_run = d
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix));
-            if in_run && e.file_name() == name {
-                return e.path();
-            }
-            if d.components().count() < 7 {
-                stack.push(e.path());
+/// The memory cgroup directory process `pid` is in (v1: in the memory hierarchy; v2: the unified
+/// one, at the top of `/sys/fs/cgroup` or under `unified/`).
+fn memory_dir_of(pid: u32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for l in text.lines() {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let rel = path.trim_start_matches('/');
+        if ctrls.split(',').any(|c| c == "memory") {
+            return Path::new("/sys/fs/cgroup/memory").join(rel);
+        }
+        if ctrls.is_empty() {
+            for top in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+                let d = Path::new(top).join(rel);
+                if d.join("memory.current").exists() {
+                    return d;
+                }
             }
         }
     }
-    panic!(
-        "no exec cgroup {name} under a run-{}-* cgroup",
-        std::process::id()
-    )
+    panic!("no memory cgroup for {pid} in {text}")
 }
 
 /// Bytes of socket buffers charged to the memory cgroup `dir`: v1 `memory.kmem.tcp.usage_in_bytes`
@@ -67,7 +61,6 @@ fn an_exec_cgroups_socket_buffers_are_charged() {
         })
         .unwrap();
     let exec = run.exec_cgroup().unwrap().expect("an exec cgroup");
-    let dir = exec_dir(exec.name());
     let script = "import socket, sys\n\
         sys.stdin.readline()\n\
         r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
@@ -86,6 +79,12 @@ fn an_exec_cgroups_socket_buffers_are_charged() {
     for f in &mut join {
         f.write_all(p.id().to_string().as_bytes()).unwrap();
     }
+    let dir = memory_dir_of(p.id());
+    assert!(
+        dir.ends_with(exec.name()),
+        "{} is not the exec's",
+        dir.display()
+    );
     let mut stdin = p.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
     let mut line = String::new();
