@@ -183,12 +183,22 @@ say "boot $(uname -r) config=$config"
 case "$config" in
 cgroup-v2)
     step "root:report" check_report as_root
-    suite palisade_cgroup v2_kernel stale_kernel exec_kernel held_kernel limits library boundary cli
+    suite palisade_cgroup v2_kernel stale_kernel exec_kernel limits library boundary cli
     # A session's execs in cgroups of their own (the run's processes moved into a leaf first):
     # the server's OOM tests, on the v2 kernel.
     step "root:server-oom" as_root "$T/server" --quiet oom
     step "user:server-oom" as_user "$T/server" --quiet oom
     step "user:report" check_report as_user
+    # Removed cgroups giving back their pages: written on a disk file system (a tmpfs's pages,
+    # as this guest's root file system's, cannot be given back without swap).
+    step "tmp-on-ext4" tmp_on_ext4
+    step "root:held_kernel" as_root "$T/held_kernel" --quiet --include-ignored
+    # The hierarchy with `memory_localevents`: a kill is counted only in the victim's own cgroup,
+    # so a run's (a session's) total must add its execs' and its leaf's, as on v1. Last: the
+    # flag is the whole hierarchy's.
+    step "root:localevents" mount -o remount,memory_localevents /sys/fs/cgroup
+    step "root:v2_kernel-localevents" as_root "$T/v2_kernel" --quiet --include-ignored
+    step "root:server-oom-localevents" as_root "$T/server" --quiet oom
     ;;
 no-userns)
     sysctl -q -w user.max_user_namespaces=0

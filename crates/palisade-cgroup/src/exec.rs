@@ -35,12 +35,13 @@
 //!
 //! Taking ended ones again also bounds what the host keeps of removed ones. A memory cgroup
 //! removed while pages are still charged to it (a file the exec wrote in scratch, cached) stays
-//! in the kernel, offline but counted, until those pages go: with a directory made and removed
-//! per exec, 2,000 execs that each appended to a file left 2,000 such cgroups for the session's
-//! life (measured). The kernel gives at most 65,535 memory cgroups ids host-wide, and once they
-//! are spent no cgroup can be made on the host at all, for any tenant or service. So a run makes
-//! at most [`MADE_EXEC_CGROUPS`] over its life; an exec that then finds none free (a session
-//! whose execs keep leaving processes behind) gets none.
+//! in the kernel, with its kernel memory, until those pages go (`crate::held`): with a directory
+//! made and removed per exec, 2,000 execs that each appended to a file left 2,000 such cgroups
+//! for the session's life (measured). So a run makes at most [`MADE_EXEC_CGROUPS`] over its life;
+//! an exec that then finds none free (a session whose execs keep leaving processes behind) gets
+//! none. Exec cgroups that exist hold the kernel's memory cgroup ids (65,535 for the host, live
+//! ones only), so one process, a server with all its sessions, holds at most
+//! [`MAX_EXEC_CGROUPS_IN_PROCESS`] at once; past that too, an exec gets none.
 
 use crate::*;
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -50,6 +51,29 @@ use std::sync::{Arc, Mutex};
 
 /// Most exec cgroups one run holds at once, ended ones included.
 pub const MAX_EXEC_CGROUPS: usize = 64;
+
+/// Most exec cgroups one process (a server, for all its sessions) holds at once. A memory cgroup
+/// that exists holds one of the kernel's 65,535 memory cgroup ids for the whole host (a removed
+/// one gives it back), and a session's execs can keep theirs existing by leaving a process in
+/// each: 64 each in 10,000 sessions would be 640,000.
+pub const MAX_EXEC_CGROUPS_IN_PROCESS: usize = 4_096;
+
+/// Exec cgroups this process holds (made, not yet removed).
+static IN_PROCESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Takes one of the process's [`MAX_EXEC_CGROUPS_IN_PROCESS`] places, if one is free.
+fn take_place() -> bool {
+    use std::sync::atomic::Ordering;
+    IN_PROCESS
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_EXEC_CGROUPS_IN_PROCESS).then_some(n + 1)
+        })
+        .is_ok()
+}
+
+fn give_places(n: usize) {
+    IN_PROCESS.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
+}
 
 /// Most ended exec cgroups one run keeps for later execs to take.
 pub const IDLE_EXEC_CGROUPS: usize = 8;
@@ -138,13 +162,15 @@ impl Children {
             })));
         }
         self.remove_ended(&mut st, IDLE_EXEC_CGROUPS);
-        if st.live.len() >= MAX_EXEC_CGROUPS || st.seq >= MADE_EXEC_CGROUPS {
+        if st.live.len() >= MAX_EXEC_CGROUPS || st.seq >= MADE_EXEC_CGROUPS || !take_place() {
             return Ok(None);
         }
         let name = format!("exec-{}", st.seq);
         st.seq += 1;
-        rustix::fs::mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700))
-            .map_err(|e| io_at("create", &self.path.join(&name))(e.into()))?;
+        if let Err(e) = rustix::fs::mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700)) {
+            give_places(1);
+            return Err(io_at("create", &self.path.join(&name))(e.into()));
+        }
         for (file, value) in self.setup {
             let rel = format!("{name}/{file}");
             let written = rustix::fs::openat(
@@ -156,6 +182,7 @@ impl Children {
             .and_then(|f| rustix::io::write(&f, value.as_bytes()));
             if let Err(e) = written {
                 let _ = rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR);
+                give_places(1);
                 return Err(io_at("write", &self.path.join(&rel))(e.into()));
             }
         }
@@ -197,6 +224,18 @@ impl Children {
             .and_then(|s| keyed(s, "oom_kill"))
     }
 
+    /// The `oom_kill` count of child `name` (an exec's, or another child of the run such as a
+    /// v2 run's leaf); 0 if it cannot be read.
+    pub(crate) fn oom_kills_of(&self, name: &str) -> u64 {
+        self.oom_kills(name).unwrap_or(0)
+    }
+
+    /// Whether every exec cgroup of the run is known to hold no process.
+    pub(crate) fn all_empty(&self) -> bool {
+        let st = self.state();
+        st.live.iter().all(|(n, _)| self.empty(n))
+    }
+
     /// Whether child `name` is known to hold no process (its process list read, and empty).
     fn empty(&self, name: &str) -> bool {
         let mut buf = [0u8; 1];
@@ -220,6 +259,7 @@ impl Children {
                     Ok(()) | Err(Errno::NOENT) => {
                         st.removed_oom += kills;
                         st.live.remove(i);
+                        give_places(1);
                         ended -= 1;
                         continue;
                     }
@@ -261,6 +301,14 @@ impl Children {
             c.1 = true;
         }
         self.remove_ended(&mut st, IDLE_EXEC_CGROUPS);
+    }
+}
+
+impl Drop for Children {
+    /// The run is gone, and its exec cgroups with it (`remove_children`, or the run's stale
+    /// cleanup): their places go back.
+    fn drop(&mut self) {
+        give_places(self.state().live.len());
     }
 }
 
@@ -433,6 +481,43 @@ mod tests {
                 }
             }
         }
+        // One process holds at most MAX_EXEC_CGROUPS_IN_PROCESS, all its runs together; a run
+        // that goes gives its places back.
+        let held_here = |c: &Children| c.state().live.len();
+        let before = IN_PROCESS.load(std::sync::atomic::Ordering::Acquire);
+        assert_eq!(
+            before,
+            held_here(&c),
+            "this run's are all the process holds"
+        );
+        let mut runs = Vec::new();
+        let mut handles = Vec::new();
+        for r in 0.. {
+            let o = match owner::make(&parent.join(format!("run-7-00000000000000dd-{}", r + 1))) {
+                Ok(o) => o,
+                Err(_) => panic!("could not make run directory {r}"),
+            };
+            let cr = Arc::new(Children::new(&o, "memory.oom_control", "tasks", &[]).unwrap());
+            while let Some(e) = cr.make().unwrap() {
+                handles.push(e);
+            }
+            let full = held_here(&cr) < MAX_EXEC_CGROUPS;
+            runs.push((o, cr));
+            if full {
+                break;
+            }
+        }
+        assert_eq!(
+            handles.len() + before,
+            MAX_EXEC_CGROUPS_IN_PROCESS,
+            "exec cgroups made in the process"
+        );
+        drop(handles);
+        drop(runs);
+        assert_eq!(
+            IN_PROCESS.load(std::sync::atomic::Ordering::Acquire),
+            before
+        );
         // Directories only stay while something is in them; a file stands for that here.
         remove_children(&run.path);
         let left: Vec<_> = std::fs::read_dir(&run.path).unwrap().flatten().collect();

@@ -3,26 +3,31 @@
 //! Removing a memory cgroup does not free it while pages are still charged to it: a file page is
 //! charged to the cgroup of the process that first brought it into the page cache (a host file a
 //! run was the first to read, a file a session's exec wrote), and it stays charged, the removed
-//! cgroup held with it, until the page is reclaimed. On a host with memory to spare that is never.
-//! The kernel has 65,535 memory cgroup ids for the whole host, live and held alike, and once they
-//! are spent no cgroup can be made there at all, by palisade or systemd or a container runtime.
-//! A run that reads one page no earlier run read holds one id: 300 one-shot runs that each read a
-//! different file of `/usr` left 300 held (this v1 VM, 2026-12-05), so a tenant with 65,000 cheap
-//! runs could stop every cgroup on the host.
+//! cgroup held with it, until the page is reclaimed; on a host with memory to spare, that is not
+//! soon. A held cgroup keeps its kernel memory, in no sandbox's ceiling: ~30 KiB here (2,000 held
+//! ones took 6.3 MB of per-CPU memory and 54 MB of slab on this 2-CPU VM, 2026-12-05), more on a
+//! host with more CPUs (the per-CPU part grows with them), and every reclaim and statistics walk
+//! of the hierarchy visits it. 300 one-shot runs that each read a different file of `/usr` left
+//! 300 held, so a tenant's cheap runs could have the host keep gigabytes (72,000 held: 2.2 GB
+//! here). (They do not spend the kernel's 65,535 memory cgroup ids: since Linux 4.8 a cgroup
+//! gives its id back when it is removed, and more than 65,535 held ones were made here with a
+//! `mkdir` still working after them. Live ones do hold ids: see `crate::exec`.)
 //!
 //! So once the host holds more than [`GIVE_BACK_ABOVE`] memory cgroups, a run's (or an exec's)
-//! memory cgroup gives back what is charged to it just before it is removed, and is then freed
-//! with its directory: v1 `memory.force_empty`, v2 `memory.reclaim` of what `memory.current`
-//! shows (its processes are gone by then, so that is only page cache and kernel objects).
-//! Below the mark nothing is given back: the pages a run brought in (an interpreter's modules,
-//! say) stay cached for the next, charged to the held cgroup. Giving back always would throw away
-//! what the next run of the same program would read again; past the mark it throws away only
-//! what each run newly brought in, since what later runs share stays charged to the cgroups held
-//! before.
+//! memory cgroup whose processes are gone gives back what is charged to it just before it is
+//! removed, and is then freed with its directory: v1 `memory.force_empty`, v2 `memory.reclaim` of
+//! what `memory.current` shows (with no process left, only page cache and kernel objects; pages of
+//! a tmpfs cannot be given back on a host without swap, but a run's scratch tmpfs is gone with
+//! its processes). Below the mark nothing is given back: the pages a run brought in (an
+//! interpreter's modules, say) stay cached for the next, charged to the held cgroup. Giving back
+//! always would throw away what the next run of the same program would read again; past the mark
+//! it throws away only what each run newly brought in, since what later runs share stays charged
+//! to cgroups held from before.
 //!
 //! The count: v1 has no count for part of a hierarchy, so it is the host's (the `memory` line of
 //! `/proc/cgroups`, live and held); v2 counts palisade's own (`nr_dying_descendants` of the
-//! palisade parent's `cgroup.stat`). It is read at most once every 100 ms.
+//! palisade parent's `cgroup.stat`). It is read at most once every 100 ms; one that cannot be
+//! read gives nothing back.
 
 use crate::keyed;
 use rustix::fs::{Mode, OFlags};
@@ -33,13 +38,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Memory cgroups the host holds (see the module's text for what is counted) past which a run's
-/// gives back its pages before it is removed: a quarter of the kernel's 65,535 ids.
-pub const GIVE_BACK_ABOVE: u64 = 16_384;
+/// gives back its pages before it is removed: ~120 MiB of held cgroups on this 2-CPU VM.
+pub const GIVE_BACK_ABOVE: u64 = 4_096;
 
 static ABOVE: AtomicU64 = AtomicU64::new(GIVE_BACK_ABOVE);
 
-/// The last count read, and when.
-static LAST: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+/// The last count read, and when, and where (`None`: the host's, v1).
+static LAST: Mutex<Option<(Instant, u64, Option<PathBuf>)>> = Mutex::new(None);
 
 /// How long a count read stands.
 const FRESH: Duration = Duration::from_millis(100);
@@ -86,20 +91,25 @@ pub(crate) fn over(count: Count<'_>) -> bool {
         u64::MAX => return false,
         _ => {}
     }
+    let key = match count {
+        Count::V1 => None,
+        Count::V2(p) => Some(p),
+    };
     let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-    let n = match *last {
-        Some((at, n)) if at.elapsed() < FRESH => n,
+    let n = match &*last {
+        Some((at, n, k)) if at.elapsed() < FRESH && k.as_deref() == key => *n,
         _ => {
             let n = count.read().unwrap_or(0);
-            *last = Some((Instant::now(), n));
+            *last = Some((Instant::now(), n, key.map(Path::to_path_buf)));
             n
         }
     };
     n > above
 }
 
-/// Gives back what is charged to memory cgroup `rel` under directory `dir` (`.`: `dir` itself),
-/// whose processes are gone; `v2` picks the file. Best effort: what it cannot give back keeps the
+/// Gives back what is charged to memory cgroup `rel` under directory `dir` (`.`: `dir` itself)
+/// if no process is left in it (v1 `tasks` empty, v2 `cgroup.events` `populated 0`, which covers
+/// its children too); `v2` picks the files. Best effort: what it cannot give back keeps the
 /// cgroup held, as without it.
 pub(crate) fn give_back(dir: impl AsFd, rel: &str, v2: bool) {
     let open = |name: &str, flags: OFlags| {
@@ -110,17 +120,39 @@ pub(crate) fn give_back(dir: impl AsFd, rel: &str, v2: bool) {
             Mode::empty(),
         )
     };
+    let read = |name: &str, buf: &mut [u8]| -> Option<usize> {
+        let f = open(name, OFlags::RDONLY).ok()?;
+        let mut n = 0;
+        while n < buf.len() {
+            match rustix::io::read(&f, &mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return None,
+            }
+        }
+        Some(n)
+    };
+    // Processes still there (exiting, or left behind) would have their own memory reclaimed,
+    // written to swap on a host with it, in fruitless rounds without.
+    let mut buf = [0u8; 256];
+    let empty = if v2 {
+        read("cgroup.events", &mut buf).is_some_and(|n| {
+            std::str::from_utf8(&buf[..n]).is_ok_and(|t| keyed(t, "populated") == Some(0))
+        })
+    } else {
+        read("tasks", &mut buf[..1]) == Some(0)
+    };
+    if !empty {
+        return;
+    }
     if !v2 {
         if let Ok(f) = open("memory.force_empty", OFlags::WRONLY) {
             let _ = rustix::io::write(&f, b"0");
         }
         return;
     }
-    let mut buf = [0u8; 32];
-    let Ok(f) = open("memory.current", OFlags::RDONLY) else {
-        return;
-    };
-    let Ok(n) = rustix::io::read(&f, &mut buf) else {
+    let Some(n) = read("memory.current", &mut buf) else {
         return;
     };
     let current = std::str::from_utf8(&buf[..n])

@@ -17,9 +17,8 @@
 //! have a child of the run's cgroup ([`RunCgroup::exec_cgroup`], the `exec` module): the run's
 //! limits hold over them together, and each counts its own OOM kills.
 //!
-//! A memory cgroup removed while pages are still charged to it stays in the kernel, and the host
-//! has 65,535 ids for them: past a mark, a run's gives back its pages before it goes (the `held`
-//! module).
+//! A memory cgroup removed while pages are still charged to it stays in the kernel with its
+//! kernel memory: past a mark, a run's gives back its pages before it goes (the `held` module).
 //!
 //! File writes plus two system calls through rustix (`flock`, `getrandom`); the root of the
 //! hierarchies is injectable, so the writers and the cleanup are tested on a temporary directory.
@@ -35,7 +34,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-pub use exec::{IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS, MAX_EXEC_CGROUPS};
+pub use exec::{
+    IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS, MAX_EXEC_CGROUPS, MAX_EXEC_CGROUPS_IN_PROCESS,
+};
 pub use held::{set_give_back_above, GIVE_BACK_ABOVE};
 pub use v1::V1;
 pub use v2::{PROCS_LEAF, V2};

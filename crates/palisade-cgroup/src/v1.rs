@@ -406,7 +406,9 @@ impl RunCgroup for V1Run {
     fn remove(&mut self) -> Result<(), CgroupError> {
         // Past the mark, the memory directory (and its exec children) give back what is still
         // charged to them, so that the kernel frees them with their directories (`crate::held`).
-        if let Some(m) = self.made.get(self.memory) {
+        // (A v1 directory lists only its own processes: its execs' are checked here.)
+        let execs_empty = self.children.get().is_none_or(|c| c.all_empty());
+        if let Some(m) = self.made.get(self.memory).filter(|_| execs_empty) {
             if crate::held::over(crate::held::Count::V1) {
                 crate::held::give_back(m.dir_fd(), ".", false);
             }

@@ -408,6 +408,29 @@ impl V2Run {
 
 /// A v2 run's `cpu.stat` (a few hundred bytes; read up to 64 KiB all the same: the CPU-time
 /// watch rests on it).
+/// Whether the unified hierarchy is mounted with `memory_localevents` (a flag of the whole
+/// hierarchy, shown on each of its mounts): each cgroup's `memory.events` then counts its own
+/// processes' events only. Read once.
+fn local_events() -> bool {
+    static LOCAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOCAL.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| mounted_local(&m))
+    })
+}
+
+/// Whether a `cgroup2` mount in `mountinfo` has the `memory_localevents` super option.
+fn mounted_local(mountinfo: &str) -> bool {
+    mountinfo.lines().any(|l| {
+        let Some((_, after)) = l.split_once(" - ") else {
+            return false;
+        };
+        let mut f = after.split_whitespace();
+        f.next() == Some("cgroup2")
+            && f.nth(1)
+                .is_some_and(|opts| opts.split(',').any(|o| o == "memory_localevents"))
+    })
+}
+
 fn cpu_stat(dir: &owner::Owned) -> String {
     read_upto(dir, "cpu.stat", 64 << 10)
         .and_then(|b| String::from_utf8(b).ok())
@@ -427,14 +450,24 @@ impl RunCgroup for V2Run {
         let stat = cpu_stat(dir);
         let us = |k| keyed(&stat, k).map(std::time::Duration::from_micros);
         let cpu = us("user_usec").zip(us("system_usec"));
-        read_stats(
+        let mut stats = read_stats(
             dir,
             ["memory.peak", "memory.events"],
             dir,
             "pids.peak",
             self.quota,
             cpu.map(|(user, system)| CpuUsage { user, system }),
-        )
+        );
+        // A hierarchy mounted with `memory_localevents` counts a kill only in the victim's own
+        // cgroup, as v1 does: once the run's processes are in its leaf and its execs in theirs,
+        // the run's total adds theirs.
+        if local_events() {
+            let exec = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(Some(c)) = &*exec {
+                stats.oom_kills += c.oom_total() + c.oom_kills_of(PROCS_LEAF);
+            }
+        }
+        stats
     }
 
     fn cpu_quota_us(&self) -> Option<u64> {
@@ -499,6 +532,18 @@ impl Drop for V2Run {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn local_events_is_read_from_the_cgroup2_super_options() {
+        let plain = "35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        let local = "35 24 0:30 / /sys/fs/cgroup rw,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_localevents\n";
+        // A v1 hierarchy's options are not the unified one's; a mount point named so is no option.
+        let v1 = "40 24 0:33 / /sys/fs/cgroup/memory_localevents rw - cgroup cgroup rw,memory\n";
+        assert!(!mounted_local(plain));
+        assert!(mounted_local(local));
+        assert!(!mounted_local(v1));
+        assert!(mounted_local(&format!("{v1}{local}")));
+    }
+
     #[test]
     fn owners_are_mapped_out_of_a_user_namespace() {
         let initial = "         0          0 4294967295\n";

@@ -134,6 +134,13 @@ impl Execs {
     }
 }
 
+/// Hands an exec's cgroup back to its run on a blocking thread: that can remove a directory and,
+/// past the host's mark of held memory cgroups, give back the pages charged to it (palisade-cgroup's
+/// `held`), which takes as long as writing back what is dirty; not on the server's async workers.
+fn let_go(cg: palisade::ExecCgroup) {
+    drop(tokio::task::spawn_blocking(move || drop(cg)));
+}
+
 /// How an exec's OOM kills are counted.
 enum OomCount {
     /// In a cgroup of its own, which its process entered before the program started: exact.
@@ -890,7 +897,12 @@ impl Service {
             Ok(Ok(e)) => {
                 let oom = match own {
                     Some(c) if e.joined => OomCount::Own(c),
-                    _ => OomCount::Session(oom0),
+                    other => {
+                        if let Some(c) = other {
+                            let_go(c);
+                        }
+                        OomCount::Session(oom0)
+                    }
                 };
                 s.count.fetch_add(1, Ordering::Relaxed);
                 s.running
@@ -900,11 +912,21 @@ impl Service {
                 self.inner.metrics.exec();
                 Ok((e, oom))
             }
-            Ok(Err((code, message))) => Err(exec_error(&code, &message)),
-            Err(e) => Err(ServiceError::gone(
-                &s.id,
-                &format!("its agent is gone ({})", e.0),
-            )),
+            Ok(Err((code, message))) => {
+                if let Some(c) = own {
+                    let_go(c);
+                }
+                Err(exec_error(&code, &message))
+            }
+            Err(e) => {
+                if let Some(c) = own {
+                    let_go(c);
+                }
+                Err(ServiceError::gone(
+                    &s.id,
+                    &format!("its agent is gone ({})", e.0),
+                ))
+            }
         }
     }
 
@@ -922,8 +944,12 @@ impl Service {
     ) -> Stage {
         let mut stage = stage_of(c);
         let n = match oom {
-            // Read, then let go: its directory goes once what the exec left there is gone.
-            OomCount::Own(cg) => Some(cg.oom_kills()),
+            // Read, then let go (for a later exec to take, or removed).
+            OomCount::Own(cg) => {
+                let n = cg.oom_kills();
+                let_go(cg);
+                Some(n)
+            }
             OomCount::Session(a) => a.zip(s.oom_kills().await).map(|(a, b)| b.saturating_sub(a)),
         };
         if let Some(n) = n {
