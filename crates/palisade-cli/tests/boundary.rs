@@ -212,6 +212,19 @@ fn the_host_cgroup_tree_is_hidden() {
     assert!(!got.contains("palisade") && !got.contains(".."), "{got}");
 }
 
+/// A sandbox's own terminal file system holds at most 64 terminals. Without a ceiling of its own,
+/// every sandbox's instance draws on one host-wide pool (`kernel.pty.max` less the host's
+/// reserve: 3,072 by default), which one payload could empty for every container and sandbox on
+/// the host (an independent attack, 2026-12-05, held 3,071 from one run).
+#[test]
+fn a_sandbox_holds_at_most_64_terminals() {
+    let r = probe(&[], &["ptys"]);
+    assert_eq!(r.probe("ptys"), "ok 64 then ENOSPC", "{}", r.stdout);
+    // With --tty the run's own terminal is one of them.
+    let r = probe(&["--tty"], &["ptys"]);
+    assert_eq!(r.probe("ptys"), "ok 63 then ENOSPC", "{}", r.stdout);
+}
+
 #[test]
 fn seccomp_refuses_the_kernels_riskiest_calls() {
     // Control: outside the sandbox these calls work on this host, so a refusal inside is the
@@ -228,6 +241,7 @@ fn seccomp_refuses_the_kernels_riskiest_calls() {
         "sys ptrace-traceme",
         "sys fanotify_init",
         "sys socketpair-unix",
+        "sys io_setup",
     ] {
         assert!(
             control.probe(what).starts_with("ok"),
@@ -243,6 +257,12 @@ fn seccomp_refuses_the_kernels_riskiest_calls() {
     } else {
         assert_eq!(got, "denied ENOSYS", "control sys open_tree_attr");
     }
+    // memfd_secret is there only where the kernel has secret memory (on by default since 6.5).
+    let got = control.probe("sys memfd_secret");
+    assert!(
+        got.starts_with("ok") || got == "denied ENOSYS",
+        "control sys memfd_secret: {got}"
+    );
     // socketpair of these families fails outside too, but in the family's own code (no pairs,
     // or no CAP_NET_RAW), not for want of the family: the code the filter keeps out runs there.
     for what in ["sys socketpair-netlink", "sys socketpair-packet"] {
@@ -263,6 +283,8 @@ fn seccomp_refuses_the_kernels_riskiest_calls() {
         "sys clone-newnet",
         "sys tiocsti-high-bits",
         "sys ptrace-traceme",
+        "sys memfd_secret",
+        "sys io_setup",
     ] {
         assert_eq!(r.probe(what), "denied EPERM", "{what}\n{}", r.stdout);
     }
@@ -415,7 +437,14 @@ fn every_refused_call_fails_with_eperm_and_is_reported() {
     }
     // The calls added for audit findings F3 and F15, by name: a probe that lost them would
     // otherwise still pass.
-    for name in ["open_tree_attr", "fanotify_init", "lsm_set_self_attr"] {
+    // The calls added for an independent attack of 2026-12-05 too (memfd_secret, io_setup).
+    for name in [
+        "open_tree_attr",
+        "fanotify_init",
+        "lsm_set_self_attr",
+        "memfd_secret",
+        "io_setup",
+    ] {
         assert_eq!(
             r.probe(&format!("refused {name}")),
             "denied EPERM",

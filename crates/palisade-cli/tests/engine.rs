@@ -255,6 +255,8 @@ fn boundary_attacks(t: &Template, trun: Runner) {
         "sys ptrace-traceme",
         "sys open_tree_attr",
         "sys fanotify_init",
+        "sys memfd_secret",
+        "sys io_setup",
     ] {
         assert_eq!(r.probe(what), "denied EPERM", "{what}\n{}", r.stdout);
     }

@@ -606,7 +606,10 @@ pub(crate) fn run_op_with(sources: &[crate::plan::Source], op: &Op) -> SysResult
             path,
             Some(c"devpts"),
             libc::MS_NOSUID | libc::MS_NOEXEC,
-            Some(c"newinstance,ptmxmode=0666,mode=0620"),
+            // `max`: an instance's own ceiling on terminals. Without it every non-initial instance
+            // draws on one host-wide pool (`kernel.pty.max` less `kernel.pty.reserve`, 3,072 by
+            // default), which one payload could empty for every container and sandbox on the host.
+            Some(c"newinstance,ptmxmode=0666,mode=0620,max=64"),
         ),
         Op::Bind {
             source,

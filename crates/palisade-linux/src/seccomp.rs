@@ -18,6 +18,8 @@
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | keystroke injection into a terminal; the command is compared as 32 bits (CVE-2019-10063) |
 //! | `ioctl` `TIOCSETD` | a line discipline on the sandbox's own pty: loads and runs rarely used kernel code (n_gsm, n_hdlc, PPP) and, with PPP, registers a channel counted in the network namespace, which a template may hand to a later run |
 //! | `socket` and `socketpair` of families other than `AF_UNIX`, `AF_INET`, `AF_INET6` | netlink, packet, vsock, xdp… sockets: no route out but the proxy's, and no other family's code (`socketpair` creates a socket of the family before it finds out the family has no pairs) |
+//! | `memfd_secret` | a secret memory area is taken out of the kernel's direct map, splitting its large pages for good: a payload that makes and drops them over fresh memory splits the host's 1 GiB mappings one by one (an independent attack, 2026-12-05: 16 of 24 in one run), slowing every kernel memory access until reboot |
+//! | `io_setup` | native AIO contexts count against one host-wide quota, `fs.aio-max-nr`: one payload could take all of it, denying it to host services and other sandboxes while it runs (the same attack) |
 //! | `fanotify_init` | a group counts against the per-user quota of the user namespace's owner, host root for a root-launched sandbox (audit F3); inotify stays |
 //! | `prlimit64` of `RLIMIT_CORE` that also reads the old limit | the limit stays at [`CORE_LIMIT`]; a plain `setrlimit` or `prlimit64` of it returns 0 and changes nothing (not reported) |
 //! | `lsm_set_self_attr` | changing the process's LSM context, which `/proc/self/attr` does not allow inside (Landlock) |
@@ -312,6 +314,8 @@ pub fn denied() -> Vec<(&'static str, i64)> {
         sys!(SYS_setns),
         sys!(SYS_lookup_dcookie),
         sys!(SYS_fanotify_init),
+        sys!(SYS_memfd_secret),
+        sys!(SYS_io_setup),
         ("lsm_set_self_attr", SYS_LSM_SET_SELF_ATTR),
     ];
     #[cfg(target_arch = "x86_64")]
@@ -810,6 +814,8 @@ mod tests {
             ("open_tree_attr", 467),
             ("fanotify_init", libc::SYS_fanotify_init),
             ("lsm_set_self_attr", 460),
+            ("memfd_secret", libc::SYS_memfd_secret),
+            ("io_setup", libc::SYS_io_setup),
         ];
         for (name, nr) in refused {
             assert_eq!(decide(&p, nr as u32, AUDIT_ARCH, [0; 6]), EPERM, "{name}");
@@ -826,7 +832,6 @@ mod tests {
         let allowed = [
             ("pidfd_getfd", libc::SYS_pidfd_getfd),
             ("process_madvise", libc::SYS_process_madvise),
-            ("memfd_secret", libc::SYS_memfd_secret),
             ("process_mrelease", libc::SYS_process_mrelease),
             ("cachestat", 451),
             ("map_shadow_stack", 453),

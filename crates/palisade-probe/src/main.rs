@@ -302,6 +302,21 @@ fn alloc(mib: usize) -> Result<String, i32> {
     Ok(format!("{} MiB", held.len()))
 }
 
+/// Opens `/dev/ptmx` until it fails (at most 10,000 times): `N then ERRNO`, the terminals held
+/// until the process exits.
+fn ptys() -> Result<String, i32> {
+    let mut n = 0;
+    while n < 10_000 {
+        // SAFETY: a constant, NUL-terminated path; the descriptor is kept until exit.
+        let fd = unsafe { libc::open(c"/dev/ptmx".as_ptr(), libc::O_RDWR | libc::O_NOCTTY) };
+        if fd < 0 {
+            return Ok(format!("{n} then {}", errno_name(last())));
+        }
+        n += 1;
+    }
+    Ok(format!("{n} then none"))
+}
+
 fn raw(r: libc::c_long) -> Result<String, i32> {
     if r < 0 {
         Err(last())
@@ -426,6 +441,16 @@ fn syscalls() {
                 libc::O_RDONLY as L,
             )),
         );
+        line(
+            "sys memfd_secret",
+            raw(libc::syscall(libc::SYS_memfd_secret, 0 as L)),
+        );
+        let mut aio: libc::c_ulong = 0;
+        let got = libc::syscall(libc::SYS_io_setup, 1 as L, &mut aio as *mut libc::c_ulong);
+        if got == 0 {
+            libc::syscall(libc::SYS_io_destroy, aio as L);
+        }
+        line("sys io_setup", raw(got));
         // Namespace-creating calls run in a throwaway child, so that a success (outside a sandbox)
         // does not change the rest of the probe.
         let in_child = |f: &dyn Fn() -> L| -> Result<String, i32> {
@@ -565,6 +590,8 @@ fn refused() {
         ("unshare", libc::SYS_unshare),
         ("setns", libc::SYS_setns),
         ("fanotify_init", libc::SYS_fanotify_init),
+        ("memfd_secret", libc::SYS_memfd_secret),
+        ("io_setup", libc::SYS_io_setup),
         ("lsm_set_self_attr", LSM_SET_SELF_ATTR),
     ];
     #[cfg(target_arch = "x86_64")]
@@ -801,6 +828,7 @@ fn main() {
             fill(a(1), a(2).parse().unwrap_or(0)),
         ),
         "alloc" => line(&format!("alloc {}", a(1)), alloc(a(1).parse().unwrap_or(0))),
+        "ptys" => line("ptys", ptys()),
         "syscalls" => syscalls(),
         "refused" => refused(),
         "burn" => line(
