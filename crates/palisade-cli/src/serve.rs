@@ -247,6 +247,19 @@ pub fn read_token(p: &std::path::Path) -> anyhow::Result<Arc<str>> {
     Ok(Arc::from(t))
 }
 
+/// What to say when the server's sandboxes, each at its process ceiling, could hold more
+/// processes than the host's `kernel.pid_max`: then they could leave the host (and each other)
+/// unable to start one. `None` when they fit, or the host's value is unknown.
+fn pid_share(sandboxes: u64, pids: u64, pid_max: Option<u64>) -> Option<String> {
+    let pid_max = pid_max?;
+    let most = sandboxes.saturating_mul(pids);
+    (most > pid_max).then(|| {
+        format!(
+            "{sandboxes} sandboxes at once (--max-sessions, --max-concurrency, --pool, --templates) of up to {pids} processes each (the policy's limits.pids) could hold {most} processes, past this host's kernel.pid_max of {pid_max}: past it no process can start on the host; lower them, or raise kernel.pid_max"
+        )
+    })
+}
+
 /// Runs `palisade serve`; returns the exit code.
 pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
     tracing_subscriber::fmt()
@@ -341,6 +354,13 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         )
         .map_err(|e| anyhow::anyhow!("--warm-python: {e}"))?;
         config.warm_python = Some(a.warm_python_modules.clone());
+    }
+    let sandboxes = config.max_sessions + config.max_concurrency + config.pool_size + a.templates;
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    if let Some(w) = pid_share(sandboxes as u64, config.ceiling.max_pids(), pid_max) {
+        tracing::warn!("{w}");
     }
     let max_body = palisade::policy::parse_size("--max-body", &a.max_body)?;
     anyhow::ensure!(
@@ -1073,4 +1093,30 @@ pub fn openapi() -> String {
         }
     });
     serde_json::to_string_pretty(&doc).expect("the document serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pid_share;
+
+    #[test]
+    fn a_server_whose_sandboxes_could_take_the_hosts_pids_is_told() {
+        // The defaults on a 2-CPU host with pid_max 32,768: 64 sessions, 2 at once, no pool.
+        let w = pid_share(66, 1024, Some(32_768)).expect("a warning");
+        assert!(
+            w.contains("67584 processes") && w.contains("kernel.pid_max of 32768"),
+            "{w}"
+        );
+        assert_eq!(
+            pid_share(32, 1024, Some(32_768)),
+            None,
+            "exactly at it fits"
+        );
+        assert_eq!(pid_share(66, 1024, Some(4_194_304)), None);
+        assert_eq!(
+            pid_share(u64::MAX, 2, Some(1)).map(|w| w.contains(&u64::MAX.to_string())),
+            Some(true)
+        );
+        assert_eq!(pid_share(66, 1024, None), None, "unknown: nothing to say");
+    }
 }

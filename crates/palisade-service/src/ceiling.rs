@@ -105,6 +105,11 @@ impl Ceiling {
         }
     }
 
+    /// The most processes one of this server's sandboxes may hold (its bounds' `pids`).
+    pub fn max_pids(&self) -> u64 {
+        self.bounds.limits.pids
+    }
+
     /// The policy itself.
     pub fn policy(&self) -> &Policy {
         &self.policy
