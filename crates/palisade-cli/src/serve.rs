@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// Sessions alive at once (1 to 10000).
     #[arg(long = "max-sessions", value_name = "N", default_value_t = 64)]
     max_sessions: usize,
+    /// Connections open at once through the egress proxies of all runs and sessions together
+    /// (1 to 65536; each holds a server thread). One past it is closed at once.
+    #[arg(long = "max-proxy-connections", value_name = "N", default_value_t = palisade::MAX_CONNECTIONS_IN_PROCESS)]
+    max_proxy_connections: usize,
     /// Keep N sandboxes started ahead for runs with the default policy (the ceiling's limits, no
     /// egress, no variables of their own), each used by one run; at most 256 (default: no
     /// pool).
@@ -313,6 +317,12 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
         a.max_sessions
     );
     config.max_sessions = a.max_sessions;
+    anyhow::ensure!(
+        (1..=65_536).contains(&a.max_proxy_connections),
+        "--max-proxy-connections {}: from 1 to 65536 (each open connection holds a server thread)",
+        a.max_proxy_connections
+    );
+    palisade::set_max_connections_in_process(a.max_proxy_connections);
     config.shutdown_grace =
         palisade::policy::parse_duration("--shutdown-grace", &a.shutdown_grace)?;
     anyhow::ensure!(

@@ -2153,6 +2153,70 @@ fn concurrent_execs_of_a_session_count_their_own_oom_kills() {
     assert_nothing_held(s.pid());
 }
 
+/// The egress proxies of all a server's sessions and runs together hold at most
+/// `--max-proxy-connections` connections (each a server thread, charged to no sandbox; found by an
+/// independent review): session A holds 6 of 8, so session B gets 2 and 4 are closed at once with
+/// the proxy's `503 too-many-connections`; once A's are closed, B gets all 6.
+#[test]
+fn the_servers_proxies_hold_at_most_max_proxy_connections_together() {
+    let s = Server::start(
+        "[network]\nallow = [\"pypi.org\"]\n",
+        &["--max-proxy-connections", "8"],
+    );
+    let session = || {
+        let r = s
+            .post("/v1/sandboxes", &json!({"allow_net": ["pypi.org"]}))
+            .json();
+        r["id"].as_str().unwrap_or_else(|| panic!("{r}")).to_owned()
+    };
+    let (a, b) = (session(), session());
+    let exec = |id: &str, body: Value| s.post(&format!("/v1/sandboxes/{id}/exec"), &body).json();
+    let hold = "import socket, os, time\n\
+        cs = [socket.create_connection(('127.0.0.1', 3128), timeout=5) for _ in range(6)]\n\
+        open('opened', 'w').close()\n\
+        while not os.path.exists('release'): time.sleep(0.02)\n";
+    let held = exec(
+        &a,
+        json!({"command": ["python3", "-c", hold], "mode": "background"}),
+    );
+    let held = held["id"].as_u64().unwrap_or_else(|| panic!("{held}"));
+    wait_until("A's connections are open", || {
+        exec(&a, json!({"command": ["cat", "opened"]}))["status"] == "ok"
+    });
+    // How many of 6 connections the proxy closes at once with its 503.
+    let count = "import socket\n\
+        refused, cs = 0, []\n\
+        for _ in range(6):\n\
+        \x20   c = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+        \x20   c.settimeout(0.5)\n\
+        \x20   try:\n\
+        \x20       refused += b'too-many-connections' in c.recv(4096)\n\
+        \x20   except socket.timeout:\n\
+        \x20       pass\n\
+        \x20   cs.append(c)\n\
+        print(refused)\n";
+    let refused = |id: &str| {
+        let r = exec(id, json!({"command": ["python3", "-c", count]}));
+        assert_eq!(r["status"], "ok", "{r}");
+        r["stdout"]["data"].as_str().unwrap().trim().to_owned()
+    };
+    assert_eq!(refused(&b), "4", "past 8 connections for the whole server");
+    exec(&a, json!({"command": ["touch", "release"]}));
+    wait_until("A's holder ends", || {
+        !s.get(&format!("/v1/sandboxes/{a}/exec/{held}")).json()["result"].is_null()
+    });
+    let mut last = String::new();
+    let freed = within(
+        "A's connections are given back",
+        std::time::Duration::from_secs(20),
+        || {
+            last = refused(&b);
+            last == "0"
+        },
+    );
+    assert!(freed, "{last} of 6 still refused once A's were closed");
+}
+
 /// Flags whose value would have the server hold unbounded memory, processes or cgroups for its
 /// clients, or that could never take effect, are refused before anything starts: a non-zero exit,
 /// the flag and its bound named, no socket created.
@@ -2164,6 +2228,11 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
     let cases: &[(&str, &[&str], &str)] = &[
         ("serve", &["--max-queue", "100001"], "at most 100000"),
         ("serve", &["--max-sessions", "0"], "from 1 to 10000"),
+        (
+            "serve",
+            &["--max-proxy-connections", "0"],
+            "from 1 to 65536",
+        ),
         ("serve", &["--pool", "257"], "from 0 (off) to 256"),
         ("serve", &["--templates", "100000"], "from 0 (off) to 256"),
         // A device as the token file: read through a bound, not until memory runs out.

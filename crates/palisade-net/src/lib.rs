@@ -302,6 +302,25 @@ pub struct Lookup {
 /// Most connections open at once per [`Egress`] (each holds one supervisor thread).
 pub const MAX_CONNECTIONS: usize = 128;
 
+/// Most connections open at once through all the proxies of one process (a server's runs and
+/// sessions together), unless [`set_max_connections_in_process`] says otherwise: each holds a
+/// supervisor thread, up to six descriptors and its relay's buffers, which no sandbox's cgroup
+/// is charged for, so that 64 sessions at [`MAX_CONNECTIONS`] each would hold 8,192 threads.
+pub const MAX_CONNECTIONS_IN_PROCESS: usize = 1024;
+
+/// Connections open through this process's proxies, and the most it allows.
+pub(crate) static PROCESS_OPEN: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+pub(crate) static PROCESS_CAP: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(MAX_CONNECTIONS_IN_PROCESS);
+
+/// Sets the most connections open at once through all the proxies of this process (at least
+/// 1); a connection past it is closed at once, as one past [`MAX_CONNECTIONS`], and counted in
+/// [`NetLog::refused_connections`].
+pub fn set_max_connections_in_process(n: usize) {
+    PROCESS_CAP.store(n.max(1), std::sync::atomic::Ordering::SeqCst);
+}
+
 /// The threads of every [`Egress`]'s DNS stub, and of its other listeners, kept for the next
 /// sandbox's (see `palisade_linux::pool`).
 static DNS_THREADS: Pool = Pool::new(c"palisade-dns");

@@ -169,6 +169,7 @@ struct Open<'a>(&'a Shared);
 impl Drop for Open<'_> {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
+        crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -212,7 +213,24 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
         }
         if sh.open.fetch_add(1, Ordering::SeqCst) >= sh.limits.connections {
             sh.open.fetch_sub(1, Ordering::SeqCst);
-            refuse(&s, role);
+            refuse(
+                &s,
+                role,
+                "the sandbox has too many connections open through the proxy",
+            );
+            sh.refused.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        // And the process's, for all its proxies together.
+        let cap = crate::PROCESS_CAP.load(Ordering::SeqCst);
+        if crate::PROCESS_OPEN.fetch_add(1, Ordering::SeqCst) >= cap {
+            crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
+            sh.open.fetch_sub(1, Ordering::SeqCst);
+            refuse(
+                &s,
+                role,
+                "the server's proxies have too many connections open",
+            );
             sh.refused.fetch_add(1, Ordering::Relaxed);
             continue;
         }
@@ -238,6 +256,7 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
             Err(_) => {
                 // No thread to be had: the connection was dropped with the closure.
                 sh.open.fetch_sub(1, Ordering::SeqCst);
+                crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
                 sh.refused.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -256,9 +275,9 @@ fn is_out_of_resources(e: &io::Error) -> bool {
 
 /// Closes a connection past the cap at once: the HTTP proxy first says why, if the client's
 /// socket takes the answer without waiting.
-fn refuse(s: &TcpStream, role: Role) {
+fn refuse(s: &TcpStream, role: Role, why: &str) {
     if role == Role::HttpProxy && s.set_nonblocking(true).is_ok() {
-        let body = "palisade: too-many-connections: the sandbox has too many connections open through the proxy\n";
+        let body = format!("palisade: too-many-connections: {why}\n");
         let msg = format!(
             "HTTP/1.1 503 Service Unavailable\r\nX-Palisade-Denied: too-many-connections\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()

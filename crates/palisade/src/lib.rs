@@ -23,7 +23,8 @@ pub mod workspace;
 pub use builder::Builder;
 pub use palisade_linux::SetupError;
 pub use palisade_net::{
-    Decision as NetDecision, Event as NetEvent, NetLog, Reason as NetReason, Via as NetVia,
+    set_max_connections_in_process, Decision as NetDecision, Event as NetEvent, NetLog,
+    Reason as NetReason, Via as NetVia, MAX_CONNECTIONS_IN_PROCESS,
 };
 pub use palisade_policy as policy;
 pub use report::{
