@@ -1,33 +1,13 @@
 //! A session's exec cgroup against the real kernel, v1 or v2 (whichever this host has): what the
 //! run's ceiling must hold is charged in it, socket buffers included.
 
+mod common;
+
+use common::memory_dir_of;
 use palisade_cgroup::CgroupLimits;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-
-/// The memory cgroup directory process `pid` is in (v1: in the memory hierarchy; v2: the unified
-/// one, at the top of `/sys/fs/cgroup` or under `unified/`).
-fn memory_dir_of(pid: u32) -> PathBuf {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    for l in text.lines() {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
-        let rel = path.trim_start_matches('/');
-        if ctrls.split(',').any(|c| c == "memory") {
-            return Path::new("/sys/fs/cgroup/memory").join(rel);
-        }
-        if ctrls.is_empty() {
-            for top in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-                let d = Path::new(top).join(rel);
-                if d.join("memory.current").exists() {
-                    return d;
-                }
-            }
-        }
-    }
-    panic!("no memory cgroup for {pid} in {text}")
-}
 
 /// Bytes of socket buffers charged to the memory cgroup `dir`: v1 `memory.kmem.tcp.usage_in_bytes`
 /// (which holds UDP too), v2 `sock` of `memory.stat`.

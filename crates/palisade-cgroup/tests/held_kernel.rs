@@ -6,6 +6,9 @@
 //! does. The files are written on this process's temporary directory, which must be on a disk
 //! file system: a tmpfs's pages cannot be given back on a host without swap.
 
+mod common;
+
+use common::memory_dir_of;
 use palisade_cgroup::{CgroupLimits, ExecCgroup};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,28 +41,6 @@ fn usage_at(dir: &Path) -> Option<i64> {
 
 fn usage(dir: &Path) -> i64 {
     usage_at(dir).unwrap_or_else(|| panic!("no memory usage in {}", dir.display()))
-}
-
-/// The memory cgroup directory process `pid` is in.
-fn memory_dir_of(pid: u32) -> PathBuf {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    for l in text.lines() {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
-        let rel = path.trim_start_matches('/');
-        if ctrls.split(',').any(|c| c == "memory") {
-            return Path::new("/sys/fs/cgroup/memory").join(rel);
-        }
-        if ctrls.is_empty() {
-            for top in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-                let d = Path::new(top).join(rel);
-                if d.join("memory.current").exists() {
-                    return d;
-                }
-            }
-        }
-    }
-    panic!("no memory cgroup for {pid} in {text}")
 }
 
 /// Runs `head -c BYTES /dev/zero > file` in a process that enters the cgroup through `enter`
