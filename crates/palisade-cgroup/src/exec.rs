@@ -22,16 +22,17 @@
 //! close-on-exec, so the program never holds it.
 //!
 //! An exec's directory is kept when it ends, for a later exec of the same run: making and
-//! removing a memory cgroup costs more than the rest of a short exec's start (~0.35 ms of 1.5 on
-//! a v1 host). A later exec takes it only once no process is left in it (its process list reads
+//! removing a memory cgroup costs ~50 µs on a v1 host, and a removed one can stay in the kernel
+//! (below). A later exec takes it only once no process is left in it (its process list reads
 //! empty), and counts its OOM kills from the count read as it takes it. Nothing else carries
 //! over that matters: the directory has no limit of its own, and memory still charged to it (a
 //! file the earlier exec wrote, cached) is the run's, under the run's ceiling, either way. The
 //! only processes that can enter it are those given its join file, and the supervisor gives that
 //! only with the exec it hands the directory to. Past [`IDLE_EXEC_CGROUPS`] ended ones, those
-//! nothing runs in are removed; one an exec left processes in stays until they are gone, then
-//! goes at a later exec's start or end, or with the run. At most [`MAX_EXEC_CGROUPS`] exist at
-//! once in one run: past that, an exec gets none (its count is the session's, as before).
+//! nothing runs in are removed; one an exec left processes in is not taken while they run, and
+//! once they are gone is taken or removed like the others, or goes with the run. At most
+//! [`MAX_EXEC_CGROUPS`] exist at once in one run: past that, an exec gets none (its count is the
+//! session's, as before).
 //!
 //! Taking ended ones again also bounds what the host keeps of removed ones. A memory cgroup
 //! removed while pages are still charged to it (a file the exec wrote in scratch, cached) stays
@@ -142,7 +143,9 @@ impl Children {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new exec cgroup, or `None` if [`MAX_EXEC_CGROUPS`] are still there.
+    /// An exec cgroup: an ended one nothing runs in, or a new one; `None` if none is free and
+    /// no other may be made ([`MAX_EXEC_CGROUPS`], [`MADE_EXEC_CGROUPS`],
+    /// [`MAX_EXEC_CGROUPS_IN_PROCESS`]).
     pub(crate) fn make(self: &Arc<Self>) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
         let mut st = self.state();
         // An ended exec's, once nothing runs in it, counting from its count now.
@@ -252,9 +255,7 @@ impl Children {
             let (name, ended_) = &st.live[i];
             if *ended_ {
                 let kills = self.oom_kills(name).unwrap_or(0);
-                if self.empty(name) {
-                    self.give_back(name);
-                }
+                self.give_back(name);
                 match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR) {
                     Ok(()) | Err(Errno::NOENT) => {
                         st.removed_oom += kills;
@@ -270,8 +271,8 @@ impl Children {
         }
     }
 
-    /// Past the mark, child `name`, about to be removed, gives back what is charged to it, so
-    /// that the kernel frees it with its directory (`crate::held`).
+    /// Past the mark, child `name`, about to be removed, gives back what is charged to it if
+    /// nothing runs in it, so that the kernel frees it with its directory (`crate::held`).
     fn give_back(&self, name: &str) {
         let v2 = self.events == "memory.events";
         let parent = crate::held::parent_of(&self.path);
