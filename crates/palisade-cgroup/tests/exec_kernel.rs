@@ -71,7 +71,15 @@ fn an_exec_cgroups_socket_buffers_are_charged() {
     BufReader::new(p.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let charged = socket_charge(&dir);
+    // v1's figure is a counter read as it is; v2's `memory.stat` is brought up to date when a
+    // read finds enough changes pending, or by the kernel's flush every 2 s: a few hundred KiB of
+    // socket buffers can wait for the latter.
+    let t0 = std::time::Instant::now();
+    let mut charged = socket_charge(&dir);
+    while charged == 0 && t0.elapsed() < std::time::Duration::from_secs(6) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        charged = socket_charge(&dir);
+    }
     drop(stdin);
     let _ = p.wait();
     drop((join, exec));
