@@ -5,7 +5,19 @@
 //! kernel counts per cgroup (an OOM kill, above all) would then be the session's, and with two
 //! execs at once nobody could say whose process the kill was. So each exec gets a child of the
 //! run's cgroup in the memory hierarchy, which its first process enters before it starts the
-//! program: no limit of its own (the parent's hold over it, hierarchically), only its own count.
+//! program, with its own count and a memory ceiling a little below the run's
+//! ([`exec_memory_ceiling`]).
+//!
+//! That ceiling keeps the session. The run's own processes (the sandbox's init and the session's
+//! agent) are under the run's ceiling with every exec, and when the run as a whole is at its
+//! ceiling the kernel kills the process with the most memory mapped, which need not be the exec
+//! that took the memory: an exec that wrote a file past the ceiling into scratch (file pages that
+//! belong to no process) had the agent killed, the largest process left, and the session ended
+//! (measured: `dd` of 400 MiB into a 128 MiB session). With the exec's own ceiling below the
+//! run's, the exec meets its ceiling first, and the kernel chooses only among the exec's own
+//! processes. What the room does not cover: execs at once that together pass the run's ceiling,
+//! or files the agent wrote (`PUT`) taking the room; the kernel then chooses among all of the
+//! run's processes by size again.
 //!
 //! - **v1**: a child of the run's memory directory. A v1 memory cgroup counts an OOM kill only in
 //!   the cgroup of the process killed, never in its parents, so the run's own total adds its
@@ -25,8 +37,9 @@
 //! removing a memory cgroup costs ~50 µs on a v1 host, and a removed one can stay in the kernel
 //! (below). A later exec takes it only once no process is left in it (its process list reads
 //! empty), and counts its OOM kills from the count read as it takes it. Nothing else carries
-//! over that matters: the directory has no limit of its own, and memory still charged to it (a
-//! file the earlier exec wrote, cached) is the run's, under the run's ceiling, either way. The
+//! over that matters: its ceiling is the same for every exec of the run, and memory still
+//! charged to it (a file the earlier exec wrote in scratch) would be under the run's ceiling in a
+//! new directory too, leaving the exec no more room there. The
 //! only processes that can enter it are those given its join file, and the supervisor gives that
 //! only with the exec it hands the directory to. Past [`IDLE_EXEC_CGROUPS`] ended ones, those
 //! nothing runs in are removed; one an exec left processes in is not taken while they run, and
@@ -49,6 +62,23 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
+
+/// The memory ceiling of an exec cgroup in a run whose ceiling is `run` bytes: the run's, less
+/// room for the run's own processes (the sandbox's init and a session's agent, ~1 MiB of
+/// anonymous memory together, with their page tables, sockets and the buffers of a file
+/// transfer). The room is a sixteenth of the run's ceiling, at least 16 MiB and at most 64 MiB,
+/// and never more than a quarter of it.
+pub fn exec_memory_ceiling(run: u64) -> u64 {
+    let room = (run / 16).clamp(EXEC_ROOM_MIN, EXEC_ROOM_MAX).min(run / 4);
+    run - room
+}
+
+/// The least room [`exec_memory_ceiling`] leaves for the run's own processes (where the run's
+/// ceiling is at least four times as much).
+pub const EXEC_ROOM_MIN: u64 = 16 << 20;
+
+/// The most room [`exec_memory_ceiling`] leaves for the run's own processes.
+pub const EXEC_ROOM_MAX: u64 = 64 << 20;
 
 /// Most exec cgroups one run holds at once, ended ones included.
 pub const MAX_EXEC_CGROUPS: usize = 64;
@@ -93,9 +123,10 @@ pub(crate) struct Children {
     /// The file a process writes `0` into to enter, and whose reading lists those in it: v1
     /// `tasks` (threads), v2 `cgroup.procs`.
     join: &'static str,
-    /// Control files written in each new child before it is handed out (v1: the socket-buffer
-    /// knob, without which the child's sockets are charged to no cgroup at all).
-    setup: &'static [(&'static str, &'static str)],
+    /// Control files written in each new child before it is handed out: its memory ceiling
+    /// ([`exec_memory_ceiling`]), and on v1 the socket-buffer knob, without which the child's
+    /// sockets are charged to no cgroup at all.
+    setup: Vec<(&'static str, String)>,
     state: Mutex<State>,
 }
 
@@ -120,7 +151,7 @@ impl Children {
         parent: &owner::Owned,
         events: &'static str,
         join: &'static str,
-        setup: &'static [(&'static str, &'static str)],
+        setup: Vec<(&'static str, String)>,
     ) -> Result<Children, CgroupError> {
         let dir = rustix::fs::openat(
             parent.dir_fd(),
@@ -174,7 +205,7 @@ impl Children {
             give_places(1);
             return Err(io_at("create", &self.path.join(&name))(e.into()));
         }
-        for (file, value) in self.setup {
+        for (file, value) in &self.setup {
             let rel = format!("{name}/{file}");
             let written = rustix::fs::openat(
                 &self.dir,
@@ -383,6 +414,21 @@ mod tests {
     }
 
     #[test]
+    fn an_exec_ceiling_leaves_a_sixteenth_between_16_and_64_mib_at_most_a_quarter() {
+        const M: u64 = 1 << 20;
+        for (run, exec) in [
+            (2048 * M, 1984 * M), // the default session: 64 MiB, the most
+            (512 * M, 480 * M),   // a sixteenth
+            (128 * M, 112 * M),   // 16 MiB, the least
+            (64 * M, 48 * M),     // 16 MiB is a quarter
+            (32 * M, 24 * M),     // a quarter, under 16 MiB
+            (M, 768 << 10),       // the least ceiling a policy takes
+        ] {
+            assert_eq!(exec_memory_ceiling(run), exec, "{run}");
+        }
+    }
+
+    #[test]
     fn exec_cgroups_are_bounded_counted_reused_and_removed() {
         let parent = std::env::temp_dir().join(format!("palisade-exec-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&parent);
@@ -391,7 +437,7 @@ mod tests {
             Ok(o) => o,
             Err(_) => panic!("could not make the run directory"),
         };
-        let c = Arc::new(Children::new(&run, "memory.oom_control", "tasks", &[]).unwrap());
+        let c = Arc::new(Children::new(&run, "memory.oom_control", "tasks", Vec::new()).unwrap());
         let a = c.make().unwrap().expect("an exec cgroup");
         let b = c.make().unwrap().expect("another");
         assert_ne!(a.name(), b.name());
@@ -498,7 +544,8 @@ mod tests {
                 Ok(o) => o,
                 Err(_) => panic!("could not make run directory {r}"),
             };
-            let cr = Arc::new(Children::new(&o, "memory.oom_control", "tasks", &[]).unwrap());
+            let cr =
+                Arc::new(Children::new(&o, "memory.oom_control", "tasks", Vec::new()).unwrap());
             while let Some(e) = cr.make().unwrap() {
                 handles.push(e);
             }

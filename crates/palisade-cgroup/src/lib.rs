@@ -35,7 +35,8 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use exec::{
-    IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS, MAX_EXEC_CGROUPS, MAX_EXEC_CGROUPS_IN_PROCESS,
+    exec_memory_ceiling, EXEC_ROOM_MAX, EXEC_ROOM_MIN, IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS,
+    MAX_EXEC_CGROUPS, MAX_EXEC_CGROUPS_IN_PROCESS,
 };
 pub use held::{set_give_back_above, GIVE_BACK_ABOVE};
 pub use v1::V1;

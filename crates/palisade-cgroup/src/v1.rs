@@ -157,6 +157,7 @@ impl V1 {
             made: Vec::new(),
             gaps: Vec::new(),
             sockets_counted: false,
+            memory_bytes: 0,
             children: std::sync::OnceLock::new(),
         };
         run.memory = run.place(Some(self.memory.join(name)))?.unwrap_or_default();
@@ -241,6 +242,7 @@ impl Manager for V1 {
         }
         run.gaps.push(gap);
         run.sockets_counted = counted;
+        run.memory_bytes = limits.memory_bytes;
         run.gaps.extend_from_slice(host_boot_gaps());
         Ok(Box::new(run))
     }
@@ -271,6 +273,8 @@ struct V1Run {
     gaps: Vec<Gap>,
     /// Whether socket buffers are counted (`memory.kmem.tcp.limit_in_bytes` written).
     sockets_counted: bool,
+    /// The run's memory ceiling, bytes.
+    memory_bytes: u64,
     /// The cgroups of a session's execs, children of the memory directory, once asked for.
     children: std::sync::OnceLock<std::sync::Arc<exec::Children>>,
 }
@@ -383,14 +387,17 @@ impl RunCgroup for V1Run {
         let c = match self.children.get() {
             Some(c) => c.clone(),
             None => {
-                // v1 charges a socket's buffers to a memory cgroup only once its own
-                // `memory.kmem.tcp.limit_in_bytes` was written (not inherited): written
-                // unlimited in each child, the run's ceiling above it holds them.
-                let setup: &'static [(&str, &str)] = if self.sockets_counted {
-                    &[("memory.kmem.tcp.limit_in_bytes", "-1")]
-                } else {
-                    &[]
-                };
+                // Each child's own ceiling (`exec`'s text). And v1 charges a socket's buffers
+                // to a memory cgroup only once its own `memory.kmem.tcp.limit_in_bytes` was
+                // written (not inherited): written unlimited in each child, the run's ceiling
+                // above it holds them.
+                let mut setup = vec![(
+                    "memory.limit_in_bytes",
+                    exec::exec_memory_ceiling(self.memory_bytes).to_string(),
+                )];
+                if self.sockets_counted {
+                    setup.push(("memory.kmem.tcp.limit_in_bytes", "-1".to_owned()));
+                }
                 let made = std::sync::Arc::new(exec::Children::new(
                     memory,
                     "memory.oom_control",

@@ -246,6 +246,7 @@ impl Manager for V2 {
         let mut run = V2Run {
             dir: Some(make_run(|name| owner::make(&self.base.join(name)))?),
             quota: None,
+            memory_bytes: limits.memory_bytes,
             exec: std::sync::Mutex::new(None),
         };
         let dir = run.dir().expect("just made");
@@ -301,6 +302,8 @@ struct V2Run {
     /// The run's directory, locked; `None` once removed.
     dir: Option<owner::Owned>,
     quota: Option<u64>,
+    /// The run's memory ceiling, bytes.
+    memory_bytes: u64,
     /// The cgroups of a session's execs: not asked for yet, or made ready (`Some(Some)`), or
     /// found impossible in this run (`Some(None)`).
     exec: std::sync::Mutex<Option<Option<std::sync::Arc<exec::Children>>>>,
@@ -383,7 +386,14 @@ impl V2Run {
             if pids.is_empty() {
                 match write_in(dir, "cgroup.subtree_control", "+memory") {
                     Ok(()) => {
-                        return exec::Children::new(dir, "memory.events", "cgroup.procs", &[])
+                        // Each child's own ceiling (`exec`'s text).
+                        let max = exec::exec_memory_ceiling(self.memory_bytes).to_string();
+                        return exec::Children::new(
+                            dir,
+                            "memory.events",
+                            "cgroup.procs",
+                            vec![("memory.max", max)],
+                        );
                     }
                     // A process came in between: another round.
                     Err(CgroupError::Io { ref source, .. })

@@ -157,3 +157,93 @@ fn an_exec_cgroup_taken_again_counts_only_its_new_execs_kills() {
     run.remove().unwrap();
     assert_ne!(other, name, "a cgroup with a process in it was taken");
 }
+
+/// An exec that writes a file past the run's memory ceiling into a tmpfs (pages of no process's)
+/// is killed in its own cgroup, at its own ceiling, and a larger process of the run's own (as a
+/// session's agent is) lives on. With the exec's cgroup under the run's ceiling alone, the kernel
+/// killed the largest process of the whole run: the bystander.
+#[test]
+#[ignore = "needs root: creates cgroups in palisade's parent; the root pass runs it with --include-ignored"]
+fn an_exec_past_the_ceiling_is_killed_in_its_own_cgroup_not_the_runs_largest_process() {
+    let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+    assert_eq!(uid.unwrap(), 0, "this test creates cgroups: run it as root");
+    let shm = Path::new("/dev/shm");
+    let fs = rustix::fs::statfs(shm).expect("/dev/shm: this test writes its file to a tmpfs there");
+    assert_eq!(
+        fs.f_type as i64, 0x0102_1994,
+        "/dev/shm is not a tmpfs: this test needs one for pages that belong to no process"
+    );
+    let m = palisade_cgroup::detect(Path::new("/sys/fs/cgroup"), 0).unwrap();
+    let limit: u64 = 128 << 20;
+    let mut run = m
+        .create(&CgroupLimits {
+            memory_bytes: limit,
+            pids: 64,
+            cpu_quota_us: None,
+        })
+        .unwrap();
+    // The bystander: 6 MiB of its own, less than the room the exec leaves, more than the exec's
+    // processes map.
+    let mut bystander = Command::new("python3")
+        .args([
+            "-c",
+            "import sys\nx = bytearray(6 << 20)\nx[::4096] = b'x' * len(x[::4096])\n\
+             print('ready', flush=True)\nsys.stdin.readline()\n",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    run.join(bystander.id() as i32).unwrap();
+    let mut line = String::new();
+    BufReader::new(bystander.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let exec = run.exec_cgroup().unwrap().expect("an exec cgroup");
+    // The exec's directory, and its ceiling.
+    // (The bystander is in the run's directory, or in its leaf on v2.)
+    let mut run_dir = memory_dir_of(bystander.id());
+    if run_dir.ends_with(palisade_cgroup::PROCS_LEAF) {
+        run_dir.pop();
+    }
+    let dir = run_dir.join(exec.name());
+    let ceiling = ["memory.limit_in_bytes", "memory.max"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+        .unwrap_or_else(|| panic!("no memory ceiling file in {}", dir.display()));
+    let file = shm.join(format!("palisade-exec-kernel-{}", std::process::id()));
+    let st = start_in(
+        &*exec,
+        &format!(
+            "exec dd if=/dev/zero of={} bs=1M count=256 2>/dev/null",
+            file.display()
+        ),
+    )
+    .wait()
+    .unwrap();
+    let (kills, run_kills) = (exec.oom_kills(), run.stats().oom_kills);
+    let _ = std::fs::remove_file(&file);
+    let bystander_alive = bystander.try_wait().unwrap().is_none();
+    drop(bystander.stdin.take());
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    drop(exec);
+    run.remove().unwrap();
+    assert!(
+        bystander_alive,
+        "the run's own process was killed for the exec's file (the exec: {st:?}, {kills} kills in its cgroup, {run_kills} in the run)"
+    );
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(9),
+        "the exec past its ceiling: {st:?}"
+    );
+    assert_eq!(kills, 1, "kills counted in the exec's cgroup");
+    assert_eq!(
+        ceiling.trim().parse::<u64>().ok(),
+        Some(palisade_cgroup::exec_memory_ceiling(limit)),
+        "the exec cgroup's ceiling in {}",
+        dir.display()
+    );
+}

@@ -1945,6 +1945,88 @@ fn a_sessions_execs_report_their_own_oom_and_cpu() {
     assert_nothing_held(s.pid());
 }
 
+/// An exec that writes a file larger than the session's memory into scratch (tmpfs pages, which
+/// belong to no process) is killed as `oom` in its own cgroup, and the session lives on: its
+/// files can still be read and its next exec runs. With the exec's cgroup held by the session's
+/// ceiling alone, the kernel killed the largest process of the whole session, its agent, and the
+/// session was gone (`410`) with the exec reported as a sandbox error.
+#[test]
+fn an_exec_that_fills_scratch_past_the_sessions_memory_is_oom_and_the_session_lives() {
+    let s = Server::start(POLICY, &[]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
+        )
+        .json();
+    let id = info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned();
+    let exec = |cmd: Value| {
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": cmd}),
+        )
+        .json()
+    };
+    let j = exec(json!(["sh", "-c", "echo kept > kept.txt"]));
+    assert_eq!(j["status"], "ok", "{j}");
+    let j = exec(json!([
+        "sh",
+        "-c",
+        "exec dd if=/dev/zero of=big bs=1M count=400 2>/dev/null"
+    ]));
+    assert_eq!(
+        (j["status"].as_str(), j["signal"].as_i64()),
+        (Some("oom"), Some(9)),
+        "{j}"
+    );
+    assert!(j["oom_kills"].as_u64().unwrap() >= 1, "{j}");
+    let r = s.get(&format!("/v1/sandboxes/{id}/files/kept.txt"));
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"kept\n"[..]),
+        "{r:?}"
+    );
+    let j = exec(json!(["sh", "-c", "rm big && echo still here"]));
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["data"].as_str()),
+        (Some("ok"), Some("still here\n")),
+        "{j}"
+    );
+    let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
+    assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
+    assert_nothing_held(s.pid());
+}
+
+/// A run through the agent (a file to fetch) whose program fills scratch past the run's memory:
+/// the kernel kills the sandbox's largest process, which is the agent rather than `dd`, and the
+/// run is `oom`, not a sandbox error; the file it could not read back is named `not-fetched`.
+#[test]
+fn a_run_whose_program_fills_scratch_past_its_memory_is_oom_even_when_its_agent_is_killed() {
+    let s = Server::start(POLICY, &[]);
+    let j = s
+        .post(
+            "/v1/run",
+            &json!({
+                "command": ["sh", "-c", "echo hi > out.txt; exec dd if=/dev/zero of=big bs=1M count=400 2>/dev/null"],
+                "limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30},
+                "fetch": ["out.txt"],
+            }),
+        )
+        .json();
+    assert_eq!(j["status"], "oom", "{j}");
+    assert!(j["error"].is_null(), "{j}");
+    assert!(j["report"]["oom_kills"].as_u64().unwrap() >= 1, "{j}");
+    // Fetched if the kernel took `dd` (its choice), named if it took the agent.
+    assert!(
+        j["files"]["out.txt"]["data"] == "hi\n" || j["file_errors"]["out.txt"] == "not-fetched",
+        "{j}"
+    );
+    assert_nothing_held(s.pid());
+}
+
 /// A streamed exec (NDJSON or SSE) whose client stays connected but stops reading still ends at
 /// its deadline: the output it cannot hand over past the deadline is dropped, not waited on (it
 /// held the exec, and its deadline, for as long as the client held the connection).
@@ -2068,9 +2150,10 @@ fn concurrent_execs_of_a_session_count_their_own_oom_kills() {
         r["result"].clone()
     };
     // B waits for A's pid, then for A to be gone, then kills itself. While A is being killed it
-    // waits with shell builtins only: a process that allocates (a `sleep` forked) while the
-    // session is at its ceiling and A's memory not yet freed can bring a second OOM kill, which
-    // takes the largest process left, the session's agent (seen under the VM matrix's emulator).
+    // waits with shell builtins only. (Before execs had a ceiling of their own below the
+    // session's, a process that allocated, a `sleep` forked, while the session was at its ceiling
+    // and A's memory not yet freed could bring a second OOM kill, which took the largest process
+    // left, the session's agent: seen under the VM matrix's emulator.)
     let b = background(json!([
         "sh",
         "-c",

@@ -628,6 +628,7 @@ impl Service {
                 result.error = Some(ServiceError::internal(format!("the agent: {}", conn.why())));
             }
         }
+        let agent_dead = conn.is_dead();
         conn.close().await;
         let out = held.finish().await;
         tracing::debug!(
@@ -668,6 +669,22 @@ impl Service {
                 result.error = None;
             }
             _ => {}
+        }
+        // The agent killed by the OOM killer while a stage ran: the run reached its memory
+        // ceiling, and the kernel took the largest process of the sandbox, which need not be the
+        // program (one that filled scratch with a file maps little itself). The sandbox was then
+        // stopped (`cancelled` in its report); the run's result is the memory's.
+        if agent_dead && out.report.oom_kills > 0 && result.status == RunStatus::SandboxError {
+            result.status = RunStatus::Oom;
+            result.error = None;
+        }
+        // Files that could not be read back because the sandbox was gone.
+        if agent_dead {
+            for p in &plan.fetch {
+                if !result.files.contains_key(p) && !result.file_errors.contains_key(p) {
+                    result.file_errors.insert(p.clone(), "not-fetched".into());
+                }
+            }
         }
         // A stage killed by SIGKILL in a sandbox where the OOM killer acted died of memory.
         if out.report.oom_kills > 0
