@@ -1231,3 +1231,96 @@ for host in ["allowed.test", "private.test", "{missing}"]:
         r.stderr
     );
 }
+
+/// The supervisor looks an allowed name up through the system's resolver as written, never under
+/// the host's search domains. The supervisor here runs in a mount namespace of its own whose
+/// `/etc/resolv.conf` names the test internet's DNS server and the search domain `search.test`,
+/// under which every name exists. A name the wildcard rule allows and that does not exist is
+/// refused (`resolve-failed`), and the server is never asked for it under `search.test`: glibc
+/// asked, and the proxy connected to the address of `<name>.search.test`, a name no rule allows
+/// (an address of the host's own domain, on a real host). An allowed name that exists is reached
+/// through the same resolver.
+#[test]
+#[ignore = "needs root: runs the supervisor in a mount namespace with its own /etc/resolv.conf; the root pass runs it with --include-ignored"]
+fn a_name_is_looked_up_as_written_never_under_the_hosts_search_domains() {
+    require();
+    let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+    assert_eq!(
+        uid.unwrap(),
+        0,
+        "this test mounts over /etc/resolv.conf: run it as root"
+    );
+    let m = unique("search");
+    let missing = format!("{m}.allowed.test");
+    let dir = TempDir::new("search");
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        format!("nameserver {DNS}\nsearch search.test\noptions timeout:2 attempts:2\n"),
+    )
+    .unwrap();
+    let script = format!(
+        r#"
+for host in ["allowed.test", "{missing}"]:
+    s, code, why = connect(host, 80)
+    body = get_over(s, host, f"/{{M}}/search/{{host}}") if code == "200" else "-"
+    print(f"connect {{host}}:", code, why, body)
+"#
+    );
+    let mut o: Vec<String> = ca_bind();
+    // The web host's address is allowed too (a documentation address is refused otherwise),
+    // so that only the name decides.
+    o.extend(args(&[
+        "--allow-net",
+        "allowed.test",
+        "--allow-net",
+        "*.allowed.test",
+        "--allow-net",
+        WEB,
+    ]));
+    o.extend(["--json", "-", "--timeout", "120s"].map(String::from));
+    let o: Vec<&str> = o.iter().map(String::as_str).collect();
+    let code = format!("{HELPERS}\n{script}");
+    let c = command(&o, &["python3", "-c", &code, &m]);
+    let mut w = std::process::Command::new("unshare");
+    w.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"")
+        .arg(&resolv)
+        .arg(c.get_program())
+        .args(c.get_args())
+        .stdin(std::process::Stdio::null());
+    let r: Run = w.output().expect("unshare could not be started").into();
+    assert!(
+        said(&r, "connect allowed.test").starts_with("200 - srv=http host=allowed.test"),
+        "the control, through the same resolver: {}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert_eq!(
+        said(&r, &format!("connect {missing}")),
+        "502 resolve-failed -",
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    denied(&r, "http-connect", &missing, "resolve-failed");
+    let searched = format!("{missing}.search.test");
+    let asked: Vec<Value> = log()
+        .into_iter()
+        .filter(|e| e["srv"] == "dns" && e["event"] == "query")
+        .filter(|e| e["name"].as_str().is_some_and(|n| n.contains(m.as_str())))
+        .collect();
+    assert!(
+        asked.iter().any(|e| e["name"] == missing.as_str()),
+        "the name as written was not asked: {asked:?}"
+    );
+    assert!(
+        !asked.iter().any(|e| e["name"] == searched.as_str()),
+        "the server was asked for {searched}: {asked:?}"
+    );
+    let reqs = requests(&m);
+    assert!(
+        reqs.len() == 1 && reqs[0].ends_with("/search/allowed.test"),
+        "only the allowed request may arrive: {reqs:?}"
+    );
+}

@@ -400,6 +400,50 @@ pub(crate) fn parse_reply(
     Ok(Some(Reply { addrs }))
 }
 
+/// The name to give the system's resolver (`getaddrinfo`) for `name` (normalized, as
+/// [`resolve`] takes it), so that it is looked up as written and never under the host's search
+/// domains.
+///
+/// glibc tries a name with a dot as written first, and when that does not exist, again with each
+/// of `resolv.conf`'s `search` domains appended: with a wildcard rule the code chooses the name,
+/// and `<anything>.example.org`, which does not exist, became
+/// `<anything>.example.org.corp.example`, an address of the host's own domain that no rule names.
+/// A trailing dot makes the name absolute, and glibc then asks for it alone. But glibc's
+/// `/etc/hosts` lookup does not match a name with a trailing dot, so a name the hosts file
+/// (`hosts`, its text) lists is given as it is: the hosts file answers it before any DNS query.
+/// A name without a dot (`localhost`, a host the user's rule names on its own) is given as it
+/// is: that is the host's resolver's own meaning of it, and a wildcard rule cannot make one.
+pub fn system_name<'a>(name: &'a str, hosts: &str) -> std::borrow::Cow<'a, str> {
+    if !name.contains('.') || name.ends_with('.') || in_hosts(hosts, name) {
+        std::borrow::Cow::Borrowed(name)
+    } else {
+        std::borrow::Cow::Owned(format!("{name}."))
+    }
+}
+
+/// Whether the hosts file `text` lists `name` (an entry's name or alias; case does not matter).
+fn in_hosts(text: &str, name: &str) -> bool {
+    text.lines().any(|l| {
+        let l = l.split('#').next().unwrap_or("");
+        l.split_whitespace()
+            .skip(1)
+            .any(|n| n.eq_ignore_ascii_case(name))
+    })
+}
+
+/// The host's `/etc/hosts`, at most [`MAX_HOSTS_FILE`] bytes of it (empty if it cannot be read).
+pub fn hosts_file() -> String {
+    use std::io::Read;
+    let mut text = String::new();
+    if let Ok(f) = std::fs::File::open("/etc/hosts") {
+        let _ = f.take(MAX_HOSTS_FILE).read_to_string(&mut text);
+    }
+    text
+}
+
+/// Most of `/etc/hosts` read for [`system_name`].
+pub const MAX_HOSTS_FILE: u64 = 1 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,5 +675,22 @@ mod tests {
             Duration::from_millis(300),
         );
         assert!(matches!(r, Err(DnsError::Timeout { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_name_goes_to_the_system_resolver_absolute_unless_the_hosts_file_lists_it() {
+        let hosts = "127.0.0.1\tlocalhost\n::1 localhost ip6-localhost\n\
+                     # 10.0.0.1 commented.example.org\n\
+                     198.51.100.7 Dev.Example.org dev # the dev box\n";
+        for (name, given) in [
+            ("x.example.org", "x.example.org."),
+            ("dev.example.org", "dev.example.org"),
+            ("commented.example.org", "commented.example.org."),
+            ("localhost", "localhost"),
+            ("dev", "dev"),
+            ("example.org.", "example.org."),
+        ] {
+            assert_eq!(system_name(name, hosts), given, "{name}");
+        }
     }
 }

@@ -16,7 +16,8 @@
 //!   open connection, at most [`MAX_CONNECTIONS`]; a
 //!   connection past that is closed at once (the HTTP listener answers `503`) and only counted;
 //! - time: a client has [`FIRST_BYTES`] in all (not per read) to send its request head, SOCKS
-//!   handshake or first bytes, and an upstream connection [`CONNECT_TIMEOUT`];
+//!   handshake or first bytes, and an upstream connection [`CONNECT_TIMEOUT`] for all of its
+//!   name's addresses together;
 //! - memory: at most [`MAX_HEAD`] bytes read before a decision per connection, at most
 //!   [`MAX_EVENTS`] events of bounded size and [`MAX_EVENT_BYTES`] in all, and the DNS stub's
 //!   table of at most [`MAX_NAMES`] names;
@@ -342,7 +343,8 @@ pub const MAX_NOTIFY: u64 = 100;
 /// How long a client has, in all, for its first bytes (request head, SOCKS handshake,
 /// ClientHello). A client that sends nothing in that time is taken for a server-first protocol.
 pub const FIRST_BYTES: Duration = Duration::from_secs(10);
-/// How long the proxy waits for an upstream connection.
+/// How long the proxy waits for an upstream connection, for all of the name's addresses together
+/// (each tries with its share of what is left).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a request head or ClientHello the proxy reads before deciding.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -362,6 +364,8 @@ pub type Notify = Box<dyn Fn(&Event) + Send + Sync>;
 struct Limits {
     connections: usize,
     first_bytes: Duration,
+    /// For an upstream connection, all of a name's addresses together.
+    connect: Duration,
     events: usize,
     event_bytes: usize,
     notify: u64,
@@ -372,6 +376,7 @@ impl Default for Limits {
         Limits {
             connections: MAX_CONNECTIONS,
             first_bytes: FIRST_BYTES,
+            connect: CONNECT_TIMEOUT,
             events: MAX_EVENTS,
             event_bytes: MAX_EVENT_BYTES,
             notify: MAX_NOTIFY,

@@ -6,8 +6,8 @@ use crate::relay::{self, read_by, read_exact_by, write_all, CpuMeter, Wake};
 use crate::tls::{HandshakeError, Peer};
 use crate::wire::{self, HostError, ProxyRequest, Sniffed};
 use crate::{
-    dns, event, Decision, Event, Lookup, Protocol, Reason, Role, Shared, Via, CONNECT_TIMEOUT,
-    DNS_TIMEOUT, MAX_HEAD, MAX_LOOKUPS, MAX_NAMES,
+    dns, event, Decision, Event, Lookup, Protocol, Reason, Role, Shared, Via, DNS_TIMEOUT,
+    MAX_HEAD, MAX_LOOKUPS, MAX_NAMES,
 };
 use palisade_policy::net::{Host, Refusal, TRANSPARENT_NET};
 use palisade_policy::untrusted::Untrusted;
@@ -356,7 +356,8 @@ impl<'a> Pending<'a> {
                         Denial::new(Reason::ResolveFailed, format!("{n} (asked {server}): {e}"))
                     })?
                 } else {
-                    (n.as_str(), port)
+                    let q = dns::system_name(n.as_str(), &dns::hosts_file());
+                    (q.as_ref(), port)
                         .to_socket_addrs()
                         .map_err(|e| Denial::new(Reason::ResolveFailed, format!("{n}: {e}")))?
                         .map(|s| s.ip())
@@ -384,10 +385,30 @@ impl<'a> Pending<'a> {
                 Some((r, d)) => Denial::new(r, format!("{}: {d}", self.host)),
             });
         }
+        // One deadline for all the name's addresses: each tries with its share of what is left
+        // (at least a quarter of the whole, or all that is left), so a name with many addresses
+        // that do not answer holds the connection's thread no longer than one that has one.
+        let limit = self.sh.limits.connect;
+        let deadline = Instant::now() + limit;
+        let n = ok.len();
         let mut last = None;
-        for a in ok {
+        for (i, a) in ok.into_iter().enumerate() {
             let sa = SocketAddr::new(a, port);
-            match relay::connect(self.sh, sa, CONNECT_TIMEOUT) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let untried = n - i;
+                let why = format!(
+                    "{untried} more address{} not tried: {limit:?} in all to connect",
+                    if untried == 1 { "" } else { "es" },
+                );
+                last = Some(match last {
+                    Some(l) => format!("{l}; {why}"),
+                    None => why,
+                });
+                break;
+            }
+            let share = (left / (n - i) as u32).max(left.min(limit / 4));
+            match relay::connect(self.sh, sa, share) {
                 Ok(s) => {
                     self.ev.address = Some(sa.to_string());
                     return Ok(s);

@@ -282,6 +282,76 @@ fn connections_past_the_cap_are_refused_at_once_and_counted() {
     }
 }
 
+/// A listener on `addr` whose accept queue is full and never taken from: the kernel drops each
+/// further SYN, so a connection to it neither succeeds nor fails (as to a host that does not
+/// answer). Returns what must stay open for that.
+fn unanswering(addr: SocketAddr) -> (OwnedFd, Vec<OwnedFd>) {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let l = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    rustix::net::sockopt::set_socket_reuseaddr(&l, true).unwrap();
+    rustix::net::bind(&l, &addr).unwrap();
+    rustix::net::listen(&l, 0).unwrap();
+    // Backlog 0 holds one connection: fill it (and one more SYN, which waits).
+    let filler: Vec<OwnedFd> = (0..2)
+        .map(|_| {
+            let c = rustix::net::socket_with(
+                AddressFamily::INET,
+                SocketType::STREAM,
+                SocketFlags::NONBLOCK,
+                None,
+            )
+            .unwrap();
+            let _ = rustix::net::connect(&c, &addr);
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    (l, filler)
+}
+
+/// A name with many addresses that do not answer holds its connection for one connect deadline
+/// in all, not one per address (eight addresses at 1 s each took 8 s): each address gets a share
+/// of what is left, and those left when it is spent are named, not tried.
+#[test]
+fn a_name_whose_addresses_do_not_answer_gets_one_connect_deadline_in_all() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addrs: Vec<SocketAddr> = (2..10)
+        .map(|k| SocketAddr::from(([127, 0, 0, k], port)))
+        .collect();
+    let _held: Vec<_> = addrs.iter().map(|a| unanswering(*a)).collect();
+    let mut allow = vec![format!("example.org:{port}")];
+    allow.extend(addrs.iter().map(|a| a.to_string()));
+    let pins: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("example.org={}", a.ip()))
+        .collect();
+    let pins: Vec<&str> = pins.iter().map(|p| p.as_str()).collect();
+    let limits = Limits {
+        connect: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let (e, addr) = proxy(network(&allow, &pins), limits, None);
+    let t0 = Instant::now();
+    let (_c, line) = returns("the CONNECT", move || {
+        connect(addr, &format!("example.org:{port}"))
+    });
+    let took = t0.elapsed();
+    assert!(line.starts_with("HTTP/1.1 502 "), "{line}");
+    assert!(
+        took < Duration::from_secs(4),
+        "eight addresses that do not answer held the connection {took:?} (1 s in all allowed)"
+    );
+    let log = returns("finish", move || e.finish());
+    let detail = &log.events[0].detail;
+    assert!(
+        detail.contains("not tried: 1s in all to connect"),
+        "{detail}"
+    );
+}
+
 #[test]
 fn a_client_trickling_its_request_head_is_cut_at_the_total_deadline() {
     let limits = Limits {
