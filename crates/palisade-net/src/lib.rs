@@ -58,7 +58,7 @@ use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a listener is for (mirrors the backend's socket roles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,6 +281,8 @@ pub struct NetLog {
     pub dropped: u64,
     /// Connections closed at once because [`MAX_CONNECTIONS`] were open.
     pub refused_connections: u64,
+    /// Upstream connections that waited for their turn ([`MAX_CONNECTS_PER_S`]).
+    pub paced_connections: u64,
     /// Events the notify callback was not called for: past [`MAX_NOTIFY`], or not kept.
     pub notify_suppressed: u64,
     /// CPU time the proxy's threads spent (user and system), in milliseconds.
@@ -346,6 +348,12 @@ pub const FIRST_BYTES: Duration = Duration::from_secs(10);
 /// How long the proxy waits for an upstream connection, for all of the name's addresses together
 /// (each tries with its share of what is left).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most upstream connections (each with its name lookup) one proxy opens a second, sustained;
+/// up to as many more at once after a quiet second. One past it waits for its turn (the client
+/// waits with it, its connection slot held), so that code inside cannot have the host open
+/// connections or send lookups toward allowed destinations as fast as it can make them (128 at
+/// once to a host 1 ms away would be ~100,000 a second).
+pub const MAX_CONNECTS_PER_S: u32 = 256;
 /// Most bytes of a request head or ClientHello the proxy reads before deciding.
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most refused names the DNS stub counts queries for ([`NetLog::lookups`]).
@@ -366,6 +374,8 @@ struct Limits {
     first_bytes: Duration,
     /// For an upstream connection, all of a name's addresses together.
     connect: Duration,
+    /// Upstream connections a second, sustained (and the burst).
+    connects_per_s: u32,
     events: usize,
     event_bytes: usize,
     notify: u64,
@@ -377,6 +387,7 @@ impl Default for Limits {
             connections: MAX_CONNECTIONS,
             first_bytes: FIRST_BYTES,
             connect: CONNECT_TIMEOUT,
+            connects_per_s: MAX_CONNECTS_PER_S,
             events: MAX_EVENTS,
             event_bytes: MAX_EVENT_BYTES,
             notify: MAX_NOTIFY,
@@ -492,9 +503,45 @@ struct Shared {
     /// Connections open now, and refused for being past the cap.
     open: AtomicUsize,
     refused: AtomicU64,
+    /// The pace of upstream connections ([`MAX_CONNECTS_PER_S`]), and how many waited for it.
+    pace: Mutex<Pace>,
+    paced: AtomicU64,
     /// CPU time of the proxy's threads, in nanoseconds.
     cpu_ns: AtomicU64,
     notify: Option<Notify>,
+}
+
+/// A token bucket for upstream connections: `rate` a second, as many at once at most. A taker
+/// when none is left takes one ahead (the count goes below zero) and waits until it would have
+/// come, so that waiting takers go in turn; with at most [`MAX_CONNECTIONS`] takers at once, the
+/// longest wait is [`MAX_CONNECTIONS`] / `rate`.
+struct Pace {
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    fn new(rate: u32) -> Pace {
+        let rate = f64::from(rate.max(1));
+        Pace {
+            rate,
+            tokens: rate,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes a turn at `now`: how long to wait for it (zero if it is now).
+    fn take(&mut self, now: Instant) -> Duration {
+        let since = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now.max(self.at);
+        self.tokens = (self.tokens + since * self.rate).min(self.rate) - 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.rate)
+        }
+    }
 }
 
 #[derive(Default)]
@@ -579,6 +626,7 @@ impl Egress {
         prepared: Prepared,
     ) -> io::Result<Egress> {
         use rustix::event::{eventfd, EventfdFlags};
+        let limits_rate = limits.connects_per_s;
         let shared = Arc::new(Shared {
             net,
             inspection: prepared.inspection,
@@ -589,6 +637,8 @@ impl Egress {
             stop: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            pace: Mutex::new(Pace::new(limits_rate)),
+            paced: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
             notify,
         });
@@ -643,6 +693,7 @@ impl Egress {
             denied: log.denied,
             dropped: log.dropped,
             refused_connections: sh.refused.load(Ordering::Relaxed),
+            paced_connections: sh.paced.load(Ordering::Relaxed),
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: sh.cpu_ns.load(Ordering::Relaxed) / 1_000_000,
             lookups,

@@ -211,26 +211,8 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
         for t in ended {
             let _ = t.join();
         }
-        if sh.open.fetch_add(1, Ordering::SeqCst) >= sh.limits.connections {
-            sh.open.fetch_sub(1, Ordering::SeqCst);
-            refuse(
-                &s,
-                role,
-                "the sandbox has too many connections open through the proxy",
-            );
-            sh.refused.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        // And the process's, for all its proxies together.
-        let cap = crate::PROCESS_CAP.load(Ordering::SeqCst);
-        if crate::PROCESS_OPEN.fetch_add(1, Ordering::SeqCst) >= cap {
-            crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
-            sh.open.fetch_sub(1, Ordering::SeqCst);
-            refuse(
-                &s,
-                role,
-                "the server's proxies have too many connections open",
-            );
+        if let Err(why) = take_place(sh) {
+            refuse(&s, role, why);
             sh.refused.fetch_add(1, Ordering::Relaxed);
             continue;
         }
@@ -311,6 +293,22 @@ impl Denial {
     }
 }
 
+/// Takes a new connection's place among the sandbox's open connections and the process's; why
+/// not, if either is full (nothing taken then).
+fn take_place(sh: &Shared) -> Result<(), &'static str> {
+    if sh.open.fetch_add(1, Ordering::SeqCst) >= sh.limits.connections {
+        sh.open.fetch_sub(1, Ordering::SeqCst);
+        return Err("the sandbox has too many connections open through the proxy");
+    }
+    let cap = crate::PROCESS_CAP.load(Ordering::SeqCst);
+    if crate::PROCESS_OPEN.fetch_add(1, Ordering::SeqCst) >= cap {
+        crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
+        sh.open.fetch_sub(1, Ordering::SeqCst);
+        return Err("the server's proxies have too many connections open");
+    }
+    Ok(())
+}
+
 /// A connection being decided.
 struct Pending<'a> {
     sh: &'a Shared,
@@ -345,6 +343,22 @@ impl<'a> Pending<'a> {
         let net = &self.sh.net;
         net.decide(&self.host, port)
             .map_err(|(r, d)| Denial::new(r, d))?;
+        // Its turn among the proxy's upstream connections (`MAX_CONNECTS_PER_S`).
+        let wait = self
+            .sh
+            .pace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        if !wait.is_zero() {
+            self.sh.paced.fetch_add(1, Ordering::Relaxed);
+            if relay::wait(self.sh, &mut [], Some(Instant::now() + wait)) == Wake::Stop {
+                return Err(Denial::new(
+                    Reason::ConnectFailed,
+                    "the proxy stopped while the connection waited for its turn",
+                ));
+            }
+        }
         let addrs: Vec<IpAddr> = match &self.host {
             Host::Ip(a) => vec![*a],
             Host::Name(n) => {

@@ -353,6 +353,60 @@ fn a_name_whose_addresses_do_not_answer_gets_one_connect_deadline_in_all() {
 }
 
 #[test]
+fn the_pace_gives_a_burst_then_one_turn_per_period_in_order() {
+    let t0 = Instant::now();
+    let mut p = Pace::new(10);
+    // A burst of ten at once, then each taker waits a tenth of a second longer than the one
+    // before it.
+    for _ in 0..10 {
+        assert_eq!(p.take(t0), Duration::ZERO);
+    }
+    let waits: Vec<Duration> = (0..3).map(|_| p.take(t0)).collect();
+    for (i, w) in waits.iter().enumerate() {
+        let want = 0.1 * (i + 1) as f64;
+        assert!((w.as_secs_f64() - want).abs() < 1e-6, "{waits:?}");
+    }
+    // Two seconds later the turns taken ahead are paid back and the bucket is full again, no
+    // more than full.
+    let later = t0 + Duration::from_secs(2);
+    for _ in 0..10 {
+        assert_eq!(p.take(later), Duration::ZERO);
+    }
+    assert!(p.take(later) > Duration::ZERO);
+}
+
+/// Upstream connections past the proxy's pace wait for their turn: 60 in a row at 20 a second
+/// take at least two seconds, all of them connect, and those that waited are counted.
+#[test]
+fn upstream_connections_past_the_pace_wait_their_turn_and_are_counted() {
+    let srv = Server::start(0);
+    let limits = Limits {
+        connects_per_s: 20,
+        ..Limits::default()
+    };
+    let (e, addr) = proxy(to(&srv), limits, None);
+    let target = format!("example.org:{}", srv.port);
+    let t0 = Instant::now();
+    for _ in 0..60 {
+        let (c, line) = connect(addr, &target);
+        assert!(line.starts_with("HTTP/1.1 200 "), "{line}");
+        drop(c);
+    }
+    let took = t0.elapsed();
+    let log = returns("finish", move || e.finish());
+    assert!(
+        took >= Duration::from_millis(1900),
+        "60 connections at 20 a second (a burst of 20) in {took:?}"
+    );
+    assert!(
+        log.paced_connections >= 35,
+        "{} paced",
+        log.paced_connections
+    );
+    assert_eq!(log.allowed, 60);
+}
+
+#[test]
 fn a_client_trickling_its_request_head_is_cut_at_the_total_deadline() {
     let limits = Limits {
         first_bytes: Duration::from_millis(500),

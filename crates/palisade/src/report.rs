@@ -396,6 +396,7 @@ impl Report {
             denied: log.denied,
             dropped: log.dropped,
             refused_connections: log.refused_connections,
+            paced_connections: log.paced_connections,
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: log.supervisor_cpu_ms,
             attempts: Vec::new(),
@@ -738,6 +739,9 @@ pub struct Network {
     pub dropped: u64,
     /// Connections the proxy closed at once, past its cap on open connections.
     pub refused_connections: u64,
+    /// Upstream connections that waited for their turn, past the proxy's pace
+    /// (`palisade_net::MAX_CONNECTS_PER_S`).
+    pub paced_connections: u64,
     /// Decisions not passed to the `on_net_event` callback (not printed): past its cap.
     pub notify_suppressed: u64,
     /// CPU time the supervisor's proxy threads spent on this sandbox, in milliseconds.
@@ -778,6 +782,7 @@ impl Default for Network {
             denied: 0,
             dropped: 0,
             refused_connections: 0,
+            paced_connections: 0,
             notify_suppressed: 0,
             supervisor_cpu_ms: 0,
             attempts: Vec::new(),
@@ -1195,7 +1200,8 @@ mod tests {
             "engine": null,
             "network": {
                 "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
-                "refused_connections": 0, "notify_suppressed": 0, "supervisor_cpu_ms": 0,
+                "refused_connections": 0, "paced_connections": 0, "notify_suppressed": 0,
+                "supervisor_cpu_ms": 0,
             },
             "protected": {"read_only": [], "pinned": [], "watched": [], "derived": [], "not_followed": [], "blocked": []},
         })
