@@ -112,6 +112,11 @@ pub(crate) fn over(count: Count<'_>) -> bool {
 /// its children too); `v2` picks the files. Best effort: what it cannot give back keeps the
 /// cgroup held, as without it.
 pub(crate) fn give_back(dir: impl AsFd, rel: &str, v2: bool) {
+    // Processes still there (exiting, or left behind) would have their own memory reclaimed,
+    // written to swap on a host with it, in fruitless rounds without.
+    if !no_process_in(&dir, rel, v2) {
+        return;
+    }
     let open = |name: &str, flags: OFlags| {
         rustix::fs::openat(
             &dir,
@@ -120,39 +125,14 @@ pub(crate) fn give_back(dir: impl AsFd, rel: &str, v2: bool) {
             Mode::empty(),
         )
     };
-    let read = |name: &str, buf: &mut [u8]| -> Option<usize> {
-        let f = open(name, OFlags::RDONLY).ok()?;
-        let mut n = 0;
-        while n < buf.len() {
-            match rustix::io::read(&f, &mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(_) => return None,
-            }
-        }
-        Some(n)
-    };
-    // Processes still there (exiting, or left behind) would have their own memory reclaimed,
-    // written to swap on a host with it, in fruitless rounds without.
     let mut buf = [0u8; 256];
-    let empty = if v2 {
-        read("cgroup.events", &mut buf).is_some_and(|n| {
-            std::str::from_utf8(&buf[..n]).is_ok_and(|t| keyed(t, "populated") == Some(0))
-        })
-    } else {
-        read("tasks", &mut buf[..1]) == Some(0)
-    };
-    if !empty {
-        return;
-    }
     if !v2 {
         if let Ok(f) = open("memory.force_empty", OFlags::WRONLY) {
             let _ = rustix::io::write(&f, b"0");
         }
         return;
     }
-    let Some(n) = read("memory.current", &mut buf) else {
+    let Some(n) = read_at(&dir, rel, "memory.current", &mut buf) else {
         return;
     };
     let current = std::str::from_utf8(&buf[..n])
@@ -162,6 +142,81 @@ pub(crate) fn give_back(dir: impl AsFd, rel: &str, v2: bool) {
         // Fails (EAGAIN) when it could not reclaim all of it; what is left is left.
         let _ = rustix::io::write(&f, bytes.to_string().as_bytes());
     }
+}
+
+/// Reads up to `buf.len()` bytes of control file `name` of cgroup `rel` under `dir`.
+fn read_at(dir: impl AsFd, rel: &str, name: &str, buf: &mut [u8]) -> Option<usize> {
+    let f = rustix::fs::openat(
+        &dir,
+        format!("{rel}/{name}").as_str(),
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .ok()?;
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::read(&f, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(n)
+}
+
+/// Whether cgroup `rel` under `dir` is known to hold no process: v1 its own `tasks` empty, v2
+/// `cgroup.events` `populated 0` (its children too).
+pub(crate) fn no_process_in(dir: impl AsFd, rel: &str, v2: bool) -> bool {
+    let mut buf = [0u8; 256];
+    if v2 {
+        read_at(&dir, rel, "cgroup.events", &mut buf).is_some_and(|n| {
+            std::str::from_utf8(&buf[..n]).is_ok_and(|t| keyed(t, "populated") == Some(0))
+        })
+    } else {
+        read_at(&dir, rel, "tasks", &mut buf[..1]) == Some(0)
+    }
+}
+
+/// Before a run directory left busy earlier is tried again (this process's pending ones, a dead
+/// supervisor's stale ones): past the mark, if it is a memory cgroup, what is charged to it and
+/// to its children (a session's exec cgroups) is given back, as a run's own removal does
+/// ([`give_back`], each only with no process left in it). The first removal gave nothing back
+/// while a process was still there.
+pub(crate) fn before_late_removal(path: &Path) {
+    let v2 = path.join("memory.reclaim").exists();
+    if !v2 && !path.join("memory.force_empty").exists() {
+        return; // not a memory cgroup (pids, cpu), or a kernel without the file
+    }
+    let parent = parent_of(path);
+    if !over(if v2 { Count::V2(&parent) } else { Count::V1 }) {
+        return;
+    }
+    let Ok(dir) = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) else {
+        return;
+    };
+    // Still busy with a process of its own: it stays, nothing to give back yet.
+    if !no_process_in(&dir, ".", v2) {
+        return;
+    }
+    // v1: each child on its own (a v1 directory lists only its own processes); v2's reclaim of
+    // the directory covers its children, and its `populated` theirs.
+    if !v2 {
+        if let Ok(rd) = std::fs::read_dir(path) {
+            for e in rd.flatten().take(4 * crate::exec::MAX_EXEC_CGROUPS) {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    if let Some(name) = e.file_name().to_str() {
+                        give_back(&dir, name, false);
+                    }
+                }
+            }
+        }
+    }
+    give_back(&dir, ".", v2);
 }
 
 /// The palisade parent of a v2 run directory.

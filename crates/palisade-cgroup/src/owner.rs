@@ -49,7 +49,7 @@ pub(crate) const ATTEMPTS: usize = 3;
 
 /// The pauses between attempts to remove a finished run's directory that the kernel reports busy:
 /// 6.3 ms in all, after which the directory is left for later ([`PENDING`]).
-const REMOVE_PAUSES_US: [u64; 6] = [100, 200, 400, 800, 1600, 3200];
+pub(crate) const REMOVE_PAUSES_US: [u64; 6] = [100, 200, 400, 800, 1600, 3200];
 
 /// At most this many busy directories wait for removal in one process; beyond it the oldest is
 /// let go (its lock released, so the next supervisor's cleanup removes it).
@@ -214,6 +214,13 @@ fn remove_run_dir(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// [`remove_run_dir`] for a directory left busy earlier, or a dead supervisor's: past the mark of
+/// held memory cgroups, what is still charged to it is given back first (`crate::held`).
+fn remove_late(path: &Path) -> std::io::Result<()> {
+    crate::held::before_late_removal(path);
+    remove_run_dir(path)
+}
+
 /// Removes a run directory (its processes gone). While the kernel reports it busy, retries for a
 /// few milliseconds if `wait`, then keeps it locked on a list the process's next run retries.
 /// Returns whether it is gone (`false`: kept for later).
@@ -253,7 +260,7 @@ fn defer(o: Owned) {
 /// many are still waiting.
 pub(crate) fn retry_pending() -> usize {
     let mut p = pending();
-    p.retain(|o| match remove_run_dir(&o.path) {
+    p.retain(|o| match remove_late(&o.path) {
         Ok(()) => false,
         Err(e) => is_busy(&e),
     });
@@ -288,7 +295,7 @@ pub(crate) fn clean(parents: &[&Path], kill_file: Option<&str>) -> Vec<PathBuf> 
                 let kill = std::fs::OpenOptions::new().write(true).open(path.join(k));
                 let _ = kill.and_then(|mut f| std::io::Write::write_all(&mut f, b"1"));
             }
-            match remove_run_dir(&path) {
+            match remove_late(&path) {
                 Ok(()) => removed.push(path),
                 Err(e) if is_busy(&e) => defer(Owned { path, _lock: f }),
                 Err(_) => {}

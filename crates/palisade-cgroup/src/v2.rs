@@ -522,9 +522,20 @@ impl RunCgroup for V2Run {
             Some(d) => {
                 let _ = write_in(&d, "cgroup.kill", "1");
                 // Past the mark, what is still charged to it (and its children) is given back,
-                // so that the kernel frees it with its directory (`crate::held`).
+                // so that the kernel frees it with its directory (`crate::held`): once the
+                // processes just killed are gone (a few milliseconds at most, as the removal
+                // below would wait), or it would be removed as soon as they are, having given
+                // nothing back.
                 let parent = crate::held::parent_of(&d.path);
                 if crate::held::over(crate::held::Count::V2(&parent)) {
+                    for pause in std::iter::once(0).chain(owner::REMOVE_PAUSES_US) {
+                        if pause > 0 {
+                            std::thread::sleep(std::time::Duration::from_micros(pause));
+                        }
+                        if crate::held::no_process_in(d.dir_fd(), ".", true) {
+                            break;
+                        }
+                    }
                     crate::held::give_back(d.dir_fd(), ".", true);
                 }
                 owner::remove(d, true).map(|_| ())

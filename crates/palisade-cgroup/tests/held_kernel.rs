@@ -81,6 +81,45 @@ fn rise_after_a_run(m: &dyn palisade_cgroup::Manager, file: &Path) -> i64 {
     usage(&parent) - before
 }
 
+/// [`rise_after_a_run`] for a run whose process is still there when it is removed (it wrote its
+/// file and sleeps): v1 keeps the busy directory for later, removed as the next run starts once
+/// the process is gone; v2 kills the process first.
+fn rise_after_a_busy_run(m: &dyn palisade_cgroup::Manager, file: &Path) -> i64 {
+    use std::io::{BufRead, BufReader};
+    let parent = parent();
+    let before = usage(&parent);
+    let mut run = m.create(&limits()).unwrap();
+    let mut p = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "read go; head -c {} /dev/zero > {}; echo written; exec sleep 600",
+                16 * MIB,
+                file.display()
+            ),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    run.join(p.id() as i32).unwrap();
+    p.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(p.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "written");
+    let _ = run.remove();
+    drop(run);
+    let _ = p.kill();
+    let _ = p.wait();
+    // The next run retries what was left busy.
+    let mut next = m.create(&limits()).unwrap();
+    next.remove().unwrap();
+    drop(next);
+    usage(&parent) - before
+}
+
 /// A temporary directory on a disk file system, checked.
 fn disk_tempdir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("palisade-held-{}", std::process::id()));
@@ -114,6 +153,12 @@ fn past_the_mark_removed_cgroups_give_back_their_pages() {
     // Past it (always): given back, nothing held.
     palisade_cgroup::set_give_back_above(0);
     let given = rise_after_a_run(&*m, &dir.join("given"));
+    // A run removed while its process was still there: below the mark it keeps its 16 MiB;
+    // past it, given back when it is removed at last.
+    palisade_cgroup::set_give_back_above(u64::MAX);
+    let busy_kept = rise_after_a_busy_run(&*m, &dir.join("busy-kept"));
+    palisade_cgroup::set_give_back_above(0);
+    let busy_given = rise_after_a_busy_run(&*m, &dir.join("busy-given"));
     // A session's execs: 12 that each wrote 4 MiB, ended; the run keeps 8 for later execs and
     // removes the other 4, which give back theirs.
     let mut run = m.create(&limits()).unwrap();
@@ -144,6 +189,15 @@ fn past_the_mark_removed_cgroups_give_back_their_pages() {
     assert!(
         given < 4 * MIB,
         "past the mark a removed run's cgroup gives back what it wrote ({given} bytes held)"
+    );
+    assert!(
+        busy_kept >= 12 * MIB,
+        "below the mark a run removed busy still holds what it wrote ({busy_kept} bytes more)"
+    );
+    assert!(
+        busy_given < 4 * MIB,
+        "past the mark a run removed busy gives back what it wrote once removed ({busy_given} \
+         bytes held)"
     );
     assert!(
         with_all - after >= 12 * MIB,
