@@ -323,6 +323,12 @@ struct Server {
     /// The MCP session this handler serves (each Streamable HTTP session gets its own): a kept
     /// output is readable only by the session whose call made it, whoever knows its URI.
     owner: u64,
+    /// Made for one Streamable HTTP session or request (not the standard-I/O server's one).
+    http: bool,
+    /// Whether this call's whole outputs are kept: not for a call of a revision without
+    /// sessions over HTTP (2026-07-28), whose handler serves that one request, so that no later
+    /// request could read them back.
+    keep: bool,
 }
 
 /// Whole outputs kept as resources, newest last, at most [`KEPT_TOTAL`] bytes together (for all
@@ -822,6 +828,8 @@ impl Server {
             tools: Arc::new(tools),
             kept: Arc::new(Mutex::new(Kept::default())),
             owner: 0,
+            http: false,
+            keep: true,
         }
     }
 
@@ -832,11 +840,23 @@ impl Server {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Server {
             owner: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            http: true,
             ..self.clone()
         }
     }
 
-    /// Shows `b`: its head and tail past `--output-shown`, the whole kept as a resource.
+    /// Keeps `b` as a resource for this session, if this call's outputs are kept: its URI.
+    fn keep(&self, what: &str, b: Vec<u8>) -> Option<String> {
+        self.keep.then(|| {
+            self.kept
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .put(what, self.owner, b)
+        })
+    }
+
+    /// Shows `b`: its head and tail past `--output-shown`, the whole kept as a resource (where
+    /// this call's outputs are kept).
     fn shown(&self, b: Vec<u8>, truncated: bool, what: &str, binary_as_base64: bool) -> Shown {
         let n = self.opts.shown;
         let bytes = b.len() as u64;
@@ -844,12 +864,8 @@ impl Server {
         if !utf8 && binary_as_base64 {
             use base64::Engine;
             let (part, omitted, full) = if b.len() > n {
-                let full = self.kept.lock().unwrap_or_else(|p| p.into_inner()).put(
-                    what,
-                    self.owner,
-                    b.clone(),
-                );
-                (&b[..n], (b.len() - n) as u64, Some(full))
+                let full = self.keep(what, b.clone());
+                (&b[..n], (b.len() - n) as u64, full)
             } else {
                 (&b[..], 0, None)
             };
@@ -881,18 +897,14 @@ impl Server {
             String::from_utf8_lossy(&b[..head]),
             String::from_utf8_lossy(&b[tail_at..])
         );
-        let full = self
-            .kept
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .put(what, self.owner, b);
+        let full = self.keep(what, b);
         Shown {
             text,
             encoding,
             bytes,
             truncated,
             omitted_bytes: omitted,
-            full: Some(full),
+            full,
         }
     }
 
@@ -1225,6 +1237,17 @@ impl Server {
     }
 
     async fn call(&self, p: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Outcome {
+        // A request that carries its revision itself has no session over HTTP: nothing it
+        // keeps could be read back by a later request.
+        let stateless = self.http && ctx.meta.protocol_version().is_some();
+        let this = Server {
+            keep: !stateless,
+            ..self.clone()
+        };
+        this.call_as(p, ctx).await
+    }
+
+    async fn call_as(&self, p: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Outcome {
         let args = serde_json::Value::Object(p.arguments.unwrap_or_default());
         match &*p.name {
             "run_code" => self.run_code(decode(args)?, &ctx).await,

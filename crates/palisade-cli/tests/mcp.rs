@@ -236,6 +236,82 @@ fn http_2026_a_closed_stream_kills_its_run() {
     assert_eq!(m.post(&[], INIT).status, 200, "the server is gone");
 }
 
+/// On the 2026-07-28 revision over HTTP each request is a session of its own, so a whole output
+/// kept as a resource could never be read back by a later request: such a call's cut output
+/// says how much was cut and names no resource (before, it named one and held the bytes in the
+/// server's 64 MiB for nothing). The control: the same call in a session names one, and
+/// `resources/read` gives it whole.
+#[test]
+fn http_2026_a_cut_output_names_no_resource_that_no_request_could_read() {
+    let m = McpHttp::start(&[]);
+    let args = r#"{"command":["sh","-c","head -c 100000 /dev/zero | tr '\\0' x"]}"#;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"run_code","arguments":{args},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}},"io.modelcontextprotocol/clientInfo":{{"name":"t","version":"1"}}}}}}}}"#
+    );
+    let r = m.post(
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "run_code"),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let json = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or(&text);
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let out = &v["result"]["structuredContent"]["stdout"];
+    assert_eq!(out["bytes"], 100000, "{v}");
+    assert!(out["omitted_bytes"].as_u64().unwrap_or(0) > 90000, "{v}");
+    assert!(out["full"].is_null(), "a resource no request can read: {v}");
+    // The control, in a session: the same output names a resource that reads back whole.
+    let init = m.post(&[], INIT);
+    let sid = init
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no session: {init:?}"));
+    let in_session = |body: &str| {
+        m.post(
+            &[
+                ("Mcp-Session-Id", sid.as_str()),
+                ("MCP-Protocol-Version", "2025-06-18"),
+            ],
+            body,
+        )
+    };
+    in_session(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let answer = |r: common::serve::Resp| -> serde_json::Value {
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        let json = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .find(|l| l.contains("\"result\"") || l.contains("\"error\""))
+            .unwrap_or(&text)
+            .to_owned();
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    let r = answer(in_session(&format!(
+        r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"run_code","arguments":{args}}}}}"#
+    )));
+    let full = r["result"]["structuredContent"]["stdout"]["full"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no resource in a session: {r}"))
+        .to_owned();
+    let read = answer(in_session(&format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{{"uri":"{full}"}}}}"#
+    )));
+    assert_eq!(
+        read["result"]["contents"][0]["text"].as_str().map(str::len),
+        Some(100000),
+        "{read}"
+    );
+}
+
 #[test]
 fn inspector_cli_lists_and_calls_tools() {
     let bin = palisade_bin().display().to_string();
