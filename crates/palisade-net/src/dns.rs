@@ -409,40 +409,97 @@ pub(crate) fn parse_reply(
 /// and `<anything>.example.org`, which does not exist, became
 /// `<anything>.example.org.corp.example`, an address of the host's own domain that no rule names.
 /// A trailing dot makes the name absolute, and glibc then asks for it alone. But glibc's
-/// `/etc/hosts` lookup does not match a name with a trailing dot, so a name the hosts file
-/// (`hosts`, its text) lists is given as it is: the hosts file answers it before any DNS query.
-/// A name without a dot (`localhost`, a host the user's rule names on its own) is given as it
-/// is: that is the host's resolver's own meaning of it, and a wildcard rule cannot make one.
-pub fn system_name<'a>(name: &'a str, hosts: &str) -> std::borrow::Cow<'a, str> {
-    if !name.contains('.') || name.ends_with('.') || in_hosts(hosts, name) {
+/// `/etc/hosts` lookup does not match a name with a trailing dot, so a name the hosts file lists
+/// is given as it is ([`hosts_lists`]): with `hosts: files dns`, the usual order, the file
+/// answers it before any DNS query. A name without a dot (`localhost`, a host the user's rule
+/// names on its own) is given as it is: that is the host's resolver's own meaning of it, and a
+/// wildcard rule cannot make one.
+pub fn system_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.contains('.') || name.ends_with('.') || hosts_lists(name) {
         std::borrow::Cow::Borrowed(name)
     } else {
         std::borrow::Cow::Owned(format!("{name}."))
     }
 }
 
-/// Whether the hosts file `text` lists `name` (an entry's name or alias; case does not matter).
-fn in_hosts(text: &str, name: &str) -> bool {
-    text.lines().any(|l| {
-        let l = l.split('#').next().unwrap_or("");
-        l.split_whitespace()
-            .skip(1)
-            .any(|n| n.eq_ignore_ascii_case(name))
-    })
-}
+/// Most of `/etc/hosts` read (glibc reads all of it). A larger file is not read, and every name
+/// is then given to the system's resolver as it is (the search domains may apply to it).
+pub const MAX_HOSTS_FILE: u64 = 64 << 20;
 
-/// The host's `/etc/hosts`, at most [`MAX_HOSTS_FILE`] bytes of it (empty if it cannot be read).
-pub fn hosts_file() -> String {
-    use std::io::Read;
-    let mut text = String::new();
-    if let Ok(f) = std::fs::File::open("/etc/hosts") {
-        let _ = f.take(MAX_HOSTS_FILE).read_to_string(&mut text);
+/// The names one hosts file lists, lower-cased.
+type HostsNames = std::collections::HashSet<Box<[u8]>>;
+
+/// `/etc/hosts`'s names, kept while the file is the same (device, inode, size, modification
+/// time), so that a connection costs a `stat`, not a read and a parse; `None` for a file past
+/// [`MAX_HOSTS_FILE`].
+static HOSTS: std::sync::Mutex<Option<(FileKey, Option<std::sync::Arc<HostsNames>>)>> =
+    std::sync::Mutex::new(None);
+
+/// What tells one version of a file from another: device, inode, size, modification time.
+type FileKey = (u64, u64, i64, i64, i64);
+
+/// Whether `/etc/hosts` lists `name` (as an entry's name or alias, whatever the case); `true`
+/// also when the file is past [`MAX_HOSTS_FILE`] (unknown: the name is then left as it is).
+pub fn hosts_lists(name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let path = "/etc/hosts";
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false; // no file: nothing it could answer
+    };
+    let key = (
+        meta.dev(),
+        meta.ino(),
+        meta.size() as i64,
+        meta.mtime(),
+        meta.mtime_nsec(),
+    );
+    let names = {
+        let mut cached = HOSTS.lock().unwrap_or_else(|p| p.into_inner());
+        match &*cached {
+            Some((k, names)) if *k == key => names.clone(),
+            _ => {
+                // Past the bound, unknown; unreadable, nothing glibc could read either.
+                let names = (meta.len() <= MAX_HOSTS_FILE).then(|| {
+                    let mut bytes = Vec::new();
+                    let read = std::fs::File::open(path).and_then(|f| {
+                        std::io::Read::read_to_end(
+                            &mut std::io::Read::take(f, MAX_HOSTS_FILE),
+                            &mut bytes,
+                        )
+                    });
+                    std::sync::Arc::new(if read.is_ok() {
+                        hosts_names(&bytes)
+                    } else {
+                        HostsNames::new()
+                    })
+                });
+                *cached = Some((key, names.clone()));
+                names
+            }
+        }
+    };
+    match names {
+        Some(n) => n.contains(name.to_ascii_lowercase().as_bytes()),
+        None => true,
     }
-    text
 }
 
-/// Most of `/etc/hosts` read for [`system_name`].
-pub const MAX_HOSTS_FILE: u64 = 1 << 20;
+/// The names a hosts file's bytes list (each line's fields after the address, up to a `#`),
+/// lower-cased. Bytes, not text: a comment in another encoding does not hide the entries.
+fn hosts_names(text: &[u8]) -> HostsNames {
+    let mut names = HostsNames::new();
+    for line in text.split(|b| *b == b'\n') {
+        let line = line.split(|b| *b == b'#').next().unwrap_or_default();
+        for field in line
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|f| !f.is_empty())
+            .skip(1)
+        {
+            names.insert(field.to_ascii_lowercase().into_boxed_slice());
+        }
+    }
+    names
+}
 
 #[cfg(test)]
 mod tests {
@@ -678,19 +735,30 @@ mod tests {
     }
 
     #[test]
-    fn a_name_goes_to_the_system_resolver_absolute_unless_the_hosts_file_lists_it() {
-        let hosts = "127.0.0.1\tlocalhost\n::1 localhost ip6-localhost\n\
+    fn a_hosts_files_names_are_read_as_bytes_with_aliases_and_comments() {
+        let text = b"127.0.0.1\tlocalhost\n::1 localhost ip6-localhost\n\
                      # 10.0.0.1 commented.example.org\n\
-                     198.51.100.7 Dev.Example.org dev # the dev box\n";
-        for (name, given) in [
-            ("x.example.org", "x.example.org."),
-            ("dev.example.org", "dev.example.org"),
-            ("commented.example.org", "commented.example.org."),
-            ("localhost", "localhost"),
-            ("dev", "dev"),
-            ("example.org.", "example.org."),
+                     # caf\xe9 box (Latin-1)\n\
+                     198.51.100.7 Dev.Example.org dev # the dev box\n\
+                     0.0.0.0 ads.example.org";
+        let names = hosts_names(text);
+        for (name, listed) in [
+            ("dev.example.org", true),
+            ("dev", true),
+            ("ip6-localhost", true),
+            ("ads.example.org", true),
+            ("commented.example.org", false),
+            ("box", false),
+            ("198.51.100.7", false),
         ] {
-            assert_eq!(system_name(name, hosts), given, "{name}");
+            assert_eq!(names.contains(name.as_bytes()), listed, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_name_without_a_dot_or_with_a_trailing_one_is_given_as_it_is() {
+        for name in ["localhost", "devbox", "example.org."] {
+            assert_eq!(system_name(name), name);
         }
     }
 }

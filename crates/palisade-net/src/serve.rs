@@ -293,6 +293,25 @@ impl Denial {
     }
 }
 
+/// `addrs` with the two address families taking turns, the first address's first (as RFC 8305
+/// orders them): a family whose addresses do not answer (IPv6 on a host without a route that
+/// drops packets) then costs one share of the connect deadline before the other is tried.
+pub(crate) fn interleave(addrs: Vec<IpAddr>) -> Vec<IpAddr> {
+    let Some(v6_first) = addrs.first().map(IpAddr::is_ipv6) else {
+        return addrs;
+    };
+    let n = addrs.len();
+    let (first, other): (Vec<IpAddr>, Vec<IpAddr>) =
+        addrs.into_iter().partition(|a| a.is_ipv6() == v6_first);
+    let (mut first, mut other) = (first.into_iter(), other.into_iter());
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        out.extend(first.next());
+        out.extend(other.next());
+    }
+    out
+}
+
 /// Takes a new connection's place among the sandbox's open connections and the process's; why
 /// not, if either is full (nothing taken then).
 fn take_place(sh: &Shared) -> Result<(), &'static str> {
@@ -370,7 +389,7 @@ impl<'a> Pending<'a> {
                         Denial::new(Reason::ResolveFailed, format!("{n} (asked {server}): {e}"))
                     })?
                 } else {
-                    let q = dns::system_name(n.as_str(), &dns::hosts_file());
+                    let q = dns::system_name(n.as_str());
                     (q.as_ref(), port)
                         .to_socket_addrs()
                         .map_err(|e| Denial::new(Reason::ResolveFailed, format!("{n}: {e}")))?
@@ -399,6 +418,7 @@ impl<'a> Pending<'a> {
                 Some((r, d)) => Denial::new(r, format!("{}: {d}", self.host)),
             });
         }
+        let ok = interleave(ok);
         // One deadline for all the name's addresses: each tries with its share of what is left
         // (at least a quarter of the whole, or all that is left), so a name with many addresses
         // that do not answer holds the connection's thread no longer than one that has one.

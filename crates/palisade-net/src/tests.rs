@@ -5,7 +5,7 @@
 use super::*;
 use palisade_policy::net::{Host, NetRule, Pin};
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -353,6 +353,31 @@ fn a_name_whose_addresses_do_not_answer_gets_one_connect_deadline_in_all() {
 }
 
 #[test]
+fn a_names_addresses_take_turns_by_family_the_first_ones_first() {
+    let a = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let got = crate::serve::interleave(vec![
+        a("2001:db8::1"),
+        a("2001:db8::2"),
+        a("2001:db8::3"),
+        a("198.51.100.1"),
+        a("198.51.100.2"),
+    ]);
+    let want = [
+        "2001:db8::1",
+        "198.51.100.1",
+        "2001:db8::2",
+        "198.51.100.2",
+        "2001:db8::3",
+    ];
+    assert_eq!(got, want.map(a).to_vec());
+    assert_eq!(
+        crate::serve::interleave(vec![a("198.51.100.1"), a("2001:db8::1")]),
+        vec![a("198.51.100.1"), a("2001:db8::1")]
+    );
+    assert!(crate::serve::interleave(Vec::new()).is_empty());
+}
+
+#[test]
 fn the_pace_gives_a_burst_then_one_turn_per_period_in_order() {
     let t0 = Instant::now();
     let mut p = Pace::new(10);
@@ -393,6 +418,11 @@ fn upstream_connections_past_the_pace_wait_their_turn_and_are_counted() {
         drop(c);
     }
     let took = t0.elapsed();
+    // Every connection's thread done (the last one's may still be reading after its client
+    // went), so that finishing does not cut one.
+    wait_until("the connections end", || {
+        e.shared.open.load(Ordering::SeqCst) == 0
+    });
     let log = returns("finish", move || e.finish());
     assert!(
         took >= Duration::from_millis(1900),
