@@ -13,10 +13,15 @@
 //! ceiling the kernel kills the process with the most memory mapped, which need not be the exec
 //! that took the memory: an exec that wrote a file past the ceiling into scratch (file pages that
 //! belong to no process) had the agent killed, the largest process left, and the session ended
-//! (measured: `dd` of 400 MiB into a 128 MiB session). With the exec's own ceiling below the
-//! run's, the exec meets its ceiling first, and the kernel chooses only among the exec's own
-//! processes. What the room does not cover: execs at once that together pass the run's ceiling,
-//! or files the agent wrote (`PUT`) taking the room; the kernel then chooses among all of the
+//! (measured: `dd` of 400 MiB into a 128 MiB session). So an exec's ceiling is set as its cgroup
+//! is handed out, to what the run has left for it: the run's ceiling less room for the run's own
+//! processes, less what is charged outside the exec's cgroup at that moment (files earlier execs
+//! left in other exec cgroups, files written through the agent, the agent's own memory), but
+//! never less than what is charged to the cgroup already plus a quarter of the room, so that a
+//! small program can still start in a full session ([`Children::set_ceiling`]). The exec meets
+//! its ceiling first, and the kernel chooses only among the exec's own processes. What this does
+//! not cover: execs at once that together pass the run's ceiling, or what the agent takes while
+//! an exec runs (a file written or read through it); the kernel then chooses among all of the
 //! run's processes by size again.
 //!
 //! - **v1**: a child of the run's memory directory. A v1 memory cgroup counts an OOM kill only in
@@ -36,16 +41,16 @@
 //! An exec's directory is kept when it ends, for a later exec of the same run: making and
 //! removing a memory cgroup costs ~50 µs on a v1 host, and a removed one can stay in the kernel
 //! (below). A later exec takes it only once no process is left in it (its process list reads
-//! empty), and counts its OOM kills from the count read as it takes it. Nothing else carries
-//! over that matters: its ceiling is the same for every exec of the run, and memory still
-//! charged to it (a file the earlier exec wrote in scratch) would be under the run's ceiling in a
-//! new directory too, leaving the exec no more room there. The
-//! only processes that can enter it are those given its join file, and the supervisor gives that
-//! only with the exec it hands the directory to. Past [`IDLE_EXEC_CGROUPS`] ended ones, those
-//! nothing runs in are removed; one an exec left processes in is not taken while they run, and
-//! once they are gone is taken or removed like the others, or goes with the run. At most
-//! [`MAX_EXEC_CGROUPS`] exist at once in one run: past that, an exec gets none (its count is the
-//! session's, as before).
+//! empty), and counts its OOM kills from the count read as it takes it; its ceiling is set
+//! again. Memory still charged to it (a file the earlier exec wrote in scratch) counts in its
+//! ceiling as it would in the run's. The only processes that can enter it are those given its
+//! join file, and the supervisor gives that only with the exec it hands the directory to. Past
+//! [`IDLE_EXEC_CGROUPS`] ended ones, those nothing runs in are removed; one an exec left
+//! processes in is not taken while they run, and once they are gone is taken or removed like the
+//! others, or goes with the run. At most [`MAX_EXEC_CGROUPS`] exist at once in one run: past
+//! that (or past the other bounds below), an exec shares one with the exec that holds it, one an
+//! ended exec left a process in first ([`ExecCgroup::shared`]): the ceiling holds for both, and
+//! the OOM kills counted there are theirs together.
 //!
 //! Taking ended ones again also bounds what the host keeps of removed ones. A memory cgroup
 //! removed while pages are still charged to it (a file the exec wrote in scratch, cached) stays
@@ -53,9 +58,11 @@
 //! made and removed per exec, 2,000 execs that each appended to a file left 2,000 such cgroups
 //! for the session's life (measured). So a run makes at most [`MADE_EXEC_CGROUPS`] over its life;
 //! an exec that then finds none free (a session whose execs keep leaving processes behind) gets
-//! none. Exec cgroups that exist hold the kernel's memory cgroup ids (65,535 for the host, live
-//! ones only), so one process, a server with all its sessions, holds at most
-//! [`MAX_EXEC_CGROUPS_IN_PROCESS`] at once; past that too, an exec gets none.
+//! none of its own. Exec cgroups that exist hold the kernel's memory cgroup ids (65,535 for the
+//! host, live ones only), so one process, a server with all its sessions, holds at most
+//! [`MAX_EXEC_CGROUPS_IN_PROCESS`] at once, each run's first one aside (every run gets one, so
+//! that one tenant's sessions holding them all cannot leave another's execs without a ceiling;
+//! the runs themselves are bounded by the server).
 
 use crate::*;
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -63,11 +70,12 @@ use rustix::io::Errno;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
-/// The memory ceiling of an exec cgroup in a run whose ceiling is `run` bytes: the run's, less
-/// room for the run's own processes (the sandbox's init and a session's agent, ~1 MiB of
-/// anonymous memory together, with their page tables, sockets and the buffers of a file
-/// transfer). The room is a sixteenth of the run's ceiling, at least 16 MiB and at most 64 MiB,
-/// and never more than a quarter of it.
+/// The most an exec cgroup's memory ceiling is, in a run whose ceiling is `run` bytes: the
+/// run's, less room for the run's own processes (the sandbox's init and a session's agent, ~1 MiB
+/// of anonymous memory together, with their page tables and sockets, and what the agent takes for
+/// a file it moves while the exec runs). The room is a sixteenth of the run's ceiling, at least
+/// 16 MiB and at most 64 MiB, and never more than a quarter of it. The ceiling an exec gets is
+/// lower when the run holds memory outside the exec's cgroup ([`Children::set_ceiling`]).
 pub fn exec_memory_ceiling(run: u64) -> u64 {
     let room = (run / 16).clamp(EXEC_ROOM_MIN, EXEC_ROOM_MAX).min(run / 4);
     run - room
@@ -83,10 +91,10 @@ pub const EXEC_ROOM_MAX: u64 = 64 << 20;
 /// Most exec cgroups one run holds at once, ended ones included.
 pub const MAX_EXEC_CGROUPS: usize = 64;
 
-/// Most exec cgroups one process (a server, for all its sessions) holds at once. A memory cgroup
-/// that exists holds one of the kernel's 65,535 memory cgroup ids for the whole host (a removed
-/// one gives it back), and a session's execs can keep theirs existing by leaving a process in
-/// each: 64 each in 10,000 sessions would be 640,000.
+/// Most exec cgroups one process (a server, for all its sessions) holds at once, besides each
+/// run's first. A memory cgroup that exists holds one of the kernel's 65,535 memory cgroup ids
+/// for the whole host (a removed one gives it back), and a session's execs can keep theirs
+/// existing by leaving a process in each: 64 each in 10,000 sessions would be 640,000.
 pub const MAX_EXEC_CGROUPS_IN_PROCESS: usize = 4_096;
 
 /// Exec cgroups this process holds (made, not yet removed).
@@ -123,11 +131,21 @@ pub(crate) struct Children {
     /// The file a process writes `0` into to enter, and whose reading lists those in it: v1
     /// `tasks` (threads), v2 `cgroup.procs`.
     join: &'static str,
-    /// Control files written in each new child before it is handed out: its memory ceiling
-    /// ([`exec_memory_ceiling`]), and on v1 the socket-buffer knob, without which the child's
-    /// sockets are charged to no cgroup at all.
+    /// Control files written in each new child before it is handed out (v1: the socket-buffer
+    /// knob, without which the child's sockets are charged to no cgroup at all).
     setup: Vec<(&'static str, String)>,
+    /// Each child's memory ceiling, set as it is handed out ([`Ceiling`]); `None`: none.
+    ceiling: Option<Ceiling>,
     state: Mutex<State>,
+}
+
+/// How an exec cgroup's memory ceiling is set: the run's ceiling, its usage file (hierarchical:
+/// v1 `memory.usage_in_bytes`, v2 `memory.current`) and the ceiling file (v1
+/// `memory.limit_in_bytes`, v2 `memory.max`).
+pub(crate) struct Ceiling {
+    pub(crate) run: u64,
+    pub(crate) usage: &'static str,
+    pub(crate) limit: &'static str,
 }
 
 #[derive(Default)]
@@ -152,6 +170,7 @@ impl Children {
         events: &'static str,
         join: &'static str,
         setup: Vec<(&'static str, String)>,
+        ceiling: Option<Ceiling>,
     ) -> Result<Children, CgroupError> {
         let dir = rustix::fs::openat(
             parent.dir_fd(),
@@ -166,6 +185,7 @@ impl Children {
             events,
             join,
             setup,
+            ceiling,
             state: Mutex::new(State::default()),
         })
     }
@@ -174,9 +194,11 @@ impl Children {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An exec cgroup: an ended one nothing runs in, or a new one; `None` if none is free and
-    /// no other may be made ([`MAX_EXEC_CGROUPS`], [`MADE_EXEC_CGROUPS`],
-    /// [`MAX_EXEC_CGROUPS_IN_PROCESS`]).
+    /// An exec cgroup: an ended one nothing runs in, or a new one, or, where neither can be had
+    /// ([`MAX_EXEC_CGROUPS`], [`MADE_EXEC_CGROUPS`], [`MAX_EXEC_CGROUPS_IN_PROCESS`]), one shared
+    /// with an exec that holds it (its ceiling holds for both; its OOM count is theirs together).
+    /// Its memory ceiling is set as it is handed out ([`Children::set_ceiling`]). `None` only
+    /// where the run has no exec cgroup at all and may make none.
     pub(crate) fn make(self: &Arc<Self>) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
         let mut st = self.state();
         // An ended exec's, once nothing runs in it, counting from its count now.
@@ -189,15 +211,28 @@ impl Children {
                 continue;
             };
             st.live[i].1 = false;
+            let name = st.live[i].0.clone();
+            self.set_ceiling(&name);
             return Ok(Some(Box::new(Exec {
                 children: self.clone(),
-                name: st.live[i].0.clone(),
+                name,
                 base,
+                shared: false,
             })));
         }
         self.remove_ended(&mut st, IDLE_EXEC_CGROUPS);
-        if st.live.len() >= MAX_EXEC_CGROUPS || st.seq >= MADE_EXEC_CGROUPS || !take_place() {
-            return Ok(None);
+        // A run's first exec cgroup does not count against the process's: each run (session)
+        // can have one, with its ceiling, whatever others hold (bounded by the runs).
+        let place = || {
+            if st.live.is_empty() {
+                IN_PROCESS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                true
+            } else {
+                take_place()
+            }
+        };
+        if st.live.len() >= MAX_EXEC_CGROUPS || st.seq >= MADE_EXEC_CGROUPS || !place() {
+            return Ok(self.share(&st));
         }
         let name = format!("exec-{}", st.seq);
         st.seq += 1;
@@ -220,12 +255,72 @@ impl Children {
                 return Err(io_at("write", &self.path.join(&rel))(e.into()));
             }
         }
+        if !self.set_ceiling(&name) {
+            let rel = format!("{name}/{}", self.ceiling.as_ref().map_or("", |c| c.limit));
+            let _ = rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR);
+            give_places(1);
+            return Err(io_at("write", &self.path.join(rel))(std::io::Error::other(
+                "the exec's memory ceiling could not be set",
+            )));
+        }
         st.live.push((name.clone(), false));
         Ok(Some(Box::new(Exec {
             children: self.clone(),
             name,
             base: 0,
+            shared: false,
         })))
+    }
+
+    /// One of the run's exec cgroups, shared with the exec that holds it: one an ended exec left
+    /// a process in first, else the newest. Its ceiling is set again for what is charged now.
+    fn share(self: &Arc<Self>, st: &State) -> Option<Box<dyn ExecCgroup>> {
+        let (name, _) = st
+            .live
+            .iter()
+            .find(|(_, ended)| *ended)
+            .or_else(|| st.live.last())?;
+        let base = self.oom_kills(name)?;
+        self.set_ceiling(name);
+        Some(Box::new(Exec {
+            children: self.clone(),
+            name: name.clone(),
+            base,
+            shared: true,
+        }))
+    }
+
+    /// Sets child `name`'s memory ceiling for the exec it is handed to: [`exec_memory_ceiling`]
+    /// of the run's, and no more than what the run has left beside what is charged outside the
+    /// child now (files earlier execs wrote in other children, the agent's memory, held
+    /// cgroups), less the same room; but never less than what is charged to the child now plus a
+    /// quarter of the room, so that a small program (an `rm` to make space) can still start.
+    /// Returns whether it was set (or there is no ceiling to set).
+    fn set_ceiling(&self, name: &str) -> bool {
+        let Some(c) = &self.ceiling else {
+            return true;
+        };
+        let number = |rel: &str| -> Option<u64> {
+            let mut buf = [0u8; 32];
+            let text = self.read(rel, c.usage, &mut buf)?;
+            std::str::from_utf8(text).ok()?.trim().parse().ok()
+        };
+        let top = exec_memory_ceiling(c.run);
+        let room = c.run - top;
+        let own = number(name).unwrap_or(0);
+        let others = number(".").map_or(0, |run| run.saturating_sub(own));
+        let limit = top
+            .saturating_sub(others)
+            .max(own.saturating_add(room / 4))
+            .min(top);
+        rustix::fs::openat(
+            &self.dir,
+            format!("{name}/{}", c.limit).as_str(),
+            OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .and_then(|f| rustix::io::write(&f, limit.to_string().as_bytes()))
+        .is_ok()
     }
 
     /// Reads up to `buf.len()` bytes of the control file `file` of child `name`.
@@ -350,6 +445,8 @@ struct Exec {
     name: String,
     /// Its count when this exec took it (an earlier exec's kills).
     base: u64,
+    /// Shared with the exec that holds it: its end is that exec's to tell.
+    shared: bool,
 }
 
 impl ExecCgroup for Exec {
@@ -376,11 +473,17 @@ impl ExecCgroup for Exec {
     fn name(&self) -> &str {
         &self.name
     }
+
+    fn shared(&self) -> bool {
+        self.shared
+    }
 }
 
 impl Drop for Exec {
     fn drop(&mut self) {
-        self.children.ended(&self.name);
+        if !self.shared {
+            self.children.ended(&self.name);
+        }
     }
 }
 
@@ -437,7 +540,8 @@ mod tests {
             Ok(o) => o,
             Err(_) => panic!("could not make the run directory"),
         };
-        let c = Arc::new(Children::new(&run, "memory.oom_control", "tasks", Vec::new()).unwrap());
+        let c =
+            Arc::new(Children::new(&run, "memory.oom_control", "tasks", Vec::new(), None).unwrap());
         let a = c.make().unwrap().expect("an exec cgroup");
         let b = c.make().unwrap().expect("another");
         assert_ne!(a.name(), b.name());
@@ -472,17 +576,32 @@ mod tests {
         let fourth = c.make().unwrap().expect("a fourth");
         assert_eq!(fourth.name(), "exec-3");
         drop(again);
-        // Bounded: past MAX_EXEC_CGROUPS, none of them free, an exec gets none. Each new one
-        // here holds a process.
+        // Bounded: past MAX_EXEC_CGROUPS, none of them free, an exec shares one that an ended
+        // exec left a process in. Each new one here holds a process.
         let mut more = vec![fourth];
         kernel_files(&run.path.join("exec-3"), 0, "1\n");
-        while let Some(e) = c.make().unwrap() {
+        let shared = loop {
+            let e = c.make().unwrap().expect("one, or a shared one");
+            if e.shared() {
+                break e;
+            }
             if e.name() != an {
                 kernel_files(&run.path.join(e.name()), 0, "1\n");
             }
             more.push(e);
-        }
+        };
         assert_eq!(more.len(), MAX_EXEC_CGROUPS - 2, "all but b's and exec-2");
+        assert_eq!(
+            shared.name(),
+            bn,
+            "the one an ended exec left a process in is shared first"
+        );
+        assert_eq!(c.state().live.len(), MAX_EXEC_CGROUPS, "no new one for it");
+        drop(shared);
+        assert!(
+            c.state().live.iter().any(|(n, ended)| *n == bn && *ended),
+            "a shared one's end leaves it as it was"
+        );
         // Ended ones past IDLE_EXEC_CGROUPS are removed once nothing is in them (the files
         // stand for a process here: the kernel's go with the directory).
         for e in &more {
@@ -516,10 +635,13 @@ mod tests {
             .unwrap()
             .expect("an ended, empty one is still taken");
         assert_eq!(free.name(), ended);
+        let past = c.make().unwrap().expect("a shared one");
         assert!(
-            c.make().unwrap().is_none(),
-            "a new one past the run's {MADE_EXEC_CGROUPS}"
+            past.shared(),
+            "a new one past the run's {MADE_EXEC_CGROUPS}: {}",
+            past.name()
         );
+        drop(past);
         drop(free);
         for e in std::fs::read_dir(&run.path).unwrap().flatten() {
             if e.file_name().to_string_lossy() != bn {
@@ -544,9 +666,15 @@ mod tests {
                 Ok(o) => o,
                 Err(_) => panic!("could not make run directory {r}"),
             };
-            let cr =
-                Arc::new(Children::new(&o, "memory.oom_control", "tasks", Vec::new()).unwrap());
-            while let Some(e) = cr.make().unwrap() {
+            let cr = Arc::new(
+                Children::new(&o, "memory.oom_control", "tasks", Vec::new(), None).unwrap(),
+            );
+            loop {
+                let e = cr.make().unwrap().expect("one, or a shared one");
+                if e.shared() {
+                    break;
+                }
+                kernel_files(&o.path.join(e.name()), 0, "1\n");
                 handles.push(e);
             }
             let full = held_here(&cr) < MAX_EXEC_CGROUPS;
@@ -555,11 +683,31 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(
-            handles.len() + before,
-            MAX_EXEC_CGROUPS_IN_PROCESS,
-            "exec cgroups made in the process"
+        // (A run's first is made past the cap too: the last run's may be one more.)
+        let total = handles.len() + before;
+        assert!(
+            total == MAX_EXEC_CGROUPS_IN_PROCESS || total == MAX_EXEC_CGROUPS_IN_PROCESS + 1,
+            "{total} exec cgroups made in the process"
         );
+        // Past the process's cap, a new run still gets its first, and its next exec shares it.
+        let o = match owner::make(&parent.join("run-7-00000000000000dd-first")) {
+            Ok(o) => o,
+            Err(_) => panic!("could not make a run directory"),
+        };
+        let cr =
+            Arc::new(Children::new(&o, "memory.oom_control", "tasks", Vec::new(), None).unwrap());
+        let first = cr
+            .make()
+            .unwrap()
+            .expect("a run's first, past the process's cap");
+        assert!(!first.shared());
+        kernel_files(&o.path.join(first.name()), 0, "1\n");
+        let second = cr.make().unwrap().expect("a shared one");
+        assert!(second.shared() && second.name() == first.name());
+        drop((first, second));
+        drop(cr);
+        std::fs::remove_dir_all(&o.path).unwrap();
+        drop(o);
         drop(handles);
         drop(runs);
         assert_eq!(

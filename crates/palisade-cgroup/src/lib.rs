@@ -220,6 +220,12 @@ pub trait ExecCgroup: Send + Sync {
     fn join_files(&self) -> Result<Vec<std::fs::File>, CgroupError>;
     /// OOM kills of processes in this cgroup so far.
     fn oom_kills(&self) -> u64;
+    /// Whether it is shared with another exec that holds it (none could be made for this one:
+    /// [`MAX_EXEC_CGROUPS`], [`MADE_EXEC_CGROUPS`], [`MAX_EXEC_CGROUPS_IN_PROCESS`]): its ceiling
+    /// holds for both, and its OOM kills are theirs together.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Makes a run's directories with `make` (one per hierarchy, each locked) under a fresh name,

@@ -387,14 +387,11 @@ impl RunCgroup for V1Run {
         let c = match self.children.get() {
             Some(c) => c.clone(),
             None => {
-                // Each child's own ceiling (`exec`'s text). And v1 charges a socket's buffers
-                // to a memory cgroup only once its own `memory.kmem.tcp.limit_in_bytes` was
-                // written (not inherited): written unlimited in each child, the run's ceiling
-                // above it holds them.
-                let mut setup = vec![(
-                    "memory.limit_in_bytes",
-                    exec::exec_memory_ceiling(self.memory_bytes).to_string(),
-                )];
+                // v1 charges a socket's buffers to a memory cgroup only once its own
+                // `memory.kmem.tcp.limit_in_bytes` was written (not inherited): written
+                // unlimited in each child, the run's ceiling above it holds them. Each child's
+                // own memory ceiling is set as it is handed out (`exec`'s text).
+                let mut setup = Vec::new();
                 if self.sockets_counted {
                     setup.push(("memory.kmem.tcp.limit_in_bytes", "-1".to_owned()));
                 }
@@ -403,6 +400,11 @@ impl RunCgroup for V1Run {
                     "memory.oom_control",
                     "tasks",
                     setup,
+                    Some(exec::Ceiling {
+                        run: self.memory_bytes,
+                        usage: "memory.usage_in_bytes",
+                        limit: "memory.limit_in_bytes",
+                    }),
                 )?);
                 self.children.get_or_init(|| made).clone()
             }

@@ -386,13 +386,17 @@ impl V2Run {
             if pids.is_empty() {
                 match write_in(dir, "cgroup.subtree_control", "+memory") {
                     Ok(()) => {
-                        // Each child's own ceiling (`exec`'s text).
-                        let max = exec::exec_memory_ceiling(self.memory_bytes).to_string();
+                        // Each child's own ceiling, set as it is handed out (`exec`'s text).
                         return exec::Children::new(
                             dir,
                             "memory.events",
                             "cgroup.procs",
-                            vec![("memory.max", max)],
+                            Vec::new(),
+                            Some(exec::Ceiling {
+                                run: self.memory_bytes,
+                                usage: "memory.current",
+                                limit: "memory.max",
+                            }),
                         );
                     }
                     // A process came in between: another round.

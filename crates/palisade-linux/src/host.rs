@@ -471,6 +471,15 @@ impl Joined {
     }
 }
 
+/// For a program that lives in a sandbox and moves large buffers (a session's agent, whose
+/// memory is the session's): buffers of 256 KiB or more are mapped on their own and given back
+/// to the kernel when freed, rather than kept by the allocator for later (glibc raises its
+/// threshold to the largest buffer freed: an agent that had read a 16 MiB file back held ~32 MiB
+/// for the session's life). Call it first, before any thread starts.
+pub fn give_large_buffers_back() {
+    crate::sys::set_mmap_threshold(256 << 10);
+}
+
 /// Has `cmd`'s child move itself into the cgroups of `files` before it execs its program: it
 /// writes `0` into each, as a cgroup's `tasks` (v1) or `cgroup.procs` (v2) file, which the
 /// supervisor opened and whose opener's credentials the kernel checks, not the child's. Everything

@@ -21,6 +21,8 @@ use std::time::Instant;
 
 /// Runs the agent on fd 0; returns the process's exit code.
 pub fn main() -> i32 {
+    // Large buffers (a file read back, an archive) given back to the kernel when freed.
+    palisade::agent::give_large_buffers_back();
     // Before anything else: no process this agent starts may read its memory or descriptors.
     if let Err(e) =
         rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
@@ -161,28 +163,36 @@ impl From<rustix::io::Errno> for Fail {
 }
 
 impl Agent {
+    /// Sends one frame: its header, then `data` as it is (a file read back is not copied into
+    /// the frame: the agent's memory is the session's, and a second copy of a 16 MiB file was
+    /// more than the room an exec's ceiling leaves it).
     fn send(&self, ev: &Event, data: &[u8], fds: &[BorrowedFd<'_>]) {
-        let frame = proto::encode(ev, data);
+        let head = proto::encode_head(ev, data.len());
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        if fds.is_empty() {
-            let _ = out.write_all(&frame);
-            return;
-        }
-        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(3))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        control.push(rustix::net::SendAncillaryMessage::ScmRights(fds));
-        // The descriptors go with the frame's first bytes; the rest follows as usual.
-        match rustix::net::sendmsg(
-            &*out,
-            &[std::io::IoSlice::new(&frame)],
-            &mut control,
-            rustix::net::SendFlags::empty(),
-        ) {
-            Ok(n) if n < frame.len() => {
-                let _ = out.write_all(&frame[n..]);
+        let mut sent = 0;
+        if !fds.is_empty() {
+            let mut space =
+                [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(3))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            control.push(rustix::net::SendAncillaryMessage::ScmRights(fds));
+            // The descriptors go with the frame's first bytes; the rest follows as usual.
+            match rustix::net::sendmsg(
+                &*out,
+                &[std::io::IoSlice::new(&head), std::io::IoSlice::new(data)],
+                &mut control,
+                rustix::net::SendFlags::empty(),
+            ) {
+                Ok(n) => sent = n,
+                Err(_) => return,
             }
-            _ => {}
         }
+        if sent < head.len() {
+            if out.write_all(&head[sent..]).is_err() {
+                return;
+            }
+            sent = head.len();
+        }
+        let _ = out.write_all(&data[sent - head.len()..]);
     }
 
     fn handle(&self, req: Request, data: Vec<u8>, fds: Vec<OwnedFd>) {
@@ -413,7 +423,9 @@ impl Agent {
                 format!("`{path}` has {} bytes (at most {max})", st.st_size),
             ));
         }
-        let mut v = Vec::new();
+        // As large as the file is now, so that reading it does not grow the buffer by doubling
+        // (the agent's memory is the session's).
+        let mut v = Vec::with_capacity((st.st_size as u64).min(max) as usize + 1);
         // The size can grow while we read (the code may still be writing): read at most max+1.
         std::fs::File::from(f)
             .take(max + 1)

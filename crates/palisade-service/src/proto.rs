@@ -173,12 +173,18 @@ pub fn check_path(p: &str) -> Result<Vec<&str>, &'static str> {
 
 /// Encodes a frame.
 pub fn encode<T: Serialize>(header: &T, data: &[u8]) -> Vec<u8> {
-    let h = serde_json::to_vec(header).expect("protocol types serialize");
-    let mut v = Vec::with_capacity(8 + h.len() + data.len());
-    v.extend_from_slice(&(h.len() as u32).to_be_bytes());
-    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    v.extend_from_slice(&h);
+    let mut v = encode_head(header, data.len());
     v.extend_from_slice(data);
+    v
+}
+
+/// A frame's lengths and header, for `len` bytes of data sent after it (not copied into it).
+pub fn encode_head<T: Serialize>(header: &T, len: usize) -> Vec<u8> {
+    let h = serde_json::to_vec(header).expect("protocol types serialize");
+    let mut v = Vec::with_capacity(8 + h.len());
+    v.extend_from_slice(&(h.len() as u32).to_be_bytes());
+    v.extend_from_slice(&(len as u32).to_be_bytes());
+    v.extend_from_slice(&h);
     v
 }
 

@@ -678,11 +678,18 @@ impl Service {
             result.status = RunStatus::Oom;
             result.error = None;
         }
-        // Files that could not be read back because the sandbox was gone.
+        // Files that could not be read back because the sandbox was gone: `oom` where the OOM
+        // killer took the agent (reading a file back takes memory too, after a program that
+        // left the run little), else `not-fetched`.
         if agent_dead {
+            let why = if out.report.oom_kills > 0 {
+                "oom"
+            } else {
+                "not-fetched"
+            };
             for p in &plan.fetch {
                 if !result.files.contains_key(p) && !result.file_errors.contains_key(p) {
-                    result.file_errors.insert(p.clone(), "not-fetched".into());
+                    result.file_errors.insert(p.clone(), why.into());
                 }
             }
         }

@@ -43,7 +43,7 @@ pub mod engine {
 /// For a session's agent (a program inside the sandbox that starts others): its programs enter
 /// the cgroups of their exec before they start ([`Run::exec_cgroup`]).
 pub mod agent {
-    pub use palisade_linux::host::{join_cgroups_before_exec, Joined};
+    pub use palisade_linux::host::{give_large_buffers_back, join_cgroups_before_exec, Joined};
 }
 
 /// A front end's own terminal and signals (the CLI's): raw mode restored on drop, and signals

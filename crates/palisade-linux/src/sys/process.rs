@@ -656,3 +656,17 @@ pub fn write_zero_before_exec(
         });
     }
 }
+
+/// Sets glibc's mapping threshold to `bytes`, fixed: allocations as large or larger are mapped on
+/// their own and unmapped when freed, and the threshold is no longer raised to the largest such
+/// buffer freed (which kept later ones of that size in the heap, never given back). Nothing
+/// elsewhere than glibc.
+pub fn set_mmap_threshold(bytes: c_int) {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a parameter of the allocator, whatever the value.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+    }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = bytes;
+}
