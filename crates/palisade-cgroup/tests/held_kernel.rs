@@ -58,7 +58,15 @@ fn write_in(enter: impl FnOnce(u32), bytes: i64, file: &Path) -> PathBuf {
     let dir = memory_dir_of(p.id());
     p.stdin.take().unwrap().write_all(b"go\n").unwrap();
     assert!(p.wait().unwrap().success());
+    written_back(file);
     dir
+}
+
+/// `file`'s pages written to the disk: a give-back frees clean pages at once, and dirty ones only
+/// once the disk has them (best effort: a cgroup whose pages are still dirty stays held), which
+/// under the VM matrix's emulator can take longer than the test looks.
+fn written_back(file: &Path) {
+    std::fs::File::open(file).unwrap().sync_all().unwrap();
 }
 
 fn limits() -> CgroupLimits {
@@ -109,6 +117,7 @@ fn rise_after_a_busy_run(m: &dyn palisade_cgroup::Manager, file: &Path) -> i64 {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "written");
+    written_back(file);
     let _ = run.remove();
     drop(run);
     let _ = p.kill();
