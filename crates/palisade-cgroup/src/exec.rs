@@ -19,10 +19,17 @@
 //! left in other exec cgroups, files written through the agent, the agent's own memory), but
 //! never less than what is charged to the cgroup already plus a quarter of the room, so that a
 //! small program can still start in a full session ([`Children::set_ceiling`]). The exec meets
-//! its ceiling first, and the kernel chooses only among the exec's own processes. What this does
-//! not cover: execs at once that together pass the run's ceiling, or what the agent takes while
-//! an exec runs (a file written or read through it); the kernel then chooses among all of the
-//! run's processes by size again.
+//! its ceiling first, and the kernel chooses only among the exec's own processes.
+//!
+//! Execs at once could still together pass the run's ceiling, each within its own (two that each
+//! wrote 100 MiB into a 128 MiB session had the agent killed). So the exec cgroups are not the
+//! run's children but its `execs` child's ([`EXECS`]), whose ceiling, set at each hand-out, is what
+//! the run has left beside what is charged outside it (the agent, the init, files written through
+//! the agent), never more than [`exec_memory_ceiling`]. Execs together meet that ceiling before
+//! the run's, and the kernel then chooses among the execs' processes, never the agent or the
+//! init. An exec alone keeps the whole of what is left: a background exec that holds little does
+//! not halve the next one's. What this does not cover: the agent itself taking more than the
+//! room while an exec runs; it moves a file's bytes in bounded pieces for that reason.
 //!
 //! - **v1**: a child of the run's memory directory. A v1 memory cgroup counts an OOM kill only in
 //!   the cgroup of the process killed, never in its parents, so the run's own total adds its
@@ -69,6 +76,10 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
+
+/// The run's child that holds its exec cgroups, with a ceiling for all of them together (see the
+/// module's text): an exec cgroup's name is `execs/exec-N`.
+pub const EXECS: &str = "execs";
 
 /// The most an exec cgroup's memory ceiling is, in a run whose ceiling is `run` bytes: the
 /// run's, less room for the run's own processes (the sandbox's init and a session's agent, ~1 MiB
@@ -179,6 +190,22 @@ impl Children {
             Mode::empty(),
         )
         .map_err(|e| io_at("open", &parent.path)(e.into()))?;
+        match rustix::fs::mkdirat(&dir, EXECS, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io_at("create", &parent.path.join(EXECS))(e.into())),
+        }
+        // v2: the memory controller for the exec cgroups under it (it holds no process itself).
+        if events == "memory.events" {
+            let rel = format!("{EXECS}/cgroup.subtree_control");
+            rustix::fs::openat(
+                &dir,
+                rel.as_str(),
+                OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .and_then(|f| rustix::io::write(&f, b"+memory"))
+            .map_err(|e| io_at("write", &parent.path.join(&rel))(e.into()))?;
+        }
         Ok(Children {
             dir,
             path: parent.path.clone(),
@@ -234,7 +261,7 @@ impl Children {
         if st.live.len() >= MAX_EXEC_CGROUPS || st.seq >= MADE_EXEC_CGROUPS || !place() {
             return Ok(self.share(&st));
         }
-        let name = format!("exec-{}", st.seq);
+        let name = format!("{EXECS}/exec-{}", st.seq);
         st.seq += 1;
         if let Err(e) = rustix::fs::mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700)) {
             give_places(1);
@@ -295,7 +322,8 @@ impl Children {
     /// child now (files earlier execs wrote in other children, the agent's memory, held
     /// cgroups), less the same room; but never less than what is charged to the child now plus a
     /// quarter of the room, so that a small program (an `rm` to make space) can still start.
-    /// Returns whether it was set (or there is no ceiling to set).
+    /// First the ceiling of all the execs together ([`EXECS`]) is set the same way for what is
+    /// charged outside them. Returns whether the child's was set (or there is none to set).
     fn set_ceiling(&self, name: &str) -> bool {
         let Some(c) = &self.ceiling else {
             return true;
@@ -305,22 +333,33 @@ impl Children {
             let text = self.read(rel, c.usage, &mut buf)?;
             std::str::from_utf8(text).ok()?.trim().parse().ok()
         };
+        let write = |rel: &str, limit: u64| -> Result<(), Errno> {
+            let f = rustix::fs::openat(
+                &self.dir,
+                format!("{rel}/{}", c.limit).as_str(),
+                OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )?;
+            rustix::io::write(&f, limit.to_string().as_bytes()).map(|_| ())
+        };
         let top = exec_memory_ceiling(c.run);
         let room = c.run - top;
+        let ceiling = |run: Option<u64>, own: u64| {
+            let others = run.map_or(0, |r| r.saturating_sub(own));
+            top.saturating_sub(others)
+                .max(own.saturating_add(room / 4))
+                .min(top)
+        };
+        // What is charged can grow between the reading and the writing: v1 then refuses a
+        // ceiling below it (busy), and the figures are read again.
+        for _ in 0..3 {
+            let execs = number(EXECS).unwrap_or(0);
+            if write(EXECS, ceiling(number("."), execs)) != Err(Errno::BUSY) {
+                break;
+            }
+        }
         let own = number(name).unwrap_or(0);
-        let others = number(".").map_or(0, |run| run.saturating_sub(own));
-        let limit = top
-            .saturating_sub(others)
-            .max(own.saturating_add(room / 4))
-            .min(top);
-        rustix::fs::openat(
-            &self.dir,
-            format!("{name}/{}", c.limit).as_str(),
-            OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-        )
-        .and_then(|f| rustix::io::write(&f, limit.to_string().as_bytes()))
-        .is_ok()
+        write(name, ceiling(number("."), own)).is_ok()
     }
 
     /// Reads up to `buf.len()` bytes of the control file `file` of child `name`.
@@ -487,8 +526,8 @@ impl Drop for Exec {
     }
 }
 
-/// Removes the child cgroups of run directory `dir` (one level: an exec's, or the leaf of a v2
-/// run's own processes), so that the directory itself can go; one attempt each. For a run
+/// Removes the child cgroups of run directory `dir` (the exec cgroups under [`EXECS`], then it;
+/// the leaf of a v2 run's own processes), so that the directory itself can go; one attempt each. For a run
 /// directory the kernel reports busy.
 pub(crate) fn remove_children(dir: &Path) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -496,6 +535,9 @@ pub(crate) fn remove_children(dir: &Path) {
     };
     for e in rd.flatten().take(4 * MAX_EXEC_CGROUPS) {
         if e.file_type().is_ok_and(|t| t.is_dir()) {
+            if e.file_name() == EXECS {
+                remove_children(&e.path());
+            }
             let _ = std::fs::remove_dir(e.path());
         }
     }
@@ -571,15 +613,15 @@ mod tests {
         let other = c.make().unwrap().expect("a new one");
         assert!(other.name() != bn && other.name() != an, "{}", other.name());
         // One whose process list cannot be read (here: has none) is not taken either.
-        assert_eq!(other.name(), "exec-2");
+        assert_eq!(other.name(), "execs/exec-2");
         drop(other);
         let fourth = c.make().unwrap().expect("a fourth");
-        assert_eq!(fourth.name(), "exec-3");
+        assert_eq!(fourth.name(), "execs/exec-3");
         drop(again);
         // Bounded: past MAX_EXEC_CGROUPS, none of them free, an exec shares one that an ended
         // exec left a process in. Each new one here holds a process.
         let mut more = vec![fourth];
-        kernel_files(&run.path.join("exec-3"), 0, "1\n");
+        kernel_files(&run.path.join("execs/exec-3"), 0, "1\n");
         let shared = loop {
             let e = c.make().unwrap().expect("one, or a shared one");
             if e.shared() {
@@ -611,7 +653,10 @@ mod tests {
             }
         }
         drop(more);
-        let left: Vec<_> = std::fs::read_dir(&run.path).unwrap().flatten().collect();
+        let left: Vec<_> = std::fs::read_dir(run.path.join(EXECS))
+            .unwrap()
+            .flatten()
+            .collect();
         assert!(
             left.len() <= IDLE_EXEC_CGROUPS + 2,
             "{} directories left: {left:?}",
@@ -623,10 +668,10 @@ mod tests {
             // (With no process list to read, an ended one is not taken again.)
             drop(c.make().unwrap().expect("one more"));
         }
-        let ended = std::fs::read_dir(&run.path)
+        let ended = std::fs::read_dir(run.path.join(EXECS))
             .unwrap()
             .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .map(|e| format!("{EXECS}/{}", e.file_name().to_string_lossy()))
             .find(|n| *n != bn)
             .expect("an ended one kept");
         kernel_files(&run.path.join(&ended), 0, "");
@@ -643,8 +688,8 @@ mod tests {
         );
         drop(past);
         drop(free);
-        for e in std::fs::read_dir(&run.path).unwrap().flatten() {
-            if e.file_name().to_string_lossy() != bn {
+        for e in std::fs::read_dir(run.path.join(EXECS)).unwrap().flatten() {
+            if format!("{EXECS}/{}", e.file_name().to_string_lossy()) != bn {
                 for f in ["tasks", "memory.oom_control"] {
                     let _ = std::fs::remove_file(e.path().join(f));
                 }
@@ -716,11 +761,21 @@ mod tests {
         );
         // Directories only stay while something is in them; a file stands for that here.
         remove_children(&run.path);
-        let left: Vec<_> = std::fs::read_dir(&run.path).unwrap().flatten().collect();
+        let left: Vec<_> = std::fs::read_dir(run.path.join(EXECS))
+            .unwrap()
+            .flatten()
+            .collect();
         assert_eq!(
             left.len(),
             1,
             "only b, which still holds a file, is left: {left:?}"
+        );
+        std::fs::remove_dir_all(run.path.join(&bn)).unwrap();
+        remove_children(&run.path);
+        assert_eq!(
+            std::fs::read_dir(&run.path).unwrap().count(),
+            0,
+            "the execs' own directory goes once its exec cgroups are gone"
         );
         std::fs::remove_dir_all(&parent).unwrap();
     }

@@ -203,17 +203,27 @@ pub(crate) fn before_late_removal(path: &Path) {
     if !no_process_in(&dir, ".", v2) {
         return;
     }
-    // v1: each child on its own (a v1 directory lists only its own processes); v2's reclaim of
-    // the directory covers its children, and its `populated` theirs.
+    // v1: each child on its own (a v1 directory lists only its own processes), the exec
+    // cgroups under the execs' own child first; v2's reclaim of the directory covers its
+    // children, and its `populated` theirs.
     if !v2 {
-        if let Ok(rd) = std::fs::read_dir(path) {
-            for e in rd.flatten().take(4 * crate::exec::MAX_EXEC_CGROUPS) {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    if let Some(name) = e.file_name().to_str() {
-                        give_back(&dir, name, false);
-                    }
+        let children = |rel: &Path| -> Vec<String> {
+            let Ok(rd) = std::fs::read_dir(path.join(rel)) else {
+                return Vec::new();
+            };
+            rd.flatten()
+                .take(4 * crate::exec::MAX_EXEC_CGROUPS)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .collect()
+        };
+        for name in children(Path::new("")) {
+            if name == crate::exec::EXECS {
+                for exec in children(Path::new(crate::exec::EXECS)) {
+                    give_back(&dir, &format!("{name}/{exec}"), false);
                 }
             }
+            give_back(&dir, &name, false);
         }
     }
     give_back(&dir, ".", v2);

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use exec::{
-    exec_memory_ceiling, EXEC_ROOM_MAX, EXEC_ROOM_MIN, IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS,
+    exec_memory_ceiling, EXECS, EXEC_ROOM_MAX, EXEC_ROOM_MIN, IDLE_EXEC_CGROUPS, MADE_EXEC_CGROUPS,
     MAX_EXEC_CGROUPS, MAX_EXEC_CGROUPS_IN_PROCESS,
 };
 pub use held::{set_give_back_above, GIVE_BACK_ABOVE};

@@ -2000,6 +2000,58 @@ fn an_exec_that_fills_scratch_past_the_sessions_memory_is_oom_and_the_session_li
     assert_nothing_held(s.pid());
 }
 
+/// Two execs at once that each fill scratch within their own ceilings, but past the session's
+/// memory together, are `oom`, and the session lives. With the exec cgroups under the session's
+/// ceiling alone (each set as if the exec ran alone), the two together met the session's ceiling
+/// first and the kernel killed its largest process, the agent: the session was gone.
+#[test]
+fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_lives() {
+    let s = Server::start(POLICY, &[]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
+        )
+        .json();
+    let id = info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned();
+    let exec = |cmd: &str| {
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sh", "-c", cmd]}),
+        )
+        .json()
+    };
+    // Both start before either has written much: each waits for the other's mark.
+    let (one, two) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| {
+            exec("touch a.go; while [ ! -e b.go ]; do sleep 0.01; done; exec dd if=/dev/zero of=a bs=1M count=100 2>/dev/null")
+        });
+        let b = sc.spawn(|| {
+            exec("touch b.go; while [ ! -e a.go ]; do sleep 0.01; done; exec dd if=/dev/zero of=b bs=1M count=100 2>/dev/null")
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for j in [&one, &two] {
+        assert_eq!(
+            (j["status"].as_str(), j["signal"].as_i64()),
+            (Some("oom"), Some(9)),
+            "{j} (the other: {one} {two})"
+        );
+    }
+    let j = exec("rm a b && echo still here");
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["data"].as_str()),
+        (Some("ok"), Some("still here\n")),
+        "{j}"
+    );
+    let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
+    assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 2, "{fin}");
+    assert_nothing_held(s.pid());
+}
+
 /// The same, after what an independent attack found still ended the session: a file an earlier
 /// exec left in another exec cgroup (one exec in the background held the first cgroup while
 /// another wrote 80 MiB; the next exec took the first again, whose ceiling did not count the
@@ -2206,12 +2258,13 @@ fn a_batch_whose_client_stops_reading_holds_no_more_than_its_concurrency() {
     assert_nothing_held(s.pid());
 }
 
-/// The `exec-*` cgroups of the server `pid`'s runs, each with the processes in it (every
+/// The `execs/exec-*` cgroups of the server `pid`'s runs, each with the processes in it (every
 /// hierarchy; on v1 they are in the memory hierarchy only).
 fn exec_cgroups(pid: u32) -> Vec<(String, usize)> {
     let mut found = Vec::new();
     for run in run_cgroups(pid) {
-        let Ok(rd) = std::fs::read_dir(&run) else {
+        // Under the run's `execs` child, which holds them all.
+        let Ok(rd) = std::fs::read_dir(run.join("execs")) else {
             continue;
         };
         for e in rd.flatten() {
