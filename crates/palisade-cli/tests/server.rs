@@ -2052,6 +2052,88 @@ fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_
     assert_nothing_held(s.pid());
 }
 
+/// Files and archives larger than what the session's memory leaves the agent move through it in
+/// both directions, and the session lives: the agent writes what it is sent to the disk as it
+/// arrives and sends a file or an archive back in pieces. It held each whole before (an 80 MiB
+/// file written in took 80 MiB of the agent's memory beside the file's own 80 MiB in scratch, in
+/// a 128 MiB session), and the kernel killed the agent, the largest process of the session.
+#[test]
+fn files_and_archives_past_the_agents_room_move_in_pieces_and_the_session_lives() {
+    let s = Server::start(POLICY, &["--max-body", "100MiB", "--max-fetch", "100MiB"]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
+        )
+        .json();
+    let id = info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned();
+    let exec = |cmd: &str| {
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sh", "-c", cmd]}),
+        )
+        .json()
+    };
+    const SIZE: usize = 80 << 20;
+    let data: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+    let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/big"), &data);
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    let r = s.get(&format!("/v1/sandboxes/{id}/files/big"));
+    assert_eq!(
+        r.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&r.body[..r.body.len().min(500)])
+    );
+    assert!(
+        r.body == data,
+        "the file read back differs ({} bytes)",
+        r.body.len()
+    );
+    let r = s.get(&format!("/v1/sandboxes/{id}/archive"));
+    assert_eq!(
+        r.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&r.body[..r.body.len().min(500)])
+    );
+    let mut ar = tar::Archive::new(&r.body[..]);
+    let mut back = Vec::new();
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_str() == Some("big") {
+            std::io::Read::read_to_end(&mut e, &mut back).unwrap();
+        }
+    }
+    assert!(
+        back == data,
+        "the archive's file differs ({} bytes)",
+        back.len()
+    );
+    drop((r, back));
+    let r = s.req("DELETE", &format!("/v1/sandboxes/{id}/files/big"), b"");
+    assert_eq!(r.status, 204);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(SIZE as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "t/inner", &data[..]).unwrap();
+    let tar = b.into_inner().unwrap();
+    let r = s.req("PUT", &format!("/v1/sandboxes/{id}/archive?path=up"), &tar);
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    let j = exec("wc -c < up/t/inner; echo still here");
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["data"].as_str()),
+        (Some("ok"), Some("83886080\nstill here\n")),
+        "{j}"
+    );
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
 /// The same, after what an independent attack found still ended the session: a file an earlier
 /// exec left in another exec cgroup (one exec in the background held the first cgroup while
 /// another wrote 80 MiB; the next exec took the first again, whose ceiling did not count the

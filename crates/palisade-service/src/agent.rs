@@ -9,6 +9,7 @@
 //! `O_NOFOLLOW` (a symlink anywhere on the path fails), with `O_NONBLOCK` (a fifo cannot block
 //! it), and only regular files are read or replaced.
 
+use crate::archive;
 use crate::proto::{self, check_path, Entry, Event, Request};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags};
@@ -83,8 +84,7 @@ pub fn main() -> i32 {
             }
         };
         let mut header = vec![0u8; h];
-        let mut data = vec![0u8; d];
-        if input.read_exact(&mut header).is_err() || input.read_exact(&mut data).is_err() {
+        if input.read_exact(&mut header).is_err() {
             break;
         }
         let req: Request = match serde_json::from_slice(&header) {
@@ -94,6 +94,21 @@ pub fn main() -> i32 {
                 return 125;
             }
         };
+        if let Request::Write { .. } | Request::TarIn { .. } = req {
+            // From the socket to the disk as it arrives: the agent's memory is the session's,
+            // and a file held whole on its way in was charged twice.
+            let mut body = (&input).take(d as u64);
+            agent.handle_stream(req, &mut body);
+            // What an error left unread, so that the next frame starts where it should.
+            if std::io::copy(&mut body, &mut std::io::sink()).is_err() || body.limit() > 0 {
+                break;
+            }
+            continue;
+        }
+        let mut data = vec![0u8; d];
+        if input.read_exact(&mut data).is_err() {
+            break;
+        }
         agent.handle(req, data, fds);
     }
     // Whatever is still running dies with the sandbox when this payload ends.
@@ -198,10 +213,14 @@ impl Agent {
     fn handle(&self, req: Request, data: Vec<u8>, fds: Vec<OwnedFd>) {
         let id = req.id();
         let r = match req {
-            Request::Write { path, mode, .. } => self.write(&path, mode, &data),
+            Request::Write { .. } | Request::TarIn { .. } => {
+                // Their data is read from the socket as it is written (`handle_stream`).
+                let _ = data;
+                Err(Fail("invalid", "a write out of its stream".into()))
+            }
             Request::Mkdir { path, .. } => self.dir(&path, true).map(|_| ()),
-            Request::Read { path, max, .. } => match self.read(&path, max) {
-                Ok(bytes) => {
+            Request::Read { path, max, .. } => match self.read(id, &path, max) {
+                Ok(last) => {
                     self.send(
                         &Event::Ok {
                             id,
@@ -211,7 +230,7 @@ impl Agent {
                             truncated: false,
                             joined: None,
                         },
-                        &bytes,
+                        &last,
                         &[],
                     );
                     return;
@@ -262,7 +281,7 @@ impl Agent {
                 return;
             }
             Request::Signal { exec, signal, .. } => self.signal(exec, signal),
-            Request::TarOut { path, max, .. } => match self.tar_out(&path, max) {
+            Request::TarOut { path, max, .. } => match self.tar_out(id, &path, max) {
                 Ok((bytes, skipped)) => {
                     self.send(
                         &Event::Ok {
@@ -280,8 +299,25 @@ impl Agent {
                 }
                 Err(e) => Err(e),
             },
-            Request::TarIn { path, .. } => self.tar_in(&path, &data),
         };
+        self.answer(id, r);
+    }
+
+    /// Serves a request whose frame's data (`body`) is still on the socket: a file or an archive
+    /// written in, from the socket to the disk as it arrives. What it leaves unread of `body`
+    /// (after an error) is the caller's to skip.
+    fn handle_stream(&self, req: Request, body: &mut dyn Read) {
+        let id = req.id();
+        let r = match req {
+            Request::Write { path, mode, .. } => self.write(&path, mode, body),
+            Request::TarIn { path, .. } => self.tar_in(&path, body),
+            _ => Err(Fail("invalid", "not a stream".into())),
+        };
+        self.answer(id, r);
+    }
+
+    /// Answers request `id` with `Ok` and no data, or its error.
+    fn answer(&self, id: u64, r: Result<(), Fail>) {
         match r {
             Ok(()) => self.send(
                 &Event::Ok {
@@ -348,7 +384,9 @@ impl Agent {
         Ok((parents.to_vec(), last))
     }
 
-    fn write(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), Fail> {
+    /// Replaces the regular file at `path` (parents made) with what `src` gives, copied a piece
+    /// at a time.
+    fn write(&self, path: &str, mode: u32, src: &mut dyn Read) -> Result<(), Fail> {
         let (parents, name) = self.split(path)?;
         let dir = self.open_dir(&parents, true)?;
         let mode = Mode::from_raw_mode(mode & 0o777);
@@ -380,10 +418,20 @@ impl Agent {
         rustix::fs::ftruncate(&f, 0)?;
         rustix::fs::fchmod(&f, mode)?;
         let mut file = std::fs::File::from(f);
-        file.write_all(data).map_err(|e| match e.raw_os_error() {
-            Some(n) => Fail::from(rustix::io::Errno::from_raw_os_error(n)),
-            None => Fail("io", e.to_string()),
-        })
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Fail("io", format!("reading the file's data: {e}"))),
+            };
+            file.write_all(&buf[..n])
+                .map_err(|e| match e.raw_os_error() {
+                    Some(n) => Fail::from(rustix::io::Errno::from_raw_os_error(n)),
+                    None => Fail("io", e.to_string()),
+                })?;
+        }
     }
 
     fn dir(&self, path: &str, create: bool) -> Result<OwnedFd, Fail> {
@@ -391,7 +439,9 @@ impl Agent {
         self.open_dir(&comps, create)
     }
 
-    fn read(&self, path: &str, max: u64) -> Result<Vec<u8>, Fail> {
+    /// Sends the regular file at `path` (at most `max` bytes) as the data of request `id`'s
+    /// answer: every piece but the last in [`Event::Part`] frames; returns the last.
+    fn read(&self, id: u64, path: &str, max: u64) -> Result<Vec<u8>, Fail> {
         let (parents, name) = self.split(path)?;
         let dir = self.open_dir(&parents, false)?;
         let f = rustix::fs::openat(
@@ -423,18 +473,15 @@ impl Agent {
                 format!("`{path}` has {} bytes (at most {max})", st.st_size),
             ));
         }
-        // As large as the file is now, so that reading it does not grow the buffer by doubling
-        // (the agent's memory is the session's).
-        let mut v = Vec::with_capacity((st.st_size as u64).min(max) as usize + 1);
         // The size can grow while we read (the code may still be writing): read at most max+1.
-        std::fs::File::from(f)
-            .take(max + 1)
-            .read_to_end(&mut v)
+        let mut parts = Parts::new(self, id);
+        parts
+            .fill_from(&mut std::fs::File::from(f).take(max + 1))
             .map_err(|e| Fail("io", e.to_string()))?;
-        if v.len() as u64 > max {
+        if parts.len() > max {
             return Err(Fail("too-large", format!("`{path}` grew past {max} bytes")));
         }
-        Ok(v)
+        Ok(parts.buf)
     }
 
     /// The directory's entries by name, as many as fit in one reply's header ([`LIST_BUDGET`]);
@@ -671,12 +718,6 @@ fn bounded(mut m: String) -> String {
     m
 }
 
-/// A file to write: its mode and content.
-type FileData = (u32, Vec<u8>);
-
-/// Most entries in an archive, either way.
-const MAX_TAR_ENTRIES: usize = 100_000;
-
 impl Agent {
     fn base_dir(&self, path: &str, create: bool) -> Result<(OwnedFd, Vec<String>), Fail> {
         if path.is_empty() || path == "." {
@@ -689,128 +730,158 @@ impl Agent {
         ))
     }
 
-    /// The archive, at most `max` bytes whole (headers, padding and its end included: the
-    /// server takes no larger reply).
-    fn tar_out(&self, path: &str, max: u64) -> Result<(Vec<u8>, u64), Fail> {
+    /// Sends the archive of `path` as the data of request `id`'s answer (every piece but the last
+    /// in [`Event::Part`] frames; returns the last and the count of entries skipped), at most
+    /// `max` bytes whole (headers, padding and its end included: the server takes no larger
+    /// reply).
+    fn tar_out(&self, id: u64, path: &str, max: u64) -> Result<(Vec<u8>, u64), Fail> {
         let (dir, _) = self.base_dir(path, false)?;
         let mut w = TarWalk {
-            b: tar::Builder::new(Vec::new()),
+            b: tar::Builder::new(Parts::new(self, id)),
             max,
             skipped: 0,
             entries: 0,
         };
         w.walk(&dir, "", 0)?;
         let too_large = w.too_large();
-        let bytes = w.b.into_inner().map_err(|e| Fail("io", e.to_string()))?;
-        if bytes.len() as u64 > max {
+        let skipped = w.skipped;
+        let parts = w.b.into_inner().map_err(|e| Fail("io", e.to_string()))?;
+        if parts.len() > max {
             return Err(too_large);
         }
-        Ok((bytes, w.skipped))
+        Ok((parts.buf, skipped))
     }
 
-    fn tar_in(&self, path: &str, data: &[u8]) -> Result<(), Fail> {
-        // The whole archive is checked before anything is written.
-        // Each entry: its path, and for a file its mode and content (a directory: none).
-        let mut plan: Vec<(String, Option<FileData>)> = Vec::new();
-        let mut ar = tar::Archive::new(data);
+    /// Unpacks the archive `src` gives under `path` (made), entry by entry as it is read: the
+    /// server checked it whole first ([`crate::archive::check`]), and each entry is checked
+    /// again here ([`crate::archive::entry`]).
+    fn tar_in(&self, path: &str, src: &mut dyn Read) -> Result<(), Fail> {
+        let (_, base) = self.base_dir(path, true)?;
+        let mut ar = tar::Archive::new(src);
         let entries = ar
             .entries()
             .map_err(|e| Fail("invalid", format!("not a tar archive: {e}")))?;
-        for e in entries {
+        for (n, e) in entries.enumerate() {
             let mut e = e.map_err(|e| Fail("invalid", format!("a bad tar entry: {e}")))?;
-            if plan.len() >= MAX_TAR_ENTRIES {
+            if n >= archive::MAX_ENTRIES {
                 return Err(Fail(
                     "too-large",
-                    format!("more than {MAX_TAR_ENTRIES} entries"),
+                    format!("more than {} entries", archive::MAX_ENTRIES),
                 ));
             }
-            let raw = e.path_bytes().into_owned();
-            let name = String::from_utf8(raw)
-                .map_err(|_| Fail("invalid", "an entry name that is not UTF-8".into()))?;
-            // `./a/b` is `a/b`; `..`, absolute names and NUL bytes are refused.
-            let comps: Vec<&str> = name
-                .split('/')
-                .filter(|c| !c.is_empty() && *c != ".")
-                .collect();
-            if name.starts_with('/') || comps.contains(&"..") {
-                return Err(Fail(
-                    "invalid",
-                    format!("entry `{}`: {}", name.escape_debug(), proto::PATH_EXPECTED),
-                ));
-            }
-            if comps.is_empty() {
+            let Some((rel, kind)) = archive::entry(&e).map_err(|r| Fail(r.0, r.1))? else {
                 continue; // the archive's own `./`
-            }
-            let rel = comps.join("/");
-            check_path(&rel)
-                .map_err(|e| Fail("invalid", format!("entry `{}`: {e}", name.escape_debug())))?;
-            match e.header().entry_type() {
-                tar::EntryType::Directory => plan.push((rel, None)),
-                tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let mode = e.header().mode().unwrap_or(0o644) & 0o777;
-                    let mut v = Vec::new();
-                    e.read_to_end(&mut v).map_err(|err| Fail("invalid", format!("entry `{rel}`: {err}")))?;
-                    plan.push((rel, Some((mode, v))));
-                }
-                other => {
-                    return Err(Fail(
-                        "invalid",
-                        format!("entry `{rel}` is a {other:?}: only regular files and directories are unpacked"),
-                    ))
-                }
-            }
-        }
-        conflicts(&plan)?;
-        let (_, base) = self.base_dir(path, true)?;
-        for (rel, what) in plan {
+            };
             let full = if base.is_empty() {
                 rel
             } else {
                 format!("{}/{rel}", base.join("/"))
             };
-            match what {
-                None => {
+            match kind {
+                archive::Kind::Dir => {
                     self.dir(&full, true)?;
                 }
-                Some((mode, bytes)) => self.write(&full, mode, &bytes)?,
+                archive::Kind::File(mode) => self.write(&full, mode, &mut e)?,
             }
         }
         Ok(())
     }
 }
 
-/// A file and a directory of the same name in one archive, or an entry under a name the
-/// archive has as a file: refused before anything is written (unpacking would stop half-way).
-fn conflicts(plan: &[(String, Option<FileData>)]) -> Result<(), Fail> {
-    let mut kind: HashMap<&str, bool> = HashMap::new();
-    for (rel, what) in plan {
-        let dir = what.is_none();
-        if kind.insert(rel.as_str(), dir).is_some_and(|d| d != dir) {
-            return Err(Fail(
-                "invalid",
-                format!("entry `{rel}` is both a file and a directory in the archive"),
+/// The data of one answer (a file read back, an archive), sent in [`Event::Part`] frames of
+/// [`proto::PART`] bytes as it comes; what is left at the end goes with the answer.
+struct Parts<'a> {
+    agent: &'a Agent,
+    id: u64,
+    buf: Vec<u8>,
+    /// Bytes sent in parts so far.
+    sent: u64,
+}
+
+impl<'a> Parts<'a> {
+    fn new(agent: &'a Agent, id: u64) -> Parts<'a> {
+        Parts {
+            agent,
+            id,
+            buf: Vec::with_capacity(proto::PART),
+            sent: 0,
+        }
+    }
+
+    /// All its bytes so far, sent or not.
+    fn len(&self) -> u64 {
+        self.sent + self.buf.len() as u64
+    }
+
+    /// Sends the buffer, once full, as a part.
+    fn send_full(&mut self) {
+        if self.buf.len() >= proto::PART {
+            self.agent
+                .send(&Event::Part { id: self.id }, &self.buf, &[]);
+            self.sent += self.buf.len() as u64;
+            self.buf.clear();
+        }
+    }
+
+    /// Reads `r` to its end straight into the buffer.
+    fn fill_from(&mut self, r: &mut impl Read) -> std::io::Result<()> {
+        loop {
+            self.send_full();
+            let start = self.buf.len();
+            self.buf.resize(proto::PART, 0);
+            let got = r.read(&mut self.buf[start..]);
+            self.buf.truncate(start + *got.as_ref().unwrap_or(&0));
+            match got {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Write for Parts<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.send_full();
+        let n = b.len().min(proto::PART - self.buf.len());
+        self.buf.extend_from_slice(&b[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `left` bytes of `r`, no fewer: a file that shrank while it was archived fails the archive
+/// rather than end it with a header that says more than follows.
+struct Exact<R> {
+    r: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let cap = (buf.len() as u64).min(self.left) as usize;
+        let n = self.r.read(&mut buf[..cap])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "a file shrank while it was archived",
             ));
         }
+        self.left -= n as u64;
+        Ok(n)
     }
-    for (rel, _) in plan {
-        let mut at = 0;
-        while let Some(i) = rel[at..].find('/') {
-            let up = &rel[..at + i];
-            if kind.get(up) == Some(&false) {
-                return Err(Fail(
-                    "invalid",
-                    format!("entry `{rel}` is under `{up}`, which the archive has as a file"),
-                ));
-            }
-            at += i + 1;
-        }
-    }
-    Ok(())
 }
 
 /// Builds an archive from inside, never following a link.
-struct TarWalk {
-    b: tar::Builder<Vec<u8>>,
+struct TarWalk<'a> {
+    b: tar::Builder<Parts<'a>>,
     /// The largest archive, whole.
     max: u64,
     skipped: u64,
@@ -823,7 +894,7 @@ const TAR_END: u64 = 1024;
 /// (a block and the name padded to blocks; a name is at most [`proto::MAX_PATH`] bytes).
 const TAR_HEADERS_MAX: u64 = 512 + 512 + (proto::MAX_PATH as u64 + 512);
 
-impl TarWalk {
+impl TarWalk<'_> {
     fn too_large(&self) -> Fail {
         Fail(
             "too-large",
@@ -837,13 +908,13 @@ impl TarWalk {
     /// Bytes the archive may still take before its end.
     fn room(&self) -> u64 {
         self.max
-            .saturating_sub(self.b.get_ref().len() as u64)
+            .saturating_sub(self.b.get_ref().len())
             .saturating_sub(TAR_END)
     }
 
     /// After an entry: the archive so far and its end must fit.
     fn check(&self) -> Result<(), Fail> {
-        if self.b.get_ref().len() as u64 + TAR_END > self.max {
+        if self.b.get_ref().len() + TAR_END > self.max {
             return Err(self.too_large());
         }
         Ok(())
@@ -861,10 +932,10 @@ impl TarWalk {
         names.sort();
         for n in names {
             self.entries += 1;
-            if self.entries > MAX_TAR_ENTRIES {
+            if self.entries > archive::MAX_ENTRIES {
                 return Err(Fail(
                     "too-large",
-                    format!("more than {MAX_TAR_ENTRIES} entries"),
+                    format!("more than {} entries", archive::MAX_ENTRIES),
                 ));
             }
             let Ok(name) = n.to_str() else {
@@ -914,21 +985,21 @@ impl TarWalk {
                         self.skipped += 1;
                         continue;
                     }
-                    // Its content may take what is left after its headers at most.
-                    let room = self.room().saturating_sub(TAR_HEADERS_MAX);
-                    let mut v = Vec::new();
-                    std::fs::File::from(f)
-                        .take(room + 1)
-                        .read_to_end(&mut v)
-                        .map_err(|e| Fail("io", e.to_string()))?;
-                    if v.len() as u64 > room {
+                    // Its content may take what is left after its headers at most; it goes
+                    // out as it is read, as large as it was when opened.
+                    let size = st.st_size as u64;
+                    if size > self.room().saturating_sub(TAR_HEADERS_MAX) {
                         return Err(self.too_large());
                     }
                     h.set_entry_type(tar::EntryType::Regular);
-                    h.set_size(v.len() as u64);
+                    h.set_size(size);
+                    let content = Exact {
+                        r: std::fs::File::from(f),
+                        left: size,
+                    };
                     self.b
-                        .append_data(&mut h, &rel, &v[..])
-                        .map_err(|e| Fail("io", e.to_string()))?;
+                        .append_data(&mut h, &rel, content)
+                        .map_err(|e| Fail("io", format!("`{rel}`: {e}")))?;
                     self.check()?;
                 }
                 _ => self.skipped += 1,

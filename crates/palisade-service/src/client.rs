@@ -246,9 +246,10 @@ impl AgentConn {
         }
     }
 
-    /// Writes `req`'s frame with `data`; `fds` go with its first bytes (`SCM_RIGHTS`).
+    /// Writes `req`'s frame with `data` (not copied into it: a file written in may be as large as
+    /// the request body); `fds` go with its first bytes (`SCM_RIGHTS`).
     async fn send(&self, req: &Request, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Lost> {
-        let frame = proto::encode(req, data);
+        let frame = proto::encode_head(req, data.len());
         let mut w = self.writer.lock().await;
         let Some(w) = w.as_mut() else {
             return Err(Lost("the connection to the agent is closed".into()));
@@ -281,7 +282,8 @@ impl AgentConn {
                 }
             };
         }
-        w.write_all(&frame[sent..]).await.map_err(lost)
+        w.write_all(&frame[sent..]).await.map_err(lost)?;
+        w.write_all(data).await.map_err(lost)
     }
 
     /// Starts `argv`; the exit's receiver is registered before the request goes out. Its
@@ -395,6 +397,7 @@ async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: us
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut fds: VecDeque<OwnedFd> = VecDeque::new();
     let mut chunk = vec![0u8; 64 << 10];
+    let mut parts = Parts::default();
     loop {
         // Every complete frame in the buffer first.
         while buf.len() >= 8 {
@@ -411,7 +414,9 @@ async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: us
             };
             let data = buf[8 + h..8 + h + d].to_vec();
             buf.drain(..8 + h + d);
-            dispatch(sh, ev, data, &mut fds);
+            if let Err(why) = dispatch(sh, ev, data, &mut fds, &mut parts, max_data) {
+                return why;
+            }
         }
         let res = r
             .as_ref()
@@ -454,8 +459,52 @@ async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: us
     }
 }
 
-fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) {
+/// The pieces of answers still to come ([`Event::Part`]), by request, and their bytes together.
+#[derive(Default)]
+struct Parts {
+    by_id: HashMap<u64, Vec<u8>>,
+    bytes: usize,
+}
+
+impl Parts {
+    /// Request `id`'s pieces, none left held.
+    fn take(&mut self, id: u64) -> Option<Vec<u8>> {
+        let p = self.by_id.remove(&id)?;
+        self.bytes -= p.len();
+        Some(p)
+    }
+}
+
+/// Hands an event to whoever waits for it. `Err`: the agent broke the protocol (more data in
+/// pieces than one answer may have: the agent serves one request at a time, so the pieces held
+/// at once are one answer's).
+fn dispatch(
+    sh: &Shared,
+    ev: Event,
+    mut data: Vec<u8>,
+    fds: &mut VecDeque<OwnedFd>,
+    parts: &mut Parts,
+    max_data: usize,
+) -> Result<(), String> {
     match ev {
+        Event::Part { id } => {
+            // Only for a call still waiting (one past its deadline has gone: its pieces too).
+            let waiting = sh
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&id);
+            if !waiting {
+                return Ok(());
+            }
+            parts.bytes += data.len();
+            if parts.bytes > max_data {
+                return Err(format!(
+                    "the agent sent more than {max_data} bytes of answers in pieces"
+                ));
+            }
+            parts.by_id.entry(id).or_default().extend_from_slice(&data);
+        }
         Event::Ok {
             id,
             entries,
@@ -471,6 +520,15 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
             } else {
                 Vec::new()
             };
+            if let Some(mut p) = parts.take(id) {
+                if p.len() + data.len() > max_data {
+                    return Err(format!(
+                        "the agent sent an answer of more than {max_data} bytes"
+                    ));
+                }
+                p.extend_from_slice(&data);
+                data = p;
+            }
             if let Some(tx) = sh
                 .pending
                 .lock()
@@ -489,6 +547,7 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
             }
         }
         Event::Err { id, code, message } => {
+            parts.take(id);
             if let Some(tx) = sh
                 .pending
                 .lock()
@@ -519,5 +578,77 @@ fn dispatch(sh: &Shared, ev: Event, data: Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
                 });
             }
         }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Reads one request frame as the agent would; returns its id.
+    fn request(sock: &mut std::os::unix::net::UnixStream) -> u64 {
+        let mut prefix = [0u8; 8];
+        sock.read_exact(&mut prefix).unwrap();
+        let (h, d) = proto::lengths(&prefix, proto::MAX_DATA).unwrap();
+        let mut rest = vec![0u8; h + d];
+        sock.read_exact(&mut rest).unwrap();
+        serde_json::from_slice::<Request>(&rest[..h]).unwrap().id()
+    }
+
+    fn ok(id: u64) -> Event {
+        Event::Ok {
+            id,
+            entries: Vec::new(),
+            pid: None,
+            skipped: None,
+            truncated: false,
+            joined: None,
+        }
+    }
+
+    /// An answer sent in pieces comes back whole; pieces for a call nobody waits for are
+    /// dropped; pieces past the bound of one answer break the connection.
+    #[tokio::test]
+    async fn an_answer_in_pieces_is_put_together_and_bounded() {
+        let (ours, mut agent) = std::os::unix::net::UnixStream::pair().unwrap();
+        let conn = AgentConn::new(std::fs::File::from(OwnedFd::from(ours)), 1000).unwrap();
+        let fake = std::thread::spawn(move || {
+            let id = request(&mut agent);
+            for (ev, data) in [
+                (Event::Part { id: id + 100 }, &[1u8; 600][..]),
+                (Event::Part { id }, b"abc"),
+                (Event::Part { id }, b"def"),
+                (ok(id), b"g"),
+            ] {
+                agent.write_all(&proto::encode(&ev, data)).unwrap();
+            }
+            let id = request(&mut agent);
+            for _ in 0..2 {
+                let f = proto::encode(&Event::Part { id }, &[2u8; 600]);
+                agent.write_all(&f).unwrap();
+            }
+            // Open until the server side has read it all and given up.
+            let _ = agent.read(&mut [0u8; 1]);
+        });
+        let read = |id| Request::Read {
+            id,
+            path: "f".into(),
+            max: 1000,
+        };
+        match conn.call(read(conn.id()), &[]).await.unwrap() {
+            Reply::Ok { data, .. } => assert_eq!(data, b"abcdefg"),
+            other => panic!("{other:?}"),
+        }
+        let r = conn.call(read(conn.id()), &[]).await;
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            conn.why().contains("more than 1000 bytes"),
+            "{}",
+            conn.why()
+        );
+        drop(conn);
+        fake.join().unwrap();
     }
 }

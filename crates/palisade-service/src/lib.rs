@@ -17,6 +17,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod archive;
 pub mod ceiling;
 pub mod client;
 mod error;

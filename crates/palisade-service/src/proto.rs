@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 pub const MAX_HEADER: usize = 64 << 10;
 /// Largest data part the agent accepts (a file written into the sandbox).
 pub const MAX_DATA: usize = 1 << 30;
+/// Most data in one [`Event::Part`] (and in the [`Event::Ok`] that ends a read).
+pub const PART: usize = 128 << 10;
 /// Longest relative path, and most components.
 pub const MAX_PATH: usize = 4095;
 /// Most path components.
@@ -66,7 +68,8 @@ pub enum Request {
     /// counted, never followed.
     TarOut { id: u64, path: String, max: u64 },
     /// Unpacks the tar archive in the frame's data under `path` (created): regular files and
-    /// directories only; the archive is checked whole (paths, kinds) before anything is written.
+    /// directories only. The server checks the archive whole first (`crate::archive`); the
+    /// agent unpacks it as it reads it from the socket, checking each entry again.
     TarIn { id: u64, path: String },
 }
 
@@ -118,6 +121,9 @@ pub enum Event {
         code: String,
         message: String,
     },
+    /// A piece of the data of request `id`'s answer (a file read back, an archive), sent before
+    /// its [`Event::Ok`], which carries the last piece: the agent never holds a whole file.
+    Part { id: u64 },
     /// The exec `id` ended.
     Exit {
         id: u64,

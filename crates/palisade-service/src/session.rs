@@ -1079,13 +1079,16 @@ impl Service {
     }
 
     /// `PUT /v1/sandboxes/{id}/archive?path=DIR`: unpacks a tar under the directory, inside;
-    /// only regular files and directories, with relative names (checked whole first).
+    /// only regular files and directories, with relative names (checked whole here first,
+    /// [`crate::archive`]; the agent unpacks it as it reads it).
     pub async fn put_archive(
         &self,
         id: &str,
         path: &str,
         tar: Vec<u8>,
     ) -> Result<(), ServiceError> {
+        self.session(id)?;
+        crate::archive::check(&tar).map_err(|r| ServiceError::file("archive", r.0, &r.1))?;
         let tar_in = |id| Request::TarIn {
             id,
             path: path.into(),
