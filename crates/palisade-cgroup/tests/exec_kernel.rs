@@ -336,9 +336,9 @@ fn files_left_in_other_exec_cgroups_lower_a_later_execs_ceiling() {
 }
 
 /// Execs at once together meet the ceiling of all the run's execs ([`palisade_cgroup::EXECS`])
-/// before the run's: two that each write 100 MiB into a tmpfs in a 128 MiB run, each within its
-/// own ceiling, are killed among themselves, and the run's own process (as a session's agent is)
-/// lives on. With exec cgroups directly under the run's, the two together met the run's ceiling
+/// before the run's: of two that each write 100 MiB into a tmpfs in a 128 MiB run, each within
+/// its own ceiling, the kernel kills among the two, and the run's own process (as a session's
+/// agent is) lives on. With exec cgroups directly under the run's, the two together met the run's ceiling
 /// first and the kernel killed the largest process of the whole run: the bystander. A background
 /// exec that holds little does not lower the next one's ceiling.
 #[test]
@@ -384,12 +384,22 @@ fn execs_at_once_meet_their_shared_ceiling_before_the_runs() {
             "an exec's ceiling {c} beside another that holds nothing: the most is {top}"
         );
     }
+    // 200 MiB do not fit: the kernel kills among the two (one that ended first may have written
+    // its whole file), each kill counted in its exec's own cgroup.
     for (end, k) in ends.iter().zip(kills) {
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(end),
-            Some(9),
-            "an exec past what the execs have together: {end:?} (ceilings {ceilings:?})"
+        let killed = std::os::unix::process::ExitStatusExt::signal(end) == Some(9);
+        assert!(
+            killed || end.success(),
+            "an exec that wrote its file or was killed: {end:?} (ceilings {ceilings:?})"
         );
-        assert_eq!(k, 1, "the kill counted in the exec's own cgroup");
+        assert_eq!(
+            k,
+            u64::from(killed),
+            "the kill counted in the exec's own cgroup: {end:?}"
+        );
     }
+    assert!(
+        kills.iter().sum::<u64>() >= 1,
+        "neither exec was killed: {ends:?} (ceilings {ceilings:?})"
+    );
 }

@@ -2001,7 +2001,7 @@ fn an_exec_that_fills_scratch_past_the_sessions_memory_is_oom_and_the_session_li
 }
 
 /// Two execs at once that each fill scratch within their own ceilings, but past the session's
-/// memory together, are `oom`, and the session lives. With the exec cgroups under the session's
+/// memory together: the one the kernel kills is `oom`, and the session lives. With the exec cgroups under the session's
 /// ceiling alone (each set as if the exec ran alone), the two together met the session's ceiling
 /// first and the kernel killed its largest process, the agent: the session was gone.
 #[test]
@@ -2034,13 +2034,19 @@ fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_
         });
         (a.join().unwrap(), b.join().unwrap())
     });
+    // 200 MiB do not fit: the kernel kills among the two (one that ended first may have
+    // written its whole file), and no exec is a sandbox error.
     for j in [&one, &two] {
-        assert_eq!(
-            (j["status"].as_str(), j["signal"].as_i64()),
-            (Some("oom"), Some(9)),
-            "{j} (the other: {one} {two})"
+        let st = (j["status"].as_str(), j["signal"].as_i64());
+        assert!(
+            st == (Some("oom"), Some(9)) || st == (Some("ok"), None),
+            "{j} (the two: {one} {two})"
         );
     }
+    assert!(
+        one["status"] == "oom" || two["status"] == "oom",
+        "neither was killed: {one} {two}"
+    );
     let j = exec("rm a b && echo still here");
     assert_eq!(
         (j["status"].as_str(), j["stdout"]["data"].as_str()),
@@ -2048,7 +2054,7 @@ fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_
         "{j}"
     );
     let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
-    assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 2, "{fin}");
+    assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
     assert_nothing_held(s.pid());
 }
 
