@@ -1180,7 +1180,7 @@ impl Server {
         let mut written = Vec::new();
         for (p, b) in all {
             self.svc
-                .put_file(&a.sandbox_id, &p, b)
+                .put_file(&a.sandbox_id, &p, b.into())
                 .await
                 .map_err(|mut e| {
                     if e.field.as_deref() == Some("path") {

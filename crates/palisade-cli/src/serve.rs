@@ -842,7 +842,7 @@ async fn put_file(
     body: Body,
 ) -> Res<Response> {
     let data = read_body(&app, body).await?;
-    app.svc.put_file(&id, &path, data.to_vec()).await?;
+    app.svc.put_file(&id, &path, data).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -866,7 +866,7 @@ async fn put_archive(
     body: Body,
 ) -> Res<Response> {
     let data = read_body(&app, body).await?;
-    app.svc.put_archive(&id, &q.path, data.to_vec()).await?;
+    app.svc.put_archive(&id, &q.path, data).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -2140,6 +2140,43 @@ fn files_and_archives_past_the_agents_room_move_in_pieces_and_the_session_lives(
     assert_nothing_held(s.pid());
 }
 
+/// A client that walks away from a file written into a session, at any point of it, leaves the
+/// session whole: the frame to the agent is finished (or never begun), never cut off half-way,
+/// which would have had the agent read the next request's bytes as the rest of the file.
+#[test]
+fn a_client_that_walks_away_from_a_write_leaves_the_session_whole() {
+    let s = Server::start(POLICY, &["--max-body", "64MiB"]);
+    let info = s.post("/v1/sandboxes", &json!({})).json();
+    let id = info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned();
+    let data = vec![b'x'; 48 << 20];
+    for i in 0..12u64 {
+        let c = s.send("PUT", &format!("/v1/sandboxes/{id}/files/f{i}"), &data);
+        std::thread::sleep(std::time::Duration::from_millis(i * 7));
+        drop(c);
+        // (Whatever the walked-away write left, out of the session's memory.)
+        s.req("DELETE", &format!("/v1/sandboxes/{id}/files/f{i}"), b"");
+        let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/small"), b"kept");
+        assert_eq!(
+            r.status,
+            204,
+            "after walking away from write {i}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["cat", "small"]}),
+        )
+        .json();
+    assert_eq!(j["stdout"]["data"], "kept", "{j}");
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
 /// The same, after what an independent attack found still ended the session: a file an earlier
 /// exec left in another exec cgroup (one exec in the background held the first cgroup while
 /// another wrote 80 MiB; the next exec took the first again, whose ceiling did not count the

@@ -11,6 +11,7 @@
 //! (a `signal` queued behind a long file operation is given that operation's time too).
 
 use crate::proto::{self, Entry, Event, Request};
+use bytes::Bytes;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -112,10 +113,13 @@ fn allowance(req: &Request, data: usize) -> Duration {
     }
 }
 
+type Writer = tokio::sync::Mutex<Option<tokio::net::unix::OwnedWriteHalf>>;
+
 /// A connection to one agent.
 pub struct AgentConn {
     shared: Arc<Shared>,
-    writer: tokio::sync::Mutex<Option<tokio::net::unix::OwnedWriteHalf>>,
+    /// Shared with the tasks that write frames ([`write_frame`]).
+    writer: Arc<Writer>,
     next: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -154,7 +158,7 @@ impl AgentConn {
         });
         Ok(AgentConn {
             shared,
-            writer: tokio::sync::Mutex::new(Some(w)),
+            writer: Arc::new(tokio::sync::Mutex::new(Some(w))),
             next: AtomicU64::new(1),
             reader,
         })
@@ -199,17 +203,12 @@ impl AgentConn {
     /// requests in order, so the deadline is the latest of the calls still waiting (or now),
     /// plus this call's own allowance. Past it the agent is taken for broken (see the module's
     /// doc): the connection is gone and every call fails.
-    pub async fn call(&self, req: Request, data: &[u8]) -> Result<Reply, Lost> {
-        self.call_fds(req, data, &[]).await
+    pub async fn call(&self, req: Request, data: Bytes) -> Result<Reply, Lost> {
+        self.call_fds(req, data, Vec::new()).await
     }
 
     /// [`AgentConn::call`] with descriptors that go with the request's frame.
-    async fn call_fds(
-        &self,
-        req: Request,
-        data: &[u8],
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<Reply, Lost> {
+    async fn call_fds(&self, req: Request, data: Bytes, fds: Vec<OwnedFd>) -> Result<Reply, Lost> {
         let id = req.id();
         let (tx, rx) = oneshot::channel();
         if self.is_dead() {
@@ -228,8 +227,15 @@ impl AgentConn {
             pending.insert(id, (tx, deadline));
             deadline
         };
+        // The frame goes out whole whatever becomes of this call: a caller that is gone (a client
+        // that walked away) must not leave a frame cut off half-way, whose missing bytes the
+        // agent would take from the next request's (measured: the session was lost).
+        let head = proto::encode_head(&req, data.len());
+        let writer = self.writer.clone();
+        let sent = tokio::spawn(async move { write_frame(&writer, &head, &data, &fds).await });
         let exchange = async {
-            self.send(&req, data, fds).await?;
+            sent.await
+                .map_err(|e| Lost(format!("writing to the agent: {e}")))??;
             rx.await.map_err(|_| self.lost())
         };
         match tokio::time::timeout_at(deadline, exchange).await {
@@ -244,46 +250,6 @@ impl AgentConn {
                 Err(self.lost())
             }
         }
-    }
-
-    /// Writes `req`'s frame with `data` (not copied into it: a file written in may be as large as
-    /// the request body); `fds` go with its first bytes (`SCM_RIGHTS`).
-    async fn send(&self, req: &Request, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Lost> {
-        let frame = proto::encode_head(req, data.len());
-        let mut w = self.writer.lock().await;
-        let Some(w) = w.as_mut() else {
-            return Err(Lost("the connection to the agent is closed".into()));
-        };
-        let lost = |e: std::io::Error| Lost(format!("writing to the agent: {e}"));
-        let mut sent = 0;
-        if !fds.is_empty() {
-            let stream: &tokio::net::UnixStream = w.as_ref();
-            sent = loop {
-                stream.writable().await.map_err(lost)?;
-                let r = stream.try_io(Interest::WRITABLE, || {
-                    let mut space = [std::mem::MaybeUninit::<u8>::uninit();
-                        rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
-                    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-                    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
-                        return Err(std::io::Error::other("too many descriptors for one frame"));
-                    }
-                    rustix::net::sendmsg(
-                        stream,
-                        &[std::io::IoSlice::new(&frame)],
-                        &mut control,
-                        rustix::net::SendFlags::NOSIGNAL,
-                    )
-                    .map_err(std::io::Error::from)
-                });
-                match r {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(lost(e)),
-                }
-            };
-        }
-        w.write_all(&frame[sent..]).await.map_err(lost)?;
-        w.write_all(data).await.map_err(lost)
     }
 
     /// Starts `argv`; the exit's receiver is registered before the request goes out. Its
@@ -303,7 +269,25 @@ impl AgentConn {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, etx);
-        let fds: Vec<BorrowedFd<'_>> = join.iter().map(|f| f.as_fd()).collect();
+        // Their own copies for the frame's writer, which may outlive this call.
+        let fds: Result<Vec<OwnedFd>, _> = join
+            .iter()
+            .map(|f| f.as_fd().try_clone_to_owned())
+            .collect();
+        let fds = match fds {
+            Ok(f) => f,
+            Err(e) => {
+                self.shared
+                    .exits
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                return Ok(Err((
+                    "io".into(),
+                    format!("the exec's cgroup descriptors could not be copied: {e}"),
+                )));
+            }
+        };
         let req = Request::Exec {
             id,
             argv,
@@ -311,7 +295,7 @@ impl AgentConn {
             cwd,
             join: !join.is_empty(),
         };
-        let reply = self.call_fds(req, &[], &fds).await;
+        let reply = self.call_fds(req, Bytes::new(), fds).await;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => return Err(e),
@@ -360,7 +344,8 @@ impl AgentConn {
     /// Sends a signal to an exec's process group.
     pub async fn signal(&self, exec: u64, signal: i32) -> Result<Reply, Lost> {
         let id = self.id();
-        self.call(Request::Signal { id, exec, signal }, &[]).await
+        self.call(Request::Signal { id, exec, signal }, Bytes::new())
+            .await
     }
 
     /// Closes the connection: the agent reads end of file and ends, and with it the sandbox.
@@ -369,6 +354,51 @@ impl AgentConn {
             let _ = w.shutdown().await;
         }
     }
+}
+
+/// Writes one frame: `head` (its lengths and header), then `data` (not copied into it: a file
+/// written in may be as large as the request body); `fds` go with its first bytes (`SCM_RIGHTS`).
+async fn write_frame(
+    writer: &Writer,
+    head: &[u8],
+    data: &[u8],
+    fds: &[OwnedFd],
+) -> Result<(), Lost> {
+    let mut w = writer.lock().await;
+    let Some(w) = w.as_mut() else {
+        return Err(Lost("the connection to the agent is closed".into()));
+    };
+    let lost = |e: std::io::Error| Lost(format!("writing to the agent: {e}"));
+    let mut sent = 0;
+    if !fds.is_empty() {
+        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        let stream: &tokio::net::UnixStream = w.as_ref();
+        sent = loop {
+            stream.writable().await.map_err(lost)?;
+            let r = stream.try_io(Interest::WRITABLE, || {
+                let mut space = [std::mem::MaybeUninit::<u8>::uninit();
+                    rustix::cmsg_space!(ScmRights(MAX_SENT_FDS))];
+                let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+                    return Err(std::io::Error::other("too many descriptors for one frame"));
+                }
+                rustix::net::sendmsg(
+                    stream,
+                    &[std::io::IoSlice::new(head)],
+                    &mut control,
+                    rustix::net::SendFlags::NOSIGNAL,
+                )
+                .map_err(std::io::Error::from)
+            });
+            match r {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(lost(e)),
+            }
+        };
+    }
+    w.write_all(&head[sent..]).await.map_err(lost)?;
+    w.write_all(data).await.map_err(lost)
 }
 
 /// The operation's name, for messages.
@@ -637,11 +667,11 @@ mod tests {
             path: "f".into(),
             max: 1000,
         };
-        match conn.call(read(conn.id()), &[]).await.unwrap() {
+        match conn.call(read(conn.id()), Bytes::new()).await.unwrap() {
             Reply::Ok { data, .. } => assert_eq!(data, b"abcdefg"),
             other => panic!("{other:?}"),
         }
-        let r = conn.call(read(conn.id()), &[]).await;
+        let r = conn.call(read(conn.id()), Bytes::new()).await;
         assert!(r.is_err(), "{r:?}");
         assert!(
             conn.why().contains("more than 1000 bytes"),

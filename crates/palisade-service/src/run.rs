@@ -54,7 +54,7 @@ pub(crate) struct StagePlan {
 pub(crate) struct Plan {
     policy: Policy,
     stdin: Vec<u8>,
-    files: Vec<(String, Vec<u8>)>,
+    files: Vec<(String, bytes::Bytes)>,
     fetch: Vec<String>,
     compile: Option<StagePlan>,
     run: StagePlan,
@@ -229,7 +229,7 @@ impl Service {
                     format!("a path no other entry of `files` names ({path})"),
                 ));
             }
-            files.push((path, c.bytes(&field)?));
+            files.push((path, c.bytes(&field)?.into()));
         }
 
         if req.fetch.len() > MAX_FETCH {
@@ -420,7 +420,7 @@ impl Service {
         };
         if let Some(cf) = code_file {
             named.insert(cf.0.clone());
-            files.insert(0, cf);
+            files.insert(0, (cf.0, cf.1.into()));
         }
         for (path, _) in &files {
             let mut dir = path.as_str();
@@ -557,7 +557,7 @@ impl Service {
                     .into_iter()
                     .map(|(path, data)| palisade::FileIn {
                         path,
-                        data,
+                        data: data.into(),
                         mode: 0o644,
                     })
                     .collect(),
@@ -806,7 +806,7 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResul
                     path: path.clone(),
                     mode: 0o644,
                 },
-                data,
+                data.clone(),
             )
             .await
         {
@@ -869,7 +869,7 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResul
                     path: p.clone(),
                     max: budget,
                 },
-                &[],
+                bytes::Bytes::new(),
             )
             .await
         {

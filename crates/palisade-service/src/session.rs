@@ -982,7 +982,7 @@ impl Service {
         dir: bool,
         field: &str,
         request: impl FnOnce(u64) -> Request,
-        body: &[u8],
+        body: bytes::Bytes,
     ) -> Result<Reply, ServiceError> {
         let s = self.session(id)?;
         s.touch();
@@ -994,13 +994,18 @@ impl Service {
     }
 
     /// `PUT /v1/sandboxes/{id}/files/{path}`.
-    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ServiceError> {
+    pub async fn put_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: bytes::Bytes,
+    ) -> Result<(), ServiceError> {
         let write = |id| Request::Write {
             id,
             path: path.into(),
             mode: 0o644,
         };
-        self.file_op(id, path, false, "path", write, &data)
+        self.file_op(id, path, false, "path", write, data)
             .await
             .map(|_| ())
     }
@@ -1013,7 +1018,7 @@ impl Service {
             path: path.into(),
             max,
         };
-        self.file_op(id, path, false, "path", read, &[])
+        self.file_op(id, path, false, "path", read, bytes::Bytes::new())
             .await
             .map(|r| match r {
                 Reply::Ok { data, .. } => data,
@@ -1027,7 +1032,7 @@ impl Service {
             id,
             path: path.into(),
         };
-        self.file_op(id, path, true, "path", list, &[])
+        self.file_op(id, path, true, "path", list, bytes::Bytes::new())
             .await
             .map(|r| match r {
                 Reply::Ok {
@@ -1057,7 +1062,7 @@ impl Service {
             path: path.into(),
             recursive,
         };
-        self.file_op(id, path, false, "path", remove, &[])
+        self.file_op(id, path, false, "path", remove, bytes::Bytes::new())
             .await
             .map(|_| ())
     }
@@ -1072,7 +1077,10 @@ impl Service {
             path: path.into(),
             max,
         };
-        match self.file_op(id, path, true, "path", tar_out, &[]).await? {
+        match self
+            .file_op(id, path, true, "path", tar_out, bytes::Bytes::new())
+            .await?
+        {
             Reply::Ok { data, skipped, .. } => Ok((data, skipped.unwrap_or(0))),
             Reply::Err { .. } => Ok((Vec::new(), 0)),
         }
@@ -1085,7 +1093,7 @@ impl Service {
         &self,
         id: &str,
         path: &str,
-        tar: Vec<u8>,
+        tar: bytes::Bytes,
     ) -> Result<(), ServiceError> {
         self.session(id)?;
         crate::archive::check(&tar).map_err(|r| ServiceError::file("archive", r.0, &r.1))?;
@@ -1093,7 +1101,7 @@ impl Service {
             id,
             path: path.into(),
         };
-        self.file_op(id, path, true, "archive", tar_in, &tar)
+        self.file_op(id, path, true, "archive", tar_in, tar)
             .await
             .map(|_| ())
     }
