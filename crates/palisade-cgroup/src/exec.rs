@@ -166,6 +166,9 @@ struct State {
     live: Vec<(String, bool)>,
     /// OOM kills counted in directories since removed.
     removed_oom: u64,
+    /// Bytes held for processes of the run's own about to have them charged outside the exec
+    /// cgroups ([`Children::reserve`]): counted as charged outside them in every ceiling set.
+    reserved: u64,
 }
 
 impl State {
@@ -239,7 +242,7 @@ impl Children {
             };
             st.live[i].1 = false;
             let name = st.live[i].0.clone();
-            self.set_ceiling(&name);
+            self.set_ceiling(&name, st.reserved);
             return Ok(Some(Box::new(Exec {
                 children: self.clone(),
                 name,
@@ -282,7 +285,7 @@ impl Children {
                 return Err(io_at("write", &self.path.join(&rel))(e.into()));
             }
         }
-        if !self.set_ceiling(&name) {
+        if !self.set_ceiling(&name, st.reserved) {
             let rel = format!("{name}/{}", self.ceiling.as_ref().map_or("", |c| c.limit));
             let _ = rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::REMOVEDIR);
             give_places(1);
@@ -308,7 +311,7 @@ impl Children {
             .find(|(_, ended)| *ended)
             .or_else(|| st.live.last())?;
         let base = self.oom_kills(name)?;
-        self.set_ceiling(name);
+        self.set_ceiling(name, st.reserved);
         Some(Box::new(Exec {
             children: self.clone(),
             name: name.clone(),
@@ -323,29 +326,18 @@ impl Children {
     /// cgroups), less the same room; but never less than what is charged to the child now plus a
     /// quarter of the room, so that a small program (an `rm` to make space) can still start.
     /// First the ceiling of all the execs together ([`EXECS`]) is set the same way for what is
-    /// charged outside them. Returns whether the child's was set (or there is none to set).
-    fn set_ceiling(&self, name: &str) -> bool {
+    /// charged outside them. What is `reserved` ([`Children::reserve`]) counts as charged
+    /// outside. Returns whether the child's was set (or there is none to set).
+    fn set_ceiling(&self, name: &str, reserved: u64) -> bool {
         let Some(c) = &self.ceiling else {
             return true;
         };
-        let number = |rel: &str| -> Option<u64> {
-            let mut buf = [0u8; 32];
-            let text = self.read(rel, c.usage, &mut buf)?;
-            std::str::from_utf8(text).ok()?.trim().parse().ok()
-        };
-        let write = |rel: &str, limit: u64| -> Result<(), Errno> {
-            let f = rustix::fs::openat(
-                &self.dir,
-                format!("{rel}/{}", c.limit).as_str(),
-                OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                Mode::empty(),
-            )?;
-            rustix::io::write(&f, limit.to_string().as_bytes()).map(|_| ())
-        };
+        let number = |rel: &str| self.usage(c, rel);
+        let write = |rel: &str, limit: u64| self.write_limit(c, rel, limit);
         let top = exec_memory_ceiling(c.run);
         let room = c.run - top;
         let ceiling = |run: Option<u64>, own: u64| {
-            let others = run.map_or(0, |r| r.saturating_sub(own));
+            let others = run.map_or(0, |r| r.saturating_sub(own)) + reserved;
             top.saturating_sub(others)
                 .max(own.saturating_add(room / 4))
                 .min(top)
@@ -360,6 +352,79 @@ impl Children {
         }
         let own = number(name).unwrap_or(0);
         write(name, ceiling(number("."), own)).is_ok()
+    }
+
+    /// The memory charged to child `rel` (`.`: the run), hierarchically.
+    fn usage(&self, c: &Ceiling, rel: &str) -> Option<u64> {
+        let mut buf = [0u8; 32];
+        let text = self.read(rel, c.usage, &mut buf)?;
+        std::str::from_utf8(text).ok()?.trim().parse().ok()
+    }
+
+    /// Writes `limit` as child `rel`'s memory ceiling.
+    fn write_limit(&self, c: &Ceiling, rel: &str, limit: u64) -> Result<(), Errno> {
+        let f = rustix::fs::openat(
+            &self.dir,
+            format!("{rel}/{}", c.limit).as_str(),
+            OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )?;
+        rustix::io::write(&f, limit.to_string().as_bytes()).map(|_| ())
+    }
+
+    /// Holds `bytes` of the run's memory for a process of the run's own (a session's agent
+    /// writing a file into scratch) outside the exec cgroups, if the run has that much left
+    /// beside the room ([`exec_memory_ceiling`]) and what is charged and held already: the
+    /// execs' ceiling ([`EXECS`]) is lowered so that they cannot take it meanwhile, and every
+    /// ceiling set until the reservation is dropped counts it as charged. Otherwise `Full` with
+    /// what is left. Without it, a file written into a full session was charged past the
+    /// session's ceiling and the kernel killed the session's largest process, the agent.
+    pub(crate) fn reserve(self: &Arc<Self>, bytes: u64) -> Result<MemoryReservation, ReserveError> {
+        let Some(c) = &self.ceiling else {
+            return Ok(MemoryReservation::none());
+        };
+        let mut st = self.state();
+        let top = exec_memory_ceiling(c.run);
+        let unread = |what: &str| {
+            ReserveError::Cgroup(io_at("read", &self.path.join(what))(std::io::Error::other(
+                "the memory charged could not be read",
+            )))
+        };
+        let run = self.usage(c, ".").ok_or_else(|| unread(c.usage))?;
+        let left = top.saturating_sub(run.saturating_add(st.reserved));
+        if bytes > left {
+            return Err(ReserveError::Full { left });
+        }
+        // What the execs may have: the least of what is left beside the rest; they hold no more
+        // than that now (`bytes` fits), unless they took more since the reading (v1: busy).
+        let execs = self.usage(c, EXECS).unwrap_or(0);
+        let outside = run.saturating_sub(execs);
+        let limit = top.saturating_sub(outside + st.reserved + bytes);
+        match self.write_limit(c, EXECS, limit) {
+            Ok(()) => {}
+            Err(Errno::BUSY) => {
+                return Err(ReserveError::Full {
+                    left: left
+                        .saturating_sub(self.usage(c, EXECS).unwrap_or(0).saturating_sub(execs)),
+                })
+            }
+            Err(e) => {
+                return Err(ReserveError::Cgroup(io_at(
+                    "write",
+                    &self.path.join(EXECS).join(c.limit),
+                )(e.into())))
+            }
+        }
+        st.reserved += bytes;
+        Ok(MemoryReservation {
+            held: Some((self.clone(), bytes)),
+        })
+    }
+
+    /// A reservation's end: its bytes are charged by now, or were never written.
+    pub(crate) fn unreserve(&self, bytes: u64) {
+        let mut st = self.state();
+        st.reserved = st.reserved.saturating_sub(bytes);
     }
 
     /// Reads up to `buf.len()` bytes of the control file `file` of child `name`.

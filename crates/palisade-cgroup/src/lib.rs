@@ -204,6 +204,47 @@ pub trait RunCgroup: Send {
     fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
         Ok(None)
     }
+    /// Holds `bytes` of the run's memory for a process of the run's own (a session's agent
+    /// writing a file) to have charged outside the exec cgroups, if the run has that much left
+    /// beside the room its own processes need ([`exec_memory_ceiling`]) and what its processes
+    /// and files hold: the execs' ceiling together is lowered to leave it, and later execs'
+    /// ceilings count it, until the reservation is dropped. `Full` otherwise. A run with no
+    /// exec cgroups (or no memory ceiling) holds nothing and refuses nothing.
+    fn reserve_memory(&self, bytes: u64) -> Result<MemoryReservation, ReserveError> {
+        let _ = bytes;
+        Ok(MemoryReservation::none())
+    }
+}
+
+/// Room in a run's memory held for bytes about to be charged to the run outside its exec cgroups
+/// (see [`RunCgroup::reserve_memory`]); dropping it gives the room back.
+pub struct MemoryReservation {
+    pub(crate) held: Option<(std::sync::Arc<exec::Children>, u64)>,
+}
+
+impl MemoryReservation {
+    /// One that holds nothing: the run has no ceiling to keep.
+    pub fn none() -> MemoryReservation {
+        MemoryReservation { held: None }
+    }
+}
+
+impl Drop for MemoryReservation {
+    fn drop(&mut self) {
+        if let Some((c, bytes)) = self.held.take() {
+            c.unreserve(bytes);
+        }
+    }
+}
+
+/// Why room could not be held ([`RunCgroup::reserve_memory`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    /// The run has only `left` bytes left beside the room its own processes need.
+    #[error("the run has {left} bytes of memory left")]
+    Full { left: u64 },
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
 }
 
 /// The cgroup of one exec of a session, under its run's (see [`RunCgroup::exec_cgroup`]): the

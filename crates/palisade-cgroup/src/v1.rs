@@ -285,6 +285,39 @@ fn ns(dir: &owner::Owned, name: &str) -> Option<Duration> {
 }
 
 impl V1Run {
+    /// The run's exec cgroups (made at the first call); `None` without a memory directory.
+    fn children(&self) -> Result<Option<std::sync::Arc<exec::Children>>, CgroupError> {
+        let Some(memory) = self.dir(self.memory) else {
+            return Ok(None);
+        };
+        let c = match self.children.get() {
+            Some(c) => c.clone(),
+            None => {
+                // v1 charges a socket's buffers to a memory cgroup only once its own
+                // `memory.kmem.tcp.limit_in_bytes` was written (not inherited): written
+                // unlimited in each child, the run's ceiling above it holds them. Each child's
+                // own memory ceiling is set as it is handed out (`exec`'s text).
+                let mut setup = Vec::new();
+                if self.sockets_counted {
+                    setup.push(("memory.kmem.tcp.limit_in_bytes", "-1".to_owned()));
+                }
+                let made = std::sync::Arc::new(exec::Children::new(
+                    memory,
+                    "memory.oom_control",
+                    "tasks",
+                    setup,
+                    Some(exec::Ceiling {
+                        run: self.memory_bytes,
+                        usage: "memory.usage_in_bytes",
+                        limit: "memory.limit_in_bytes",
+                    }),
+                )?);
+                self.children.get_or_init(|| made).clone()
+            }
+        };
+        Ok(Some(c))
+    }
+
     /// Makes and locks directory `d` (once: cpu and cpuacct may be mounted together); its index
     /// in `made`.
     fn place(&mut self, d: Option<PathBuf>) -> Result<Option<usize>, owner::MakeError> {
@@ -381,35 +414,17 @@ impl RunCgroup for V1Run {
     }
 
     fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
-        let Some(memory) = self.dir(self.memory) else {
-            return Ok(None);
-        };
-        let c = match self.children.get() {
-            Some(c) => c.clone(),
-            None => {
-                // v1 charges a socket's buffers to a memory cgroup only once its own
-                // `memory.kmem.tcp.limit_in_bytes` was written (not inherited): written
-                // unlimited in each child, the run's ceiling above it holds them. Each child's
-                // own memory ceiling is set as it is handed out (`exec`'s text).
-                let mut setup = Vec::new();
-                if self.sockets_counted {
-                    setup.push(("memory.kmem.tcp.limit_in_bytes", "-1".to_owned()));
-                }
-                let made = std::sync::Arc::new(exec::Children::new(
-                    memory,
-                    "memory.oom_control",
-                    "tasks",
-                    setup,
-                    Some(exec::Ceiling {
-                        run: self.memory_bytes,
-                        usage: "memory.usage_in_bytes",
-                        limit: "memory.limit_in_bytes",
-                    }),
-                )?);
-                self.children.get_or_init(|| made).clone()
-            }
-        };
-        c.make()
+        match self.children()? {
+            Some(c) => c.make(),
+            None => Ok(None),
+        }
+    }
+
+    fn reserve_memory(&self, bytes: u64) -> Result<MemoryReservation, ReserveError> {
+        match self.children()? {
+            Some(c) => c.reserve(bytes),
+            None => Ok(MemoryReservation::none()),
+        }
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {

@@ -317,6 +317,30 @@ const LEAF_ROUNDS: usize = 8;
 const FREEZE_POLLS: usize = 200;
 
 impl V2Run {
+    /// The run's exec cgroups: the first call moves the run's processes into a leaf and gives
+    /// the memory controller to the run's children ([`V2Run::ready_children`]); if that fails, no
+    /// exec of this run gets one, and the error says why once.
+    fn children(&self) -> Result<Option<std::sync::Arc<exec::Children>>, CgroupError> {
+        let mut st = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+        let c = match &*st {
+            Some(Some(c)) => c.clone(),
+            Some(None) => return Ok(None),
+            None => match self.ready_children() {
+                Ok(c) => {
+                    let c = std::sync::Arc::new(c);
+                    *st = Some(Some(c.clone()));
+                    c
+                }
+                Err(e) => {
+                    *st = Some(None);
+                    return Err(e);
+                }
+            },
+        };
+        drop(st);
+        Ok(Some(c))
+    }
+
     fn dir(&self) -> Option<&owner::Owned> {
         self.dir.as_ref()
     }
@@ -501,24 +525,17 @@ impl RunCgroup for V2Run {
     /// the run's children ([`V2Run::ready_children`]); if that fails, no exec of this run gets
     /// one, and the error says why once.
     fn exec_cgroup(&self) -> Result<Option<Box<dyn ExecCgroup>>, CgroupError> {
-        let mut st = self.exec.lock().unwrap_or_else(|p| p.into_inner());
-        let c = match &*st {
-            Some(Some(c)) => c.clone(),
-            Some(None) => return Ok(None),
-            None => match self.ready_children() {
-                Ok(c) => {
-                    let c = std::sync::Arc::new(c);
-                    *st = Some(Some(c.clone()));
-                    c
-                }
-                Err(e) => {
-                    *st = Some(None);
-                    return Err(e);
-                }
-            },
-        };
-        drop(st);
-        c.make()
+        match self.children()? {
+            Some(c) => c.make(),
+            None => Ok(None),
+        }
+    }
+
+    fn reserve_memory(&self, bytes: u64) -> Result<MemoryReservation, ReserveError> {
+        match self.children()? {
+            Some(c) => c.reserve(bytes),
+            None => Ok(MemoryReservation::none()),
+        }
     }
 
     fn remove(&mut self) -> Result<(), CgroupError> {

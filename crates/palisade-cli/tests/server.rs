@@ -2140,6 +2140,105 @@ fn files_and_archives_past_the_agents_room_move_in_pieces_and_the_session_lives(
     assert_nothing_held(s.pid());
 }
 
+/// A file or an archive written into a session whose memory is (nearly) full is refused with
+/// `no-space`, naming what is left, and the session lives; one that fits holds its room against
+/// an exec running beside it, which meets the execs' ceiling rather than the session's. Without
+/// the room held, the file was charged past the session's ceiling and the kernel killed the
+/// agent, the session's largest process.
+#[test]
+fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
+    let s = Server::start(POLICY, &["--max-body", "64MiB"]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
+        )
+        .json();
+    let id = info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned();
+    let exec = |cmd: &str| {
+        s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sh", "-c", cmd]}),
+        )
+        .json()
+    };
+    let j = exec("dd if=/dev/zero of=a bs=1M count=90 2>/dev/null");
+    assert_eq!(j["status"], "ok", "{j}");
+    let data = vec![7u8; 40 << 20];
+    let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/f"), &data);
+    let e = r.json();
+    assert_eq!(
+        (
+            r.status,
+            e["error"]["field"].as_str(),
+            e["error"]["value"].as_str()
+        ),
+        (400, Some("path"), Some("no-space")),
+        "{e}"
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bytes of memory left"),
+        "{e}"
+    );
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "t", &data[..]).unwrap();
+    let tar = b.into_inner().unwrap();
+    let r = s.req("PUT", &format!("/v1/sandboxes/{id}/archive"), &tar);
+    let e = r.json();
+    assert_eq!(
+        (
+            r.status,
+            e["error"]["field"].as_str(),
+            e["error"]["value"].as_str()
+        ),
+        (400, Some("archive"), Some("no-space")),
+        "{e}"
+    );
+    // Room made: the file fits, and holds its room against an exec that starts filling scratch
+    // before it and goes on after it.
+    let j = exec("rm a");
+    assert_eq!(j["status"], "ok", "{j}");
+    let bg = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sh", "-c", "sleep 1; exec dd if=/dev/zero of=b bs=1M count=100 2>/dev/null"], "mode": "background"}),
+        )
+        .json();
+    let n = bg["id"].as_u64().unwrap_or_else(|| panic!("{bg}"));
+    let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/f"), &data);
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    let mut done = Value::Null;
+    wait_until("the background exec ends", || {
+        done = s.get(&format!("/v1/sandboxes/{id}/exec/{n}")).json();
+        !done["result"].is_null()
+    });
+    assert_eq!(
+        (
+            done["result"]["status"].as_str(),
+            done["result"]["signal"].as_i64()
+        ),
+        (Some("oom"), Some(9)),
+        "{done}"
+    );
+    let j = exec("wc -c < f; rm b; echo still here");
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["data"].as_str()),
+        (Some("ok"), Some("41943040\nstill here\n")),
+        "{j}"
+    );
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
 /// A client that walks away from a file written into a session, at any point of it, leaves the
 /// session whole: the frame to the agent is finished (or never begun), never cut off half-way,
 /// which would have had the agent read the next request's bytes as the rest of the file.

@@ -67,8 +67,9 @@ pub fn entry<R: std::io::Read>(e: &tar::Entry<'_, R>) -> Result<Option<(String, 
     Ok(Some((rel, kind)))
 }
 
-/// Checks the whole archive (see the module's text) without unpacking any of it.
-pub fn check(data: &[u8]) -> Result<(), Refused> {
+/// Checks the whole archive (see the module's text) without unpacking any of it; returns the
+/// bytes of content its files have together.
+pub fn check(data: &[u8]) -> Result<u64, Refused> {
     let mut ar = tar::Archive::new(data);
     let entries = ar
         .entries()
@@ -76,6 +77,7 @@ pub fn check(data: &[u8]) -> Result<(), Refused> {
     // Each name: whether it is a directory.
     let mut kind: HashMap<String, bool> = HashMap::new();
     let mut n = 0;
+    let mut content: u64 = 0;
     for e in entries {
         let e = e.map_err(|e| Refused("invalid", format!("a bad tar entry: {e}")))?;
         n += 1;
@@ -95,6 +97,9 @@ pub fn check(data: &[u8]) -> Result<(), Refused> {
                 "invalid",
                 format!("entry `{rel}`: the archive ends inside its content"),
             ));
+        }
+        if k != Kind::Dir {
+            content += e.size();
         }
         let dir = k == Kind::Dir;
         if kind.insert(rel.clone(), dir).is_some_and(|d| d != dir) {
@@ -117,7 +122,7 @@ pub fn check(data: &[u8]) -> Result<(), Refused> {
             at += i + 1;
         }
     }
-    Ok(())
+    Ok(content)
 }
 
 #[cfg(test)]
@@ -148,7 +153,7 @@ mod tests {
             ("a/", Directory, b""),
             ("a/b", Regular, b"x"),
         ]);
-        assert_eq!(check(&ok), Ok(()));
+        assert_eq!(check(&ok), Ok(1));
         for (bad, why) in [
             (archive(&[("../x", Regular, b"")]), "PATH"),
             (archive(&[("/etc/x", Regular, b"")]), "PATH"),

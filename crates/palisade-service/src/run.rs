@@ -144,6 +144,17 @@ impl Held {
         }
     }
 
+    /// Memory held for a file the agent is about to write (see [`Run::reserve_memory`]).
+    pub(crate) fn reserve_memory(
+        &self,
+        bytes: u64,
+    ) -> Result<palisade::MemoryReservation, palisade::ReserveError> {
+        match self.run.as_ref() {
+            Some(r) => r.reserve_memory(bytes),
+            None => Ok(palisade::MemoryReservation::none()),
+        }
+    }
+
     pub(crate) fn kill(&self) {
         if let Some(r) = &self.run {
             r.kill();

@@ -174,6 +174,40 @@ impl Session {
         })
     }
 
+    /// Holds `bytes` of the session's memory for a file or an archive the agent is about to write
+    /// into scratch, until the returned value is dropped ([`palisade::Run::reserve_memory`]); a
+    /// session without that much left is refused, naming `field`, rather than have the file
+    /// charged past its ceiling, where the kernel killed the agent, its largest process. The
+    /// cgroup work runs on a blocking thread.
+    async fn reserve_memory(
+        self: &Arc<Self>,
+        bytes: u64,
+        field: &str,
+    ) -> Result<palisade::MemoryReservation, ServiceError> {
+        let s = self.clone();
+        let r = tokio::task::spawn_blocking(move || match s.held.blocking_lock().as_ref() {
+            Some(h) => h.reserve_memory(bytes),
+            None => Ok(palisade::MemoryReservation::none()),
+        })
+        .await;
+        match r {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(palisade::ReserveError::Full { left })) => Err(ServiceError::file(
+                field,
+                "no-space",
+                &format!(
+                    "the session has {left} bytes of memory left for files, and this needs {bytes}: its memory ceiling, less room for its agent, less what its processes and files hold (remove files, or ask for more memory when making the session)"
+                ),
+            )),
+            Ok(Err(palisade::ReserveError::Cgroup(e))) => Err(ServiceError::internal(format!(
+                "the session's memory could not be held for the file: {e}"
+            ))),
+            Err(e) => Err(ServiceError::internal(format!(
+                "the cgroup's thread failed: {e}"
+            ))),
+        }
+    }
+
     fn touch(&self) {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
@@ -1005,6 +1039,10 @@ impl Service {
             path: path.into(),
             mode: 0o644,
         };
+        let _room = self
+            .session(id)?
+            .reserve_memory(data.len() as u64, "path")
+            .await?;
         self.file_op(id, path, false, "path", write, data)
             .await
             .map(|_| ())
@@ -1095,8 +1133,10 @@ impl Service {
         path: &str,
         tar: bytes::Bytes,
     ) -> Result<(), ServiceError> {
-        self.session(id)?;
-        crate::archive::check(&tar).map_err(|r| ServiceError::file("archive", r.0, &r.1))?;
+        let s = self.session(id)?;
+        let content =
+            crate::archive::check(&tar).map_err(|r| ServiceError::file("archive", r.0, &r.1))?;
+        let _room = s.reserve_memory(content, "archive").await?;
         let tar_in = |id| Request::TarIn {
             id,
             path: path.into(),

@@ -336,6 +336,24 @@ impl Run {
         }
     }
 
+    /// Holds `bytes` of the run's memory for a process of the run's own that is about to have
+    /// them charged outside its execs' cgroups (a session's agent writing a file into scratch):
+    /// `Err(ReserveError::Full)` with what is left when the run has not that much beside the room
+    /// its own processes need, else the run's execs together are held to what is left beside it
+    /// until the reservation is dropped (palisade-cgroup's `exec` module). A file written into a
+    /// full run would be charged past its ceiling, and the kernel would kill the run's largest
+    /// process. A run without a cgroup, or without exec cgroups, holds and refuses nothing.
+    pub fn reserve_memory(
+        &self,
+        bytes: u64,
+    ) -> Result<palisade_cgroup::MemoryReservation, palisade_cgroup::ReserveError> {
+        let cg = self.shared.cgroup.lock().unwrap_or_else(|p| p.into_inner());
+        match cg.as_ref() {
+            Some(c) => c.reserve_memory(bytes),
+            None => Ok(palisade_cgroup::MemoryReservation::none()),
+        }
+    }
+
     /// The write end of the payload's stdin ([`Stdin::Pipe`]), once.
     pub fn take_stdin(&mut self) -> Option<File> {
         self.stdin.take()
