@@ -429,22 +429,7 @@ impl Children {
 
     /// Reads up to `buf.len()` bytes of the control file `file` of child `name`.
     fn read<'a>(&self, name: &str, file: &str, buf: &'a mut [u8]) -> Option<&'a [u8]> {
-        let f = rustix::fs::openat(
-            &self.dir,
-            format!("{name}/{file}").as_str(),
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-        )
-        .ok()?;
-        let mut n = 0;
-        while n < buf.len() {
-            match rustix::io::read(&f, &mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(Errno::INTR) => {}
-                Err(_) => return None,
-            }
-        }
+        let n = crate::held::read_at(&self.dir, name, file, buf)?;
         Some(&buf[..n])
     }
 

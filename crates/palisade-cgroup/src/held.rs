@@ -145,7 +145,7 @@ pub(crate) fn give_back(dir: impl AsFd, rel: &str, v2: bool) {
 }
 
 /// Reads up to `buf.len()` bytes of control file `name` of cgroup `rel` under `dir`.
-fn read_at(dir: impl AsFd, rel: &str, name: &str, buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn read_at(dir: impl AsFd, rel: &str, name: &str, buf: &mut [u8]) -> Option<usize> {
     let f = rustix::fs::openat(
         &dir,
         format!("{rel}/{name}").as_str(),

@@ -92,11 +92,7 @@ fn every_endpoint_answers() {
     assert_eq!(j["file_errors"]["missing.txt"], "not-found");
     // A compiled language: a compile stage, then the program.
     let j = s.post("/v1/run", &json!({"language": "cpp", "code": "#include <cstdio>\nint main(){int a,b;scanf(\"%d %d\",&a,&b);printf(\"%d\\n\",a+b);}", "stdin": "2 40"})).json();
-    assert_eq!(
-        (j["status"].as_str(), j["stdout"]["data"].as_str()),
-        (Some("ok"), Some("42\n")),
-        "{j}"
-    );
+    assert_ok_with(&j, "42\n");
     assert_eq!(j["compile"]["status"], "ok");
     let j = s
         .post("/v1/run", &json!({"language": "c", "code": "int main( {"}))
@@ -1945,6 +1941,50 @@ fn a_sessions_execs_report_their_own_oom_and_cpu() {
     assert_nothing_held(s.pid());
 }
 
+/// A session of 128 MiB of memory and 1 GiB of scratch; its id.
+fn session_of_128_mib(s: &Server) -> String {
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
+        )
+        .json();
+    info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned()
+}
+
+/// A tar of regular files, mode 0644.
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// An exec's answer that is `ok` with `stdout`.
+fn assert_ok_with(j: &Value, stdout: &str) {
+    assert_eq!(
+        (j["status"].as_str(), j["stdout"]["data"].as_str()),
+        (Some("ok"), Some(stdout)),
+        "{j}"
+    );
+}
+
+/// Runs `sh -c cmd` in session `id`; the exec's answer.
+fn sh(s: &Server, id: &str, cmd: &str) -> Value {
+    s.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        &json!({"command": ["sh", "-c", cmd]}),
+    )
+    .json()
+}
+
 /// An exec that writes a file larger than the session's memory into scratch (tmpfs pages, which
 /// belong to no process) is killed as `oom` in its own cgroup, and the session lives on: its
 /// files can still be read and its next exec runs. With the exec's cgroup held by the session's
@@ -1953,16 +1993,7 @@ fn a_sessions_execs_report_their_own_oom_and_cpu() {
 #[test]
 fn an_exec_that_fills_scratch_past_the_sessions_memory_is_oom_and_the_session_lives() {
     let s = Server::start(POLICY, &[]);
-    let info = s
-        .post(
-            "/v1/sandboxes",
-            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
-        )
-        .json();
-    let id = info["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{info}"))
-        .to_owned();
+    let id = session_of_128_mib(&s);
     let exec = |cmd: Value| {
         s.post(
             &format!("/v1/sandboxes/{id}/exec"),
@@ -1990,11 +2021,7 @@ fn an_exec_that_fills_scratch_past_the_sessions_memory_is_oom_and_the_session_li
         "{r:?}"
     );
     let j = exec(json!(["sh", "-c", "rm big && echo still here"]));
-    assert_eq!(
-        (j["status"].as_str(), j["stdout"]["data"].as_str()),
-        (Some("ok"), Some("still here\n")),
-        "{j}"
-    );
+    assert_ok_with(&j, "still here\n");
     let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
     assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
     assert_nothing_held(s.pid());
@@ -2007,23 +2034,8 @@ fn an_exec_that_fills_scratch_past_the_sessions_memory_is_oom_and_the_session_li
 #[test]
 fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_lives() {
     let s = Server::start(POLICY, &[]);
-    let info = s
-        .post(
-            "/v1/sandboxes",
-            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
-        )
-        .json();
-    let id = info["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{info}"))
-        .to_owned();
-    let exec = |cmd: &str| {
-        s.post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            &json!({"command": ["sh", "-c", cmd]}),
-        )
-        .json()
-    };
+    let id = session_of_128_mib(&s);
+    let exec = |cmd: &str| sh(&s, &id, cmd);
     // Both start before either has written much: each waits for the other's mark.
     let (one, two) = std::thread::scope(|sc| {
         let a = sc.spawn(|| {
@@ -2048,11 +2060,7 @@ fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_
         "neither was killed: {one} {two}"
     );
     let j = exec("rm a b && echo still here");
-    assert_eq!(
-        (j["status"].as_str(), j["stdout"]["data"].as_str()),
-        (Some("ok"), Some("still here\n")),
-        "{j}"
-    );
+    assert_ok_with(&j, "still here\n");
     let fin = s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"").json();
     assert!(fin["report"]["oom_kills"].as_u64().unwrap() >= 1, "{fin}");
     assert_nothing_held(s.pid());
@@ -2066,23 +2074,8 @@ fn execs_at_once_that_together_fill_the_sessions_memory_are_oom_and_the_session_
 #[test]
 fn files_and_archives_past_the_agents_room_move_in_pieces_and_the_session_lives() {
     let s = Server::start(POLICY, &["--max-body", "100MiB", "--max-fetch", "100MiB"]);
-    let info = s
-        .post(
-            "/v1/sandboxes",
-            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
-        )
-        .json();
-    let id = info["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{info}"))
-        .to_owned();
-    let exec = |cmd: &str| {
-        s.post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            &json!({"command": ["sh", "-c", cmd]}),
-        )
-        .json()
-    };
+    let id = session_of_128_mib(&s);
+    let exec = |cmd: &str| sh(&s, &id, cmd);
     const SIZE: usize = 80 << 20;
     let data: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
     let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/big"), &data);
@@ -2122,20 +2115,11 @@ fn files_and_archives_past_the_agents_room_move_in_pieces_and_the_session_lives(
     drop((r, back));
     let r = s.req("DELETE", &format!("/v1/sandboxes/{id}/files/big"), b"");
     assert_eq!(r.status, 204);
-    let mut b = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_size(SIZE as u64);
-    h.set_mode(0o644);
-    b.append_data(&mut h, "t/inner", &data[..]).unwrap();
-    let tar = b.into_inner().unwrap();
+    let tar = tar_of(&[("t/inner", &data)]);
     let r = s.req("PUT", &format!("/v1/sandboxes/{id}/archive?path=up"), &tar);
     assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
     let j = exec("wc -c < up/t/inner; echo still here");
-    assert_eq!(
-        (j["status"].as_str(), j["stdout"]["data"].as_str()),
-        (Some("ok"), Some("83886080\nstill here\n")),
-        "{j}"
-    );
+    assert_ok_with(&j, "83886080\nstill here\n");
     s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
     assert_nothing_held(s.pid());
 }
@@ -2148,23 +2132,8 @@ fn files_and_archives_past_the_agents_room_move_in_pieces_and_the_session_lives(
 #[test]
 fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
     let s = Server::start(POLICY, &["--max-body", "64MiB"]);
-    let info = s
-        .post(
-            "/v1/sandboxes",
-            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
-        )
-        .json();
-    let id = info["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{info}"))
-        .to_owned();
-    let exec = |cmd: &str| {
-        s.post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            &json!({"command": ["sh", "-c", cmd]}),
-        )
-        .json()
-    };
+    let id = session_of_128_mib(&s);
+    let exec = |cmd: &str| sh(&s, &id, cmd);
     let j = exec("dd if=/dev/zero of=a bs=1M count=90 2>/dev/null");
     assert_eq!(j["status"], "ok", "{j}");
     let data = vec![7u8; 40 << 20];
@@ -2186,12 +2155,7 @@ fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
             .contains("bytes of memory left"),
         "{e}"
     );
-    let mut b = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_size(data.len() as u64);
-    h.set_mode(0o644);
-    b.append_data(&mut h, "t", &data[..]).unwrap();
-    let tar = b.into_inner().unwrap();
+    let tar = tar_of(&[("t", &data)]);
     let r = s.req("PUT", &format!("/v1/sandboxes/{id}/archive"), &tar);
     let e = r.json();
     assert_eq!(
@@ -2230,11 +2194,7 @@ fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
         "{done}"
     );
     let j = exec("wc -c < f; rm b; echo still here");
-    assert_eq!(
-        (j["status"].as_str(), j["stdout"]["data"].as_str()),
-        (Some("ok"), Some("41943040\nstill here\n")),
-        "{j}"
-    );
+    assert_ok_with(&j, "41943040\nstill here\n");
     s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
     assert_nothing_held(s.pid());
 }
@@ -2285,23 +2245,8 @@ fn a_client_that_walks_away_from_a_write_leaves_the_session_whole() {
 #[test]
 fn files_left_by_earlier_execs_or_read_back_do_not_cost_the_session_its_agent() {
     let s = Server::start(POLICY, &[]);
-    let info = s
-        .post(
-            "/v1/sandboxes",
-            &json!({"limits": {"memory_bytes": 128u64 << 20, "scratch_bytes": 1u64 << 30}}),
-        )
-        .json();
-    let id = info["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{info}"))
-        .to_owned();
-    let exec = |cmd: &str| {
-        s.post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            &json!({"command": ["sh", "-c", cmd]}),
-        )
-        .json()
-    };
+    let id = session_of_128_mib(&s);
+    let exec = |cmd: &str| sh(&s, &id, cmd);
     let bg = s
         .post(
             &format!("/v1/sandboxes/{id}/exec"),
@@ -2369,13 +2314,7 @@ fn an_exec_past_the_sessions_exec_cgroups_shares_one_and_keeps_a_ceiling() {
         .as_str()
         .unwrap_or_else(|| panic!("{info}"))
         .to_owned();
-    let exec = |cmd: &str| {
-        s.post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            &json!({"command": ["sh", "-c", cmd]}),
-        )
-        .json()
-    };
+    let exec = |cmd: &str| sh(&s, &id, cmd);
     for _ in 0..66 {
         let j = exec("setsid -f sleep 1000 </dev/null >/dev/null 2>&1");
         assert_eq!(j["status"], "ok", "{j}");

@@ -221,18 +221,7 @@ impl Agent {
             Request::Mkdir { path, .. } => self.dir(&path, true).map(|_| ()),
             Request::Read { path, max, .. } => match self.read(id, &path, max) {
                 Ok(last) => {
-                    self.send(
-                        &Event::Ok {
-                            id,
-                            entries: Vec::new(),
-                            pid: None,
-                            skipped: None,
-                            truncated: false,
-                            joined: None,
-                        },
-                        &last,
-                        &[],
-                    );
+                    self.send(&Event::ok(id), &last, &[]);
                     return;
                 }
                 Err(e) => Err(e),
@@ -319,18 +308,7 @@ impl Agent {
     /// Answers request `id` with `Ok` and no data, or its error.
     fn answer(&self, id: u64, r: Result<(), Fail>) {
         match r {
-            Ok(()) => self.send(
-                &Event::Ok {
-                    id,
-                    entries: Vec::new(),
-                    pid: None,
-                    skipped: None,
-                    truncated: false,
-                    joined: None,
-                },
-                &[],
-                &[],
-            ),
+            Ok(()) => self.send(&Event::ok(id), &[], &[]),
             Err(Fail(code, message)) => self.send(
                 &Event::Err {
                     id,

@@ -627,17 +627,6 @@ mod tests {
         serde_json::from_slice::<Request>(&rest[..h]).unwrap().id()
     }
 
-    fn ok(id: u64) -> Event {
-        Event::Ok {
-            id,
-            entries: Vec::new(),
-            pid: None,
-            skipped: None,
-            truncated: false,
-            joined: None,
-        }
-    }
-
     /// An answer sent in pieces comes back whole; pieces for a call nobody waits for are
     /// dropped; pieces past the bound of one answer break the connection.
     #[tokio::test]
@@ -650,7 +639,7 @@ mod tests {
                 (Event::Part { id: id + 100 }, &[1u8; 600][..]),
                 (Event::Part { id }, b"abc"),
                 (Event::Part { id }, b"def"),
-                (ok(id), b"g"),
+                (Event::ok(id), b"g"),
             ] {
                 agent.write_all(&proto::encode(&ev, data)).unwrap();
             }

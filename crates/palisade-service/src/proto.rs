@@ -137,6 +137,20 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// Request `id` was done, with nothing but data (if any) to tell.
+    pub fn ok(id: u64) -> Event {
+        Event::Ok {
+            id,
+            entries: Vec::new(),
+            pid: None,
+            skipped: None,
+            truncated: false,
+            joined: None,
+        }
+    }
+}
+
 /// One directory entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
