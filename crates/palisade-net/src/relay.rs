@@ -246,6 +246,78 @@ const ROUND: usize = 16;
 /// The buffer of a relay that cannot splice.
 const COPY_BUF: usize = 64 * 1024;
 
+/// Pages of pipe buffer the relays of this process hold ([`PipePages`]).
+static PIPE_PAGES: AtomicU64 = AtomicU64::new(0);
+
+/// The most pages of pipe buffer the relays of this process may hold. The kernel counts pipe
+/// buffers per user, and past `/proc/sys/fs/pipe-user-pages-soft` (16,384 pages by default)
+/// every new pipe of that user's, in any of its processes, gets 2 pages instead of 16, and may
+/// not be grown: 32 relays of 1 MiB pipes (two each) took a non-root supervisor there, and with
+/// it the host's other processes of the same user. So a non-root process keeps to a quarter of
+/// the soft limit; a relay past it has a pipe of the default size, or none (it copies through a
+/// buffer). Root is not held to the limit by the kernel.
+fn pipe_budget() -> u64 {
+    static BUDGET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        if rustix::process::geteuid().is_root() {
+            return u64::MAX;
+        }
+        match std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+        {
+            Some(0) => u64::MAX, // no limit
+            Some(soft) => soft / 4,
+            None => 4096,
+        }
+    })
+}
+
+/// Pages of pipe buffer one relay direction holds, counted in [`PIPE_PAGES`] until dropped.
+struct PipePages(u64);
+
+impl PipePages {
+    /// `n` more pages, if the budget has them.
+    fn take(&mut self, n: u64) -> bool {
+        let budget = pipe_budget();
+        let got = PIPE_PAGES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            held.checked_add(n).filter(|t| *t <= budget)
+        });
+        if got.is_ok() {
+            self.0 += n;
+        }
+        got.is_ok()
+    }
+}
+
+impl Drop for PipePages {
+    fn drop(&mut self) {
+        PIPE_PAGES.fetch_sub(self.0, Ordering::AcqRel);
+    }
+}
+
+/// A pipe for a relay direction, within this process's budget of pipe pages ([`pipe_budget`]):
+/// of [`STEP`] bytes where the budget has them, else of the kernel's default size, else none.
+fn relay_pipe() -> (Option<(OwnedFd, OwnedFd)>, PipePages) {
+    use rustix::pipe::{fcntl_getpipe_size, fcntl_setpipe_size, pipe_with, PipeFlags};
+    let page = rustix::param::page_size() as u64;
+    let mut pages = PipePages(0);
+    let Ok((r, w)) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK) else {
+        return (None, pages);
+    };
+    let default = fcntl_getpipe_size(&w).map_or(16, |b| (b as u64).div_ceil(page));
+    if !pages.take(default) {
+        return (None, pages);
+    }
+    let more = (STEP as u64).div_ceil(page).saturating_sub(default);
+    if more > 0 && pages.take(more) && fcntl_setpipe_size(&w, STEP).is_err() {
+        // Refused (a host's `pipe-max-size` below it): what it has is what is counted.
+        PIPE_PAGES.fetch_sub(more, Ordering::AcqRel);
+        pages.0 -= more;
+    }
+    (Some((r, w)), pages)
+}
+
 /// One direction of a relay: bytes taken from `from`, then given to `to` before any more are
 /// taken, through a pipe with splice (they stay in the kernel) or, where splice is refused,
 /// through a buffer.
@@ -254,6 +326,8 @@ struct Flow<'a> {
     to: &'a TcpStream,
     /// Read end, write end.
     pipe: Option<(OwnedFd, OwnedFd)>,
+    /// What the pipe holds of this process's budget ([`relay_pipe`]).
+    _pages: PipePages,
     /// Bytes to give first (what the proxy read before deciding), or the copy buffer's content.
     buf: Vec<u8>,
     at: usize,
@@ -265,15 +339,12 @@ struct Flow<'a> {
 
 impl<'a> Flow<'a> {
     fn new(from: &'a TcpStream, to: &'a TcpStream, first: Vec<u8>, count: &'a AtomicU64) -> Self {
-        use rustix::pipe::{fcntl_setpipe_size, pipe_with, PipeFlags};
-        let pipe = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).ok();
-        if let Some((_, w)) = &pipe {
-            let _ = fcntl_setpipe_size(w, STEP);
-        }
+        let (pipe, pages) = relay_pipe();
         Flow {
             from,
             to,
             pipe,
+            _pages: pages,
             buf: first,
             at: 0,
             in_pipe: 0,

@@ -519,6 +519,56 @@ fn a_relay_runs_both_ways_in_the_connection_s_thread_and_its_cpu_is_counted() {
     );
 }
 
+/// The size of a new pipe of this process's user.
+fn new_pipe_size() -> usize {
+    let (_r, w) = rustix::pipe::pipe().unwrap();
+    rustix::pipe::fcntl_getpipe_size(&w).unwrap()
+}
+
+/// Many relays at once leave the pipes of the supervisor's user their size. The kernel counts
+/// pipe buffers per user, and a non-root user past `pipe-user-pages-soft` gets pipes of 2 pages
+/// (8 KiB here) instead of 16, in every process of theirs: 48 relays of two 1 MiB pipes each took
+/// it there. Root is exempt from the limit, so this holds trivially in the root pass; it is the
+/// unprivileged pass (`palisade-test`) that checks the budget.
+#[test]
+fn relays_at_once_leave_the_users_new_pipes_their_size() {
+    let before = new_pipe_size();
+    // An upstream that echoes each byte at once.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let _ = std::io::copy(&mut &c, &mut w);
+            });
+        }
+    });
+    let net = network(&[format!("127.0.0.1:{port}")], &[]);
+    let (e, addr) = proxy(net, Limits::default(), None);
+    let mut held = Vec::new();
+    for _ in 0..48 {
+        let (mut c, status) = connect(addr, &format!("127.0.0.1:{port}"));
+        assert_eq!(status, "HTTP/1.1 200 Connection established");
+        // Back through the relay: its two directions (and their pipes) exist. (A byte that
+        // starts neither a request nor a ClientHello, so it is relayed at once.)
+        c.write_all(b"\0").unwrap();
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).unwrap();
+        held.push(c);
+    }
+    let during = new_pipe_size();
+    for c in &held {
+        let _ = c.shutdown(Shutdown::Both);
+    }
+    drop(held);
+    e.finish();
+    assert_eq!(
+        during, before,
+        "a new pipe's size with 48 relays running (it was {before} before)"
+    );
+}
+
 #[test]
 fn first_bytes_that_a_lenient_server_would_read_as_another_host_never_reach_it() {
     let srv = Server::start(0);
