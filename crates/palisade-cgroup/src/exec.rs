@@ -16,9 +16,10 @@
 //! (measured: `dd` of 400 MiB into a 128 MiB session). So an exec's ceiling is set as its cgroup
 //! is handed out, to what the run has left for it: the run's ceiling less room for the run's own
 //! processes, less what is charged outside the exec's cgroup at that moment (files earlier execs
-//! left in other exec cgroups, files written through the agent, the agent's own memory), but
-//! never less than what is charged to the cgroup already plus a quarter of the room, so that a
-//! small program can still start in a full session ([`Children::set_ceiling`]). The exec meets
+//! left in other exec cgroups, files written through the agent, the agent's own memory), but a
+//! quarter of the room more than what is charged to the cgroup already, so that a small program
+//! can still start in a full session, if that is within a quarter of the room past what is left
+//! ([`Children::set_ceiling`]). The exec meets
 //! its ceiling first, and the kernel chooses only among the exec's own processes.
 //!
 //! Execs at once could still together pass the run's ceiling, each within its own (two that each
@@ -323,8 +324,10 @@ impl Children {
     /// Sets child `name`'s memory ceiling for the exec it is handed to: [`exec_memory_ceiling`]
     /// of the run's, and no more than what the run has left beside what is charged outside the
     /// child now (files earlier execs wrote in other children, the agent's memory, held
-    /// cgroups), less the same room; but never less than what is charged to the child now plus a
-    /// quarter of the room, so that a small program (an `rm` to make space) can still start.
+    /// cgroups), less the same room; but a quarter of the room more than what is charged to the
+    /// child now, so that a small program (an `rm` to make space) can still start, as long as
+    /// that is within a quarter of the room past what is left (together, the run's processes
+    /// keep three quarters of the room whatever the execs do).
     /// First the ceiling of all the execs together ([`EXECS`]) is set the same way for what is
     /// charged outside them. What is `reserved` ([`Children::reserve`]) counts as charged
     /// outside. Returns whether the child's was set (or there is none to set).
@@ -332,26 +335,42 @@ impl Children {
         let Some(c) = &self.ceiling else {
             return true;
         };
-        let number = |rel: &str| self.usage(c, rel);
-        let write = |rel: &str, limit: u64| self.write_limit(c, rel, limit);
+        self.set_execs_ceiling(c, reserved);
+        let own = self.usage(c, name).unwrap_or(0);
+        let limit = self.ceiling_for(c, self.usage(c, "."), own, reserved);
+        self.write_limit(c, name, limit).is_ok()
+    }
+
+    /// The ceiling of a child that holds `own` of the run's `run` bytes charged (and `reserved`
+    /// more held, [`Children::reserve`]): see [`Children::set_ceiling`].
+    fn ceiling_for(&self, c: &Ceiling, run: Option<u64>, own: u64, reserved: u64) -> u64 {
         let top = exec_memory_ceiling(c.run);
         let room = c.run - top;
-        let ceiling = |run: Option<u64>, own: u64| {
-            let others = run.map_or(0, |r| r.saturating_sub(own)) + reserved;
-            top.saturating_sub(others)
-                .max(own.saturating_add(room / 4))
-                .min(top)
-        };
-        // What is charged can grow between the reading and the writing: v1 then refuses a
-        // ceiling below it (busy), and the figures are read again.
+        let others = run.map_or(0, |r| r.saturating_sub(own)) + reserved;
+        let left = top.saturating_sub(others);
+        // A quarter of the room past what it holds, so that an `rm` can start in a full
+        // session; but never more than that past what is left: measured from what it holds
+        // alone, the allowance came again with each exec, and files kept what each took (five
+        // execs that filled scratch took the session past its ceiling, found by an independent
+        // attack). Never below what it holds (v1 refuses that; it meets its ceiling at its next
+        // page instead).
+        left.max(own.saturating_add(room / 4))
+            .min(left.saturating_add(room / 4))
+            .min(top)
+            .max(own)
+    }
+
+    /// Sets the ceiling of all the execs together ([`EXECS`]) for what is charged outside them
+    /// now and `reserved`. What is charged can grow between the reading and the writing: v1 then
+    /// refuses a ceiling below it (busy), and the figures are read again.
+    fn set_execs_ceiling(&self, c: &Ceiling, reserved: u64) {
         for _ in 0..3 {
-            let execs = number(EXECS).unwrap_or(0);
-            if write(EXECS, ceiling(number("."), execs)) != Err(Errno::BUSY) {
+            let execs = self.usage(c, EXECS).unwrap_or(0);
+            let limit = self.ceiling_for(c, self.usage(c, "."), execs, reserved);
+            if self.write_limit(c, EXECS, limit) != Err(Errno::BUSY) {
                 break;
             }
         }
-        let own = number(name).unwrap_or(0);
-        write(name, ceiling(number("."), own)).is_ok()
     }
 
     /// The memory charged to child `rel` (`.`: the run), hierarchically.
@@ -383,6 +402,12 @@ impl Children {
         let Some(c) = &self.ceiling else {
             return Ok(MemoryReservation::none());
         };
+        if bytes == 0 {
+            // Nothing to hold: its end sets the execs' ceiling again (after a file's removal).
+            return Ok(MemoryReservation {
+                held: Some((self.clone(), 0)),
+            });
+        }
         let mut st = self.state();
         let top = exec_memory_ceiling(c.run);
         let unread = |what: &str| {
@@ -421,10 +446,14 @@ impl Children {
         })
     }
 
-    /// A reservation's end: its bytes are charged by now, or were never written.
+    /// A reservation's end. The execs' ceiling is set again: what the reservation held is charged now (a file
+    /// written), or was never taken (a write refused, a file removed since).
     pub(crate) fn unreserve(&self, bytes: u64) {
         let mut st = self.state();
         st.reserved = st.reserved.saturating_sub(bytes);
+        if let Some(c) = &self.ceiling {
+            self.set_execs_ceiling(c, st.reserved);
+        }
     }
 
     /// Reads up to `buf.len()` bytes of the control file `file` of child `name`.
@@ -517,6 +546,10 @@ impl Children {
             c.1 = true;
         }
         self.remove_ended(&mut st, IDLE_EXEC_CGROUPS);
+        // What the exec left (files it removed, memory it gave back) goes back to the others.
+        if let Some(c) = &self.ceiling {
+            self.set_execs_ceiling(c, st.reserved);
+        }
     }
 }
 

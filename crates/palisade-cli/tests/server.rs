@@ -2199,6 +2199,137 @@ fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
     assert_nothing_held(s.pid());
 }
 
+/// What files cost a session beside their bytes is held too, and the execs' allowance to start
+/// in a full session does not add up (both found by an independent attack, each having the
+/// kernel kill the agent). An archive of 30,000 empty directories takes ~29 MiB of kernel memory
+/// (inodes, dentries) and reserved nothing: the fifth of five had the agent killed; now each is
+/// `204` or `no-space`. Files written through the agent past the room, then execs that each
+/// fill scratch: each exec's start gave the execs a quarter of the room more than they held,
+/// files kept it, and the fifth such exec took the session past its ceiling; now each is `oom`.
+#[test]
+fn entries_and_execs_past_the_room_cost_an_exec_or_a_write_never_the_agent() {
+    let s = Server::start(POLICY, &["--max-body", "32MiB"]);
+    let id = session_of_128_mib(&s);
+    let exec = |cmd: &str| sh(&s, &id, cmd);
+    let mut b = tar::Builder::new(Vec::new());
+    for i in 0..30_000 {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        b.append_data(&mut h, format!("d{i:06}"), std::io::empty())
+            .unwrap();
+    }
+    let dirs = b.into_inner().unwrap();
+    let mut refused = 0;
+    for i in 0..5 {
+        let r = s.req(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/archive?path=a{i}"),
+            &dirs,
+        );
+        match r.status {
+            204 => {}
+            400 if r.json()["error"]["value"] == "no-space" => refused += 1,
+            _ => panic!(
+                "archive {i}: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            ),
+        }
+    }
+    assert!(
+        refused >= 1,
+        "five archives of 30,000 directories all written"
+    );
+    assert_ok_with(&exec("rm -r a0 a1 a2 a3 a4 2>/dev/null; echo ok"), "ok\n");
+    // 75 MB through the agent, past the room; then execs that fill scratch.
+    let f = vec![3u8; 15_000_000];
+    for i in 0..5 {
+        let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/p{i}"), &f);
+        assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    }
+    for i in 0..8 {
+        let j = exec(&format!("exec head -c 200000000 /dev/zero > z{i}"));
+        assert_eq!(
+            (j["status"].as_str(), j["signal"].as_i64()),
+            (Some("oom"), Some(9)),
+            "exec {i}: {j}"
+        );
+    }
+    // The execs are at their ceiling together: an exec may have no room left to start, but a
+    // removal through the agent needs none, and gives the room back.
+    for i in 0..8 {
+        // (An exec with no room to start made no file.)
+        let r = s.req("DELETE", &format!("/v1/sandboxes/{id}/files/z{i}"), b"");
+        assert!(
+            r.status == 204 || r.status == 404,
+            "z{i}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    assert_ok_with(&exec("echo still here"), "still here\n");
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
+/// A session runs at most as many execs at once as the agent's room holds (its memory for each
+/// is charged beside the execs'): 350 background execs took it past a 16 MiB room and the kernel
+/// killed it (found by an independent attack). Past the bound an exec is refused (`409`), and
+/// the session lives. A session below 16 MiB of memory is refused when made (1 and 2 MiB had
+/// the agent or init killed at their first exec).
+#[test]
+fn a_session_runs_as_many_execs_at_once_as_its_agent_has_room_for() {
+    let s = Server::start(POLICY, &[]);
+    let r = s.post(
+        "/v1/sandboxes",
+        &json!({"limits": {"memory_bytes": 8u64 << 20}}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("limits.memory_bytes")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let id = session_of_128_mib(&s);
+    // 128 MiB: a room of 16 MiB, half of it for 64 execs at 128 KiB each.
+    let mut refused = None;
+    let mut started = Vec::new();
+    for i in 0..80 {
+        let r = s.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sleep", "600"], "mode": "background"}),
+        );
+        if r.status != 202 {
+            refused = Some((i, r.status, r.json()));
+            break;
+        }
+        started.push(r.json()["id"].as_u64().unwrap());
+    }
+    let (n, status, e) = refused.expect("80 execs at once in a 128 MiB session");
+    assert_eq!((n, status), (64, 409), "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the most its memory allows"),
+        "{e}"
+    );
+    // One ends: the next exec runs.
+    let one = started[0];
+    let r = s.post(
+        &format!("/v1/sandboxes/{id}/exec/{one}/signal"),
+        &json!({"signal": "KILL"}),
+    );
+    assert_eq!(r.status, 204);
+    wait_until("the killed exec ends", || {
+        !s.get(&format!("/v1/sandboxes/{id}/exec/{one}")).json()["result"].is_null()
+    });
+    assert_ok_with(&sh(&s, &id, "echo still here"), "still here\n");
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
 /// A client that walks away from a file written into a session, at any point of it, leaves the
 /// session whole: the frame to the agent is finished (or never begun), never cut off half-way,
 /// which would have had the agent read the next request's bytes as the rest of the file.

@@ -32,6 +32,24 @@ pub(crate) const AGENT_MIN_PIDS: u64 = 4;
 pub(crate) const DIRECT_MIN_FILES: u64 = 4;
 /// Fewest open files per process for the agent (its socket, directories, an exec's pipes).
 pub(crate) const AGENT_MIN_FILES: u64 = 32;
+/// Least memory for a session: its sandbox's init and agent take ~2.5 MiB, and an exec needs
+/// room beside them (sessions of 1 and 2 MiB had the agent or init killed at their first exec,
+/// found by an independent attack).
+pub(crate) const SESSION_MIN_MEMORY: u64 = 16 << 20;
+/// What the agent takes for each exec running (its thread, its pipes: ~85 KiB measured), with a
+/// margin: a session runs at most as many execs at once as half its room holds of this
+/// ([`max_running_execs`]).
+const AGENT_PER_EXEC: u64 = 128 << 10;
+
+/// Most execs a session of `memory` bytes runs at once: the agent's memory for them is charged
+/// beside the execs' cgroups, and must stay within half the room they leave it
+/// ([`palisade::exec_memory_ceiling`]); 350 background execs took the agent 30 MiB, past a 16 MiB
+/// room, and the kernel killed it (found by an independent attack).
+pub(crate) fn max_running_execs(memory: u64) -> usize {
+    let room = memory.saturating_sub(palisade::exec_memory_ceiling(memory));
+    ((room / 2 / AGENT_PER_EXEC) as usize).max(1)
+}
+
 /// Most files a request may fetch.
 const MAX_FETCH: usize = 256;
 /// Largest Python code (with its arguments) that warm Python runs as `python3 -c CODE`; larger

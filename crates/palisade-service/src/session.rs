@@ -62,6 +62,9 @@ pub(crate) struct Session {
     count: AtomicU64,
     /// Execs running now (all modes).
     running: Mutex<Vec<u64>>,
+    /// Most execs running at once ([`crate::run::max_running_execs`]), and those being started.
+    max_running: usize,
+    starting: std::sync::atomic::AtomicUsize,
     wake: tokio::sync::Notify,
     /// The code interpreter's contexts.
     contexts: interp::Contexts,
@@ -357,6 +360,16 @@ impl Service {
                 ),
             ));
         }
+        if limits.memory_bytes < crate::run::SESSION_MIN_MEMORY {
+            return Err(ServiceError::invalid(
+                "limits.memory_bytes",
+                limits.memory_bytes.to_string(),
+                format!(
+                    "at least {} (16 MiB) for a session: its sandbox's init and agent take ~2.5 MiB, and its execs need room beside them",
+                    crate::run::SESSION_MIN_MEMORY
+                ),
+            ));
+        }
         if limits.pids < crate::run::AGENT_MIN_PIDS {
             return Err(ServiceError::invalid(
                 "limits.pids",
@@ -376,6 +389,7 @@ impl Service {
         limits.timeout_ms =
             (ttl * 1000 + 30_000).min(palisade::policy::MAX_TIMEOUT.as_millis() as u64);
         limits.output_bytes = 1 << 20;
+        let memory_bytes = limits.memory_bytes;
         let mut policy = c.ceiling.policy_for(
             vec![proto::AGENT_PATH.into(), proto::AGENT_ARG.into()],
             limits,
@@ -446,6 +460,8 @@ impl Service {
             execs: Mutex::new(Execs::default()),
             count: AtomicU64::new(0),
             running: Mutex::new(Vec::new()),
+            max_running: crate::run::max_running_execs(memory_bytes),
+            starting: std::sync::atomic::AtomicUsize::new(0),
             wake: tokio::sync::Notify::new(),
             contexts: interp::Contexts::default(),
             workspace,
@@ -915,6 +931,29 @@ impl Service {
         env: Vec<(String, String)>,
         cwd: String,
     ) -> Result<(crate::client::Exec, OomCount), ServiceError> {
+        // The agent's memory for each exec running is charged beside the execs' cgroups: as
+        // many as half its room holds, those being started counted too.
+        {
+            let running = s.running.lock().unwrap_or_else(|p| p.into_inner());
+            let now = running.len() + s.starting.load(Ordering::Acquire);
+            if now >= s.max_running {
+                return Err(ServiceError::conflict(
+                    "exec",
+                    format!(
+                        "the session runs {now} execs already, the most its memory allows at once ({}); wait for one to end, or ask for more memory when making the session",
+                        s.max_running
+                    ),
+                ));
+            }
+            s.starting.fetch_add(1, Ordering::AcqRel);
+        }
+        struct Starting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Starting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _starting = Starting(&s.starting);
         // The exec's own cgroup, which its process enters before the program starts; failing
         // that, the session cgroup's OOM kills before the exec, for the exec's count.
         let own = s.exec_cgroup().await;
@@ -1039,10 +1078,8 @@ impl Service {
             path: path.into(),
             mode: 0o644,
         };
-        let _room = self
-            .session(id)?
-            .reserve_memory(data.len() as u64, "path")
-            .await?;
+        let cost = crate::archive::file_cost(path, data.len() as u64);
+        let _room = self.session(id)?.reserve_memory(cost, "path").await?;
         self.file_op(id, path, false, "path", write, data)
             .await
             .map(|_| ())
@@ -1100,6 +1137,9 @@ impl Service {
             path: path.into(),
             recursive,
         };
+        // Nothing held; as it is dropped, after the removal, the execs' ceiling is set again
+        // for what the removed files gave back.
+        let _refresh = self.session(id)?.reserve_memory(0, "path").await?;
         self.file_op(id, path, false, "path", remove, bytes::Bytes::new())
             .await
             .map(|_| ())

@@ -21,7 +21,7 @@ mod sandbox;
 pub mod workspace;
 
 pub use builder::Builder;
-pub use palisade_cgroup::{MemoryReservation, ReserveError};
+pub use palisade_cgroup::{exec_memory_ceiling, MemoryReservation, ReserveError};
 pub use palisade_linux::SetupError;
 pub use palisade_net::{
     set_max_connections_in_process, Decision as NetDecision, Event as NetEvent, NetLog,
