@@ -2202,8 +2202,8 @@ fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
 /// What files cost a session beside their bytes is held too, and the execs' allowance to start
 /// in a full session does not add up (both found by an independent attack, each having the
 /// kernel kill the agent). An archive of 30,000 empty directories takes ~29 MiB of kernel memory
-/// (inodes, dentries) and reserved nothing: the fifth of five had the agent killed; now each is
-/// `204` or `no-space`. Files written through the agent past the room, then execs that each
+/// (inodes, dentries) and reserved nothing: the fifth of five had the agent killed; now each of
+/// five archives of 20,000 is `204` or `no-space`. Files written through the agent past the room, then execs that each
 /// fill scratch: each exec's start gave the execs a quarter of the room more than they held,
 /// files kept it, and the fifth such exec took the session past its ceiling; now each is `oom`.
 #[test]
@@ -2212,7 +2212,7 @@ fn entries_and_execs_past_the_room_cost_an_exec_or_a_write_never_the_agent() {
     let id = session_of_128_mib(&s);
     let exec = |cmd: &str| sh(&s, &id, cmd);
     let mut b = tar::Builder::new(Vec::new());
-    for i in 0..30_000 {
+    for i in 0..20_000 {
         let mut h = tar::Header::new_ustar();
         h.set_entry_type(tar::EntryType::Directory);
         h.set_mode(0o755);
