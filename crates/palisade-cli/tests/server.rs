@@ -2330,6 +2330,111 @@ fn a_session_runs_as_many_execs_at_once_as_its_agent_has_room_for() {
     assert_nothing_held(s.pid());
 }
 
+/// What a second independent attack found still ended a session, each through the agent's
+/// memory: a code-interpreter cell that filled scratch (the interpreter ran beside the agent,
+/// outside the execs' cgroups); and a listing, an archive or a recursive removal of a directory
+/// of 100,000 long names (the agent held every name at once). Each now leaves the agent alone:
+/// the cell's interpreter is killed in its own exec cgroup, and the agent reads names a few at
+/// a time.
+#[test]
+fn cells_and_huge_directories_cost_the_session_nothing_of_its_agent() {
+    let s = Server::start(POLICY, &[]);
+    let id = session_of_128_mib(&s);
+    let exec = |cmd: &str| sh(&s, &id, cmd);
+    let cell = s
+        .post(
+            &format!("/v1/sandboxes/{id}/run_code"),
+            &json!({"code": "f = open('big', 'wb')\nfor i in range(400): f.write(b'x' * (1 << 20))"}),
+        )
+        .json();
+    assert_ne!(
+        cell["status"], "ok",
+        "400 MiB written in a 128 MiB session: {cell}"
+    );
+    assert_ok_with(&exec("rm -f big; echo still here"), "still here\n");
+    // 100,000 names of 247 bytes (hard links: their dentries are the exec's), then the rest of
+    // the session's room filled.
+    let j = exec(
+        "python3 -c 'import os\nos.mkdir(\"d\"); open(\"d/f\", \"w\").close()\nfor i in range(100000): os.link(\"d/f\", \"d/%06d\" % i + \"x\" * 240)'",
+    );
+    assert_eq!(j["status"], "ok", "{j}");
+    let j = exec("head -c 40000000 /dev/zero > pad; true");
+    assert_ne!(j["status"], "sandbox-error", "{j}");
+    let r = s.get(&format!("/v1/sandboxes/{id}/files?path=d"));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let l = r.json();
+    assert_eq!(l["truncated"], true, "a listing of 100,001 names");
+    // The least names of those read (at most 100,000 are), in order.
+    let names: Vec<&str> = l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(names.len() > 100, "{} names", names.len());
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "names out of order");
+    assert!(
+        names[0].starts_with("00000"),
+        "the least names first: {}",
+        names[0]
+    );
+    let r = s.get(&format!("/v1/sandboxes/{id}/archive?path=d"));
+    assert!(
+        r.status == 200 || r.status == 400,
+        "{}",
+        String::from_utf8_lossy(&r.body[..r.body.len().min(300)])
+    );
+    let r = s.req(
+        "DELETE",
+        &format!("/v1/sandboxes/{id}/files/d?recursive=true"),
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    assert_ok_with(
+        &exec("ls d 2>/dev/null | wc -l; rm pad; echo still here"),
+        "0\nstill here\n",
+    );
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
+/// A client that walks away from a `PUT` leaves the write's memory held until the agent has
+/// written it: dropped with the request, the room went back while the agent still wrote, and an
+/// exec started at once was given it; the two together had the kernel kill the agent in 7 of 10
+/// tries (a 32 MiB session, found by an independent attack).
+#[test]
+fn a_write_walked_away_from_keeps_its_room_until_it_is_written() {
+    let s = Server::start(POLICY, &["--max-body", "64MiB"]);
+    let info = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 32u64 << 20, "scratch_bytes": 1u64 << 30}}),
+        )
+        .json();
+    let id = info["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_owned();
+    let data = vec![5u8; 14_000_000];
+    for i in 0..10u64 {
+        let c = s.send("PUT", &format!("/v1/sandboxes/{id}/files/f"), &data);
+        std::thread::sleep(std::time::Duration::from_millis(i));
+        drop(c);
+        let j = sh(&s, &id, "head -c 100000000 /dev/zero > fill; true");
+        assert!(j["status"] == "ok" || j["status"] == "oom", "try {i}: {j}");
+        for f in ["fill", "f"] {
+            let r = s.req("DELETE", &format!("/v1/sandboxes/{id}/files/{f}"), b"");
+            assert!(
+                r.status == 204 || r.status == 404,
+                "try {i}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+    }
+    s.req("DELETE", &format!("/v1/sandboxes/{id}"), b"");
+    assert_nothing_held(s.pid());
+}
+
 /// A client that walks away from a file written into a session, at any point of it, leaves the
 /// session whole: the frame to the agent is finished (or never begun), never cut off half-way,
 /// which would have had the agent read the next request's bytes as the rest of the file.

@@ -470,21 +470,34 @@ impl Agent {
         } else {
             self.dir(path, false)?
         };
-        let mut names = Vec::new();
+        // The first names by name that can fit in the reply: a heap of the least ones read so
+        // far, within twice the reply's budget in bytes (all the names of a directory, held at
+        // once, took the agent past its room: 100,000 long names, 28 MB).
+        let mut kept: std::collections::BinaryHeap<std::ffi::CString> =
+            std::collections::BinaryHeap::new();
+        let mut bytes = 0usize;
         let mut truncated = false;
-        for e in rustix::fs::Dir::read_from(&dir)? {
+        for (read, e) in rustix::fs::Dir::read_from(&dir)?.enumerate() {
             let e = e?;
             let n = e.file_name();
             if n.to_bytes() == b"." || n.to_bytes() == b".." {
                 continue;
             }
-            if names.len() >= LIST_READ_MAX {
+            if read >= LIST_READ_MAX {
                 truncated = true;
                 break;
             }
-            names.push(n.to_owned());
+            kept.push(n.to_owned());
+            bytes += n.to_bytes().len() + 1;
+            while bytes > 2 * LIST_BUDGET {
+                let Some(last) = kept.pop() else {
+                    break;
+                };
+                bytes -= last.to_bytes().len() + 1;
+                truncated = true;
+            }
         }
-        names.sort();
+        let names = kept.into_sorted_vec();
         let mut out = Vec::new();
         let mut used = 0usize;
         for n in names {
@@ -521,7 +534,9 @@ impl Agent {
         let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
         if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
             if recursive {
-                remove_tree(&dir, name, 0)?;
+                let c = std::ffi::CString::new(name)
+                    .map_err(|_| Fail("invalid", "a name with a NUL byte".into()))?;
+                remove_tree(&dir, &c, 0)?;
             } else {
                 rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::REMOVEDIR)?;
             }
@@ -680,6 +695,8 @@ fn exit_cpu_ms(pid: i32) -> Option<f64> {
 const LIST_BUDGET: usize = proto::MAX_HEADER - 1024;
 /// Most names a listing reads from a directory (they are sorted, then cut to [`LIST_BUDGET`]).
 const LIST_READ_MAX: usize = 100_000;
+/// Names a recursive removal reads at once, at each level (then it reads the directory again).
+const REMOVE_BATCH: usize = 64;
 /// Longest error message the agent sends (a name inside it may be long).
 const MESSAGE_MAX: usize = 4096;
 
@@ -902,13 +919,17 @@ impl TarWalk<'_> {
         if depth > proto::MAX_DEPTH {
             return Err(Fail("invalid", "directory tree too deep".into()));
         }
-        let mut names: Vec<std::ffi::CString> = rustix::fs::Dir::read_from(dir)?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_owned())
-            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
-            .collect();
-        names.sort();
-        for n in names {
+        // In the directory's own order, as it is read: sorted, every name of a directory was
+        // held at once at every level (100,000 long names took the agent past its room, found
+        // by an independent attack).
+        for e in rustix::fs::Dir::read_from(dir)? {
+            let Ok(e) = e else {
+                continue;
+            };
+            let n = e.file_name().to_owned();
+            if n.as_bytes() == b"." || n.as_bytes() == b".." {
+                continue;
+            }
             self.entries += 1;
             if self.entries > archive::MAX_ENTRIES {
                 return Err(Fail(
@@ -994,7 +1015,7 @@ fn is_symlink(dir: &OwnedFd, name: &str) -> bool {
 }
 
 /// Removes `name` in `dir` and everything under it, without following links.
-fn remove_tree(dir: &OwnedFd, name: &str, depth: usize) -> Result<(), Fail> {
+fn remove_tree(dir: &OwnedFd, name: &std::ffi::CStr, depth: usize) -> Result<(), Fail> {
     if depth > 256 {
         return Err(Fail("invalid", "directory tree too deep".into()));
     }
@@ -1004,21 +1025,30 @@ fn remove_tree(dir: &OwnedFd, name: &str, depth: usize) -> Result<(), Fail> {
         OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let names: Vec<(String, bool)> = rustix::fs::Dir::read_from(&sub)?
-        .filter_map(|e| e.ok())
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                e.file_type() == FileType::Directory,
-            )
-        })
-        .filter(|(n, _)| n != "." && n != "..")
-        .collect();
-    for (n, is_dir) in names {
-        if is_dir {
-            remove_tree(&sub, &n, depth + 1)?;
-        } else {
-            rustix::fs::unlinkat(&sub, n.as_str(), rustix::fs::AtFlags::empty())?;
+    // A few names at a time, removed, then the directory read again from its start: all its
+    // names at once, at every level, took the agent past its room (100,000 long names, found by
+    // an independent attack), and removing is how a full session makes room.
+    loop {
+        let batch: Vec<(std::ffi::CString, bool)> = rustix::fs::Dir::read_from(&sub)?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_bytes() != b"." && e.file_name().to_bytes() != b"..")
+            .take(REMOVE_BATCH)
+            .map(|e| {
+                (
+                    e.file_name().to_owned(),
+                    e.file_type() == FileType::Directory,
+                )
+            })
+            .collect();
+        if batch.is_empty() {
+            break;
+        }
+        for (n, is_dir) in batch {
+            if is_dir {
+                remove_tree(&sub, &n, depth + 1)?;
+            } else {
+                rustix::fs::unlinkat(&sub, n.as_c_str(), rustix::fs::AtFlags::empty())?;
+            }
         }
     }
     rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)?;

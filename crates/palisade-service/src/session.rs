@@ -1066,8 +1066,23 @@ impl Service {
         file_reply(&s, field, s.conn.call(request(rid), body).await)
     }
 
-    /// `PUT /v1/sandboxes/{id}/files/{path}`.
+    /// `PUT /v1/sandboxes/{id}/files/{path}`. The write, and the memory held for it, are a
+    /// task's of their own: a client that walks away leaves the write to finish with its room
+    /// held (dropped with the request, the room went back while the agent still wrote, and an
+    /// exec started meanwhile was given it; found by an independent attack).
     pub async fn put_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: bytes::Bytes,
+    ) -> Result<(), ServiceError> {
+        let (svc, id, path) = (self.clone(), id.to_owned(), path.to_owned());
+        tokio::spawn(async move { svc.put_file_held(&id, &path, data).await })
+            .await
+            .map_err(|e| ServiceError::internal(format!("a file's write: {e}")))?
+    }
+
+    async fn put_file_held(
         &self,
         id: &str,
         path: &str,
@@ -1166,8 +1181,21 @@ impl Service {
 
     /// `PUT /v1/sandboxes/{id}/archive?path=DIR`: unpacks a tar under the directory, inside;
     /// only regular files and directories, with relative names (checked whole here first,
-    /// [`crate::archive`]; the agent unpacks it as it reads it).
+    /// [`crate::archive`]; the agent unpacks it as it reads it). A task's of its own, as
+    /// [`Service::put_file`].
     pub async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        tar: bytes::Bytes,
+    ) -> Result<(), ServiceError> {
+        let (svc, id, path) = (self.clone(), id.to_owned(), path.to_owned());
+        tokio::spawn(async move { svc.put_archive_held(&id, &path, tar).await })
+            .await
+            .map_err(|e| ServiceError::internal(format!("an archive's write: {e}")))?
+    }
+
+    async fn put_archive_held(
         &self,
         id: &str,
         path: &str,

@@ -80,6 +80,20 @@ struct Proc {
     /// What it wrote to its own stderr outside cells (start-up errors), the first few KiB.
     stderr: Arc<Mutex<Vec<u8>>>,
     exit: tokio::sync::oneshot::Receiver<Exit>,
+    /// Its exec cgroup (under the session's `execs`, with their ceiling), held while it runs.
+    _cgroup: Option<CgroupHeld>,
+}
+
+/// An interpreter's exec cgroup, handed back (on a blocking thread: cgroup files) when the
+/// interpreter is gone.
+struct CgroupHeld(Option<palisade::ExecCgroup>);
+
+impl Drop for CgroupHeld {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            super::let_go(c);
+        }
+    }
 }
 
 /// The interpreter's answer for one cell (checked against this shape; unknown fields refused).
@@ -472,7 +486,20 @@ impl Service {
             env.retain(|(n, _)| n != k);
             env.push((k.clone(), v.clone()));
         }
-        let e = match s.conn.exec(argv, env, ctx.cwd.clone(), &[]).await {
+        // An exec cgroup of its own, as an exec's, so that what a cell writes meets the execs'
+        // ceiling, never the session's: started beside the agent, a cell that wrote 400 MiB
+        // into scratch had the kernel kill the agent (found by an independent attack).
+        let own = s.exec_cgroup().await;
+        let join = match own.as_ref().map(|c| c.join_files()) {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                tracing::warn!(session = %s.id, error = %e, "an interpreter's cgroup cannot be joined");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        let cgroup = Some(CgroupHeld(own));
+        let e = match s.conn.exec(argv, env, ctx.cwd.clone(), &join).await {
             Ok(Ok(e)) => e,
             Ok(Err((code, message))) => return Err(crate::run::exec_error(&code, &message)),
             Err(e) => {
@@ -515,6 +542,7 @@ impl Service {
             stdout: tokio::io::BufReader::with_capacity(64 << 10, stdout),
             stderr: kept,
             exit,
+            _cgroup: cgroup,
         })
     }
 }
