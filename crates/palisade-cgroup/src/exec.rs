@@ -446,8 +446,8 @@ impl Children {
         })
     }
 
-    /// A reservation's end. The execs' ceiling is set again: what the reservation held is charged now (a file
-    /// written), or was never taken (a write refused, a file removed since).
+    /// A reservation's end. The execs' ceiling is set again: what the reservation held is
+    /// charged now (a file written), or was never taken (a write refused, a file removed since).
     pub(crate) fn unreserve(&self, bytes: u64) {
         let mut st = self.state();
         st.reserved = st.reserved.saturating_sub(bytes);

@@ -141,7 +141,11 @@ impl Execs {
 /// past the host's mark of held memory cgroups, give back the pages charged to it (palisade-cgroup's
 /// `held`), which takes as long as writing back what is dirty; not on the server's async workers.
 fn let_go(cg: palisade::ExecCgroup) {
-    drop(tokio::task::spawn_blocking(move || drop(cg)));
+    // Off a runtime (one shutting down drops what it held), dropped here.
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(move || drop(cg))),
+        Err(_) => drop(cg),
+    }
 }
 
 /// How an exec's OOM kills are counted.
@@ -209,6 +213,23 @@ impl Session {
                 "the cgroup's thread failed: {e}"
             ))),
         }
+    }
+
+    /// [`Session::exec_cgroup`] with the files its process writes into to enter it (none when
+    /// there is no cgroup, or its files cannot be opened: the reason logged).
+    async fn exec_cgroup_to_join(
+        self: &Arc<Self>,
+    ) -> (Option<palisade::ExecCgroup>, Vec<std::fs::File>) {
+        let own = self.exec_cgroup().await;
+        let join = match own.as_ref().map(|c| c.join_files()) {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                tracing::warn!(session = %self.id, error = %e, "an exec's cgroup cannot be joined");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        (own, join)
     }
 
     fn touch(&self) {
@@ -956,15 +977,7 @@ impl Service {
         let _starting = Starting(&s.starting);
         // The exec's own cgroup, which its process enters before the program starts; failing
         // that, the session cgroup's OOM kills before the exec, for the exec's count.
-        let own = s.exec_cgroup().await;
-        let join = match own.as_ref().map(|c| c.join_files()) {
-            Some(Ok(f)) => f,
-            Some(Err(e)) => {
-                tracing::warn!(session = %s.id, error = %e, "an exec's cgroup cannot be joined");
-                Vec::new()
-            }
-            None => Vec::new(),
-        };
+        let (own, join) = s.exec_cgroup_to_join().await;
         let oom0 = s.oom_kills().await;
         match s.conn.exec(argv, env, cwd, &join).await {
             Ok(Ok(e)) => {
@@ -1077,9 +1090,10 @@ impl Service {
         data: bytes::Bytes,
     ) -> Result<(), ServiceError> {
         let (svc, id, path) = (self.clone(), id.to_owned(), path.to_owned());
-        tokio::spawn(async move { svc.put_file_held(&id, &path, data).await })
-            .await
-            .map_err(|e| ServiceError::internal(format!("a file's write: {e}")))?
+        own_task("a file's write", async move {
+            svc.put_file_held(&id, &path, data).await
+        })
+        .await
     }
 
     async fn put_file_held(
@@ -1190,9 +1204,10 @@ impl Service {
         tar: bytes::Bytes,
     ) -> Result<(), ServiceError> {
         let (svc, id, path) = (self.clone(), id.to_owned(), path.to_owned());
-        tokio::spawn(async move { svc.put_archive_held(&id, &path, tar).await })
-            .await
-            .map_err(|e| ServiceError::internal(format!("an archive's write: {e}")))?
+        own_task("an archive's write", async move {
+            svc.put_archive_held(&id, &path, tar).await
+        })
+        .await
     }
 
     async fn put_archive_held(
@@ -1213,6 +1228,16 @@ impl Service {
             .await
             .map(|_| ())
     }
+}
+
+/// Runs `work` in a task of its own, which a caller that is gone does not cancel.
+async fn own_task<T: Send + 'static>(
+    what: &str,
+    work: impl std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
+) -> Result<T, ServiceError> {
+    tokio::spawn(work)
+        .await
+        .map_err(|e| ServiceError::internal(format!("{what}: {e}")))?
 }
 
 fn file_reply(

@@ -328,9 +328,10 @@ impl Service {
         // running list.
         let svc = self.clone();
         let code = req.code;
-        tokio::spawn(async move { svc.cell(s, ctx, code, cap, timeout).await })
-            .await
-            .map_err(|e| ServiceError::internal(format!("a cell: {e}")))?
+        super::own_task("a cell", async move {
+            svc.cell(s, ctx, code, cap, timeout).await
+        })
+        .await
     }
 
     /// Runs one cell in `ctx` (see [`Service::run_cell`]).
@@ -489,15 +490,7 @@ impl Service {
         // An exec cgroup of its own, as an exec's, so that what a cell writes meets the execs'
         // ceiling, never the session's: started beside the agent, a cell that wrote 400 MiB
         // into scratch had the kernel kill the agent (found by an independent attack).
-        let own = s.exec_cgroup().await;
-        let join = match own.as_ref().map(|c| c.join_files()) {
-            Some(Ok(f)) => f,
-            Some(Err(e)) => {
-                tracing::warn!(session = %s.id, error = %e, "an interpreter's cgroup cannot be joined");
-                Vec::new()
-            }
-            None => Vec::new(),
-        };
+        let (own, join) = s.exec_cgroup_to_join().await;
         let cgroup = Some(CgroupHeld(own));
         let e = match s.conn.exec(argv, env, ctx.cwd.clone(), &join).await {
             Ok(Ok(e)) => e,
