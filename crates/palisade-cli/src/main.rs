@@ -20,6 +20,7 @@ use std::path::PathBuf;
 mod changes;
 mod mcp;
 mod serve;
+mod stall;
 
 /// A kernel-enforced sandbox for code nobody has read.
 #[derive(Parser, Debug)]

@@ -967,7 +967,8 @@ impl Server {
         self.svc.check_run(&req).map_err(named)?;
         let run = self.svc.run(req);
         let r = tokio::select! {
-            r = with_progress(run, ctx) => r.map_err(named)?,
+            // The reply is counted against --max-held until it is made into the tool's answer.
+            r = with_progress(run, ctx) => r.map_err(named)?.into_inner(),
             // Dropping the run kills its sandbox.
             _ = ctx.ct.cancelled() => return Err(cancelled()),
         };
@@ -1132,7 +1133,7 @@ impl Server {
         let token = ctx.meta.get_progress_token();
         let mut last = Instant::now();
         loop {
-            let info = self.svc.exec_info(id, eid)?;
+            let info = self.svc.exec_info(id, eid)?.into_inner();
             if let Some(s) = info.result {
                 let mut t = self.stage(&s, s.stdout.decode(), s.stderr.decode());
                 t.sandbox_id = Some(id.into());
@@ -1199,7 +1200,11 @@ impl Server {
     }
 
     async fn read(&self, a: ReadArgs) -> Outcome {
-        let b = self.svc.get_file(&a.sandbox_id, &a.path).await?;
+        let b = self
+            .svc
+            .get_file(&a.sandbox_id, &a.path)
+            .await?
+            .into_inner();
         let s = self.shown(b, false, "file", true);
         let mut files = BTreeMap::new();
         files.insert(a.path, s);

@@ -13,12 +13,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use palisade_service::api::{self, ErrorBody};
+use palisade_service::budget::{Charge, Charged};
 use palisade_service::{fusion, Ceiling, Class, Config, Service, ServiceError};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Options of `palisade serve`.
 /// The largest `--max-queue` accepted.
@@ -57,6 +59,16 @@ pub struct ServeArgs {
     /// of a session, one archive.
     #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
     max_fetch: String,
+    /// Most bytes the server holds for replies at once, across all requests, e.g. 512MiB:
+    /// programs' output as it is captured, files and archives read back, and replies until their
+    /// clients have taken them. While it is full, new runs, execs and reads are refused 429 with
+    /// Retry-After, and output past it is cut (output-limit, `cut_by_server`).
+    #[arg(long = "max-held", value_name = "SIZE", default_value = "512MiB")]
+    max_held: String,
+    /// A client that takes none of its reply for this long, or that takes a reply more slowly
+    /// than 64 KiB/s past it, is disconnected, and what its reply held is given back.
+    #[arg(long = "send-timeout", value_name = "DURATION", default_value = "30s")]
+    send_timeout: String,
     /// Longest (and default) session TTL, e.g. 1h.
     #[arg(long = "session-ttl", value_name = "DURATION", default_value = "1h")]
     session_ttl: String,
@@ -119,6 +131,8 @@ struct App {
     token: Option<Arc<str>>,
     max_body: usize,
     openapi: Arc<String>,
+    /// `--send-timeout`.
+    send_timeout: Duration,
 }
 
 /// An answer that is an error.
@@ -309,6 +323,25 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
     );
     config.max_queue = a.max_queue;
     config.max_fetch_bytes = palisade::policy::parse_size("--max-fetch", &a.max_fetch)?;
+    config.max_held_bytes = palisade::policy::parse_size("--max-held", &a.max_held)?;
+    anyhow::ensure!(
+        config.max_held_bytes >= 64 << 10,
+        "--max-held {}: at least 64KiB (the bytes held for replies at once, across all requests)",
+        a.max_held
+    );
+    if config.max_held_bytes < config.max_fetch_bytes {
+        tracing::warn!(
+            "--max-held {} is less than --max-fetch {}: a file or archive larger than --max-held is never read back",
+            a.max_held,
+            a.max_fetch
+        );
+    }
+    let send_timeout = palisade::policy::parse_duration("--send-timeout", &a.send_timeout)?;
+    anyhow::ensure!(
+        send_timeout >= Duration::from_secs(1),
+        "--send-timeout {}: at least 1s",
+        a.send_timeout
+    );
     config.session_ttl = palisade::policy::parse_duration("--session-ttl", &a.session_ttl)?;
     config.session_idle = palisade::policy::parse_duration("--session-idle", &a.session_idle)?;
     anyhow::ensure!(
@@ -382,7 +415,13 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(serve(config, listen, token, max_body as usize))?;
+    rt.block_on(serve(
+        config,
+        listen,
+        token,
+        max_body as usize,
+        send_timeout,
+    ))?;
     Ok(0)
 }
 
@@ -448,6 +487,7 @@ async fn serve(
     listen: Listen,
     token: Option<Arc<str>>,
     max_body: usize,
+    send_timeout: Duration,
 ) -> anyhow::Result<()> {
     let svc = Service::new(config);
     svc.start_pool();
@@ -459,6 +499,7 @@ async fn serve(
         token,
         max_body,
         openapi: Arc::new(openapi()),
+        send_timeout,
     };
     let router = router(app);
     let shutdown = {
@@ -486,6 +527,10 @@ async fn serve(
                 .await
                 .with_context(|| format!("--listen {addr}"))?;
             tracing::info!(listen = %l.local_addr()?, "palisade serve");
+            let l = crate::stall::Stall {
+                inner: l,
+                timeout: send_timeout,
+            };
             axum::serve(l, router)
                 .with_graceful_shutdown(shutdown)
                 .await?;
@@ -495,6 +540,10 @@ async fn serve(
                 .and_then(tokio::net::UnixListener::from_std)
                 .with_context(|| format!("--listen unix:{}", path.display()))?;
             tracing::info!(listen = %path.display(), "palisade serve");
+            let l = crate::stall::Stall {
+                inner: l,
+                timeout: send_timeout,
+            };
             let r = axum::serve(l, router)
                 .with_graceful_shutdown(shutdown)
                 .await;
@@ -614,45 +663,169 @@ async fn run(State(app): State<App>, body: Body) -> Res<Response> {
     let req: api::RunRequest = decode(&app, body).await?;
     let r = app.svc.run(req).await?;
     tracing::info!(status = r.status.name(), wall_ms = r.wall_time_ms, "run");
-    Ok(json(&r))
+    Ok(held_json(&app, r))
 }
 
 async fn run_code(State(app): State<App>, body: Body) -> Res<Response> {
     let req: fusion::RunCodeRequest = decode(&app, body).await?;
     let r = app.svc.run_code(req).await?;
-    Ok(json(&r))
+    Ok(held_json(&app, r))
+}
+
+/// The slowest a client may take a reply once its `--send-timeout` has passed, in bytes per
+/// second.
+const MIN_SEND_RATE: u64 = 64 << 10;
+/// The pieces a reply is handed to hyper in.
+const PIECE: usize = 64 << 10;
+
+/// A reply on its way to its client: its bytes and what they hold against the server's budget
+/// (`--max-held`), until the last piece is handed over. Each piece is a copy, so what hyper
+/// still holds of a reply once it is handed over is at most its own buffer, not the whole
+/// reply; and the reply must be taken by its deadline (`--send-timeout`, plus its size at
+/// [`MIN_SEND_RATE`]), else the connection is closed.
+struct Pieces {
+    bytes: Vec<u8>,
+    pos: usize,
+    _charge: Charge,
+    deadline: tokio::time::Instant,
+}
+
+impl Pieces {
+    fn new(bytes: Vec<u8>, mut charge: Charge, send_timeout: Duration) -> Pieces {
+        charge.set(bytes.len() as u64);
+        let deadline = tokio::time::Instant::now()
+            + send_timeout
+            + Duration::from_secs(bytes.len() as u64 / MIN_SEND_RATE);
+        Pieces {
+            bytes,
+            pos: 0,
+            _charge: charge,
+            deadline,
+        }
+    }
+
+    /// The next piece, and what is left (`None`: all handed over, memory and charge given
+    /// back).
+    fn next(mut self) -> (std::io::Result<Bytes>, Option<Pieces>) {
+        if tokio::time::Instant::now() > self.deadline {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client took its reply more slowly than --send-timeout allows",
+            );
+            return (Err(e), None);
+        }
+        if self.pos == 0 && self.bytes.len() <= PIECE {
+            return (Ok(Bytes::from(std::mem::take(&mut self.bytes))), None);
+        }
+        let end = (self.pos + PIECE).min(self.bytes.len());
+        let piece = Bytes::copy_from_slice(&self.bytes[self.pos..end]);
+        self.pos = end;
+        (Ok(piece), (end < self.bytes.len()).then_some(self))
+    }
+}
+
+/// A body of `bytes` that holds `charge` until the client has taken it (see [`Pieces`]), with
+/// its `Content-Length`.
+fn held_body(app: &App, content_type: &'static str, bytes: Vec<u8>, charge: Charge) -> Response {
+    let len = bytes.len();
+    let first = Pieces::new(bytes, charge, app.send_timeout);
+    let stream = futures_util::stream::unfold(Some(first), |p| async move {
+        let (piece, rest) = p?.next();
+        Some((piece, rest))
+    });
+    let mut r = (
+        [(header::CONTENT_TYPE, content_type)],
+        Body::from_stream(stream),
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    r
+}
+
+/// A reply in JSON that holds its bytes until its client has taken it.
+fn held_json<T: serde::Serialize>(app: &App, v: Charged<T>) -> Response {
+    let (v, charge) = v.into_parts();
+    match serde_json::to_vec(&v) {
+        Ok(b) => held_body(app, "application/json", b, charge),
+        Err(e) => ApiError(ServiceError::internal(format!("the reply: {e}"))).into_response(),
+    }
 }
 
 /// A streamed body from a channel, with a keep-alive chunk after each second of silence: a
 /// client that went away is noticed at the next write, which drops the receiver, which kills
-/// the work behind it (a batch's runs, an exec).
-fn stream_body<T, F>(rx: tokio::sync::mpsc::Receiver<T>, render: F, beat: &'static [u8]) -> Body
+/// the work behind it (a batch's runs, an exec). Each item is rendered with what it holds, and
+/// handed over as a held reply is ([`Pieces`]).
+fn stream_body<T, F>(
+    app: &App,
+    rx: tokio::sync::mpsc::Receiver<T>,
+    render: F,
+    beat: &'static [u8],
+) -> Body
 where
     T: Send + 'static,
-    F: Fn(T) -> Bytes + Send + Sync + 'static,
+    F: Fn(T) -> (Vec<u8>, Charge) + Send + Sync + 'static,
 {
-    let stream = futures_util::stream::unfold((rx, render), move |(mut rx, render)| async move {
-        let chunk = match tokio::time::timeout(HEARTBEAT, rx.recv()).await {
-            Ok(Some(item)) => render(item),
-            Ok(None) => return None,
-            Err(_) => Bytes::from_static(beat),
-        };
-        Some((Ok::<_, std::convert::Infallible>(chunk), (rx, render)))
-    });
+    let send_timeout = app.send_timeout;
+    let stream = futures_util::stream::unfold(
+        (rx, render, None::<Pieces>),
+        move |(mut rx, render, cur)| async move {
+            if let Some(p) = cur {
+                let (piece, rest) = p.next();
+                return Some((piece, (rx, render, rest)));
+            }
+            let (bytes, charge) = match tokio::time::timeout(HEARTBEAT, rx.recv()).await {
+                Ok(Some(item)) => render(item),
+                Ok(None) => return None,
+                Err(_) => return Some((Ok(Bytes::from_static(beat)), (rx, render, None))),
+            };
+            let (piece, rest) = Pieces::new(bytes, charge, send_timeout).next();
+            Some((piece, (rx, render, rest)))
+        },
+    );
     Body::from_stream(stream)
+}
+
+/// A channel of items that hold nothing against the budget (an exec's events: each at most a
+/// chunk of its pipe), as one of [`Charged`] items.
+fn uncharged<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> tokio::sync::mpsc::Receiver<Charged<T>> {
+    let (tx, out) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            // A client that went away drops `out`: `rx` goes at once with it, which is what
+            // kills the work behind it (not at its next item, which may never come).
+            let v = tokio::select! {
+                v = rx.recv() => v,
+                _ = tx.closed() => None,
+            };
+            let Some(v) = v else { break };
+            if tx.send(Charged::new(v, Charge::default())).await.is_err() {
+                break;
+            }
+        }
+    });
+    out
 }
 
 /// Silence after which a streamed answer gets a keep-alive chunk.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// NDJSON lines from a channel; blank lines are keep-alives.
-fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<T>) -> Response {
+/// NDJSON lines from a channel; blank lines are keep-alives. A line holds what its item held
+/// until it is handed over.
+fn ndjson<T: serde::Serialize + Send + 'static>(
+    app: &App,
+    rx: tokio::sync::mpsc::Receiver<Charged<T>>,
+) -> Response {
     let body = stream_body(
+        app,
         rx,
         |item| {
+            let (item, charge) = item.into_parts();
             let mut line = serde_json::to_vec(&item).unwrap_or_default();
             line.push(b'\n');
-            Bytes::from(line)
+            (line, charge)
         },
         b"\n",
     );
@@ -662,7 +835,7 @@ fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<
 async fn batch(State(app): State<App>, body: Body) -> Res<Response> {
     let req: api::BatchRequest = decode(&app, body).await?;
     let rx = app.svc.run_batch(req)?;
-    Ok(ndjson(rx))
+    Ok(ndjson(&app, rx))
 }
 
 async fn create_session(State(app): State<App>, body: Body) -> Res<Response> {
@@ -703,16 +876,20 @@ async fn exec(
         }
     });
     match mode.as_str() {
-        "sync" => Ok(json(&app.svc.exec(&id, req).await?)),
+        "sync" => Ok(held_json(&app, app.svc.exec(&id, req).await?)),
         "background" => Ok((
             StatusCode::ACCEPTED,
             axum::Json(app.svc.exec_background(&id, req).await?),
         )
             .into_response()),
-        "stream" => Ok(ndjson(app.svc.exec_stream(&id, req).await?)),
+        "stream" => {
+            let rx = app.svc.exec_stream(&id, req).await?;
+            Ok(ndjson(&app, uncharged(rx)))
+        }
         "sse" => {
             let rx = app.svc.exec_stream(&id, req).await?;
             let body = stream_body(
+                &app,
                 rx,
                 |ev| {
                     let name = match &ev {
@@ -722,7 +899,8 @@ async fn exec(
                         api::ExecEvent::Exit { .. } => "exit",
                     };
                     let data = serde_json::to_string(&ev).unwrap_or_default();
-                    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+                    let frame = format!("event: {name}\ndata: {data}\n\n").into_bytes();
+                    (frame, Charge::default())
                 },
                 b": keep-alive\n\n",
             );
@@ -749,7 +927,7 @@ fn exec_id(s: &str) -> Res<u64> {
 }
 
 async fn exec_info(State(app): State<App>, Path((id, e)): Path<(String, String)>) -> Res<Response> {
-    Ok(json(&app.svc.exec_info(&id, exec_id(&e)?)?))
+    Ok(held_json(&app, app.svc.exec_info(&id, exec_id(&e)?)?))
 }
 
 async fn exec_stdin(
@@ -832,8 +1010,8 @@ async fn get_file(
     State(app): State<App>,
     Path((id, path)): Path<(String, String)>,
 ) -> Res<Response> {
-    let data = app.svc.get_file(&id, &path).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+    let (data, charge) = app.svc.get_file(&id, &path).await?.into_parts();
+    Ok(held_body(&app, "application/octet-stream", data, charge))
 }
 
 async fn put_file(
@@ -851,8 +1029,8 @@ async fn get_archive(
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Res<Response> {
-    let (tar, skipped) = app.svc.get_archive(&id, &q.path).await?;
-    let mut r = ([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response();
+    let ((tar, skipped), charge) = app.svc.get_archive(&id, &q.path).await?.into_parts();
+    let mut r = held_body(&app, "application/x-tar", tar, charge);
     if let Ok(v) = HeaderValue::from_str(&skipped.to_string()) {
         r.headers_mut().insert("x-palisade-skipped", v);
     }
@@ -904,7 +1082,7 @@ async fn delete_context(
 
 async fn run_cell(State(app): State<App>, Path(id): Path<String>, body: Body) -> Res<Response> {
     let req: api::CellRequest = decode(&app, body).await?;
-    Ok(json(&app.svc.run_cell(&id, req).await?))
+    Ok(held_json(&app, app.svc.run_cell(&id, req).await?))
 }
 
 async fn list_changes(State(app): State<App>) -> Res<Response> {
@@ -960,7 +1138,7 @@ async fn decode_or_default<T: DeserializeOwned + Default>(app: &App, body: Body)
 
 async fn diff_changes(State(app): State<App>, Path(id): Path<String>, body: Body) -> Res<Response> {
     let req: api::DiffRequest = decode_or_default(&app, body).await?;
-    Ok(json(&app.svc.change_set_diff(&id, req).await?))
+    Ok(held_json(&app, app.svc.change_set_diff(&id, req).await?))
 }
 
 async fn apply_changes(

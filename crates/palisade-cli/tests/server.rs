@@ -2926,3 +2926,143 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
         assert!(!sock.exists(), "{cmd} {flags:?} created its socket");
     }
 }
+
+/// The server's resident memory, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"));
+    kb << 10
+}
+
+/// Sends a request and reads only the head of its answer (its status), leaving the rest of a
+/// large body unread: a client that stops reading.
+fn stalled(s: &Server, method: &str, path: &str) -> (UnixStream, u16) {
+    let mut c = s.send(method, path, b"");
+    c.set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .unwrap();
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).unwrap();
+    let status = String::from_utf8_lossy(&head[9..12]).parse().unwrap();
+    (c, status)
+}
+
+/// Replies the clients have not taken hold the server's budget of bytes (`--max-held`): clients
+/// that stop reading hold at most it, each request past it is refused 429 with Retry-After (a
+/// read of a file, a run, an exec), and once the stalled clients are cut at `--send-timeout`
+/// all of it is back and a read goes through whole. Without the budget, every one of the forty
+/// stalled reads of an 8 MiB file held its copy (sixty of a 16 MB file took the server to
+/// 972 MB, found by the second attack).
+#[test]
+fn replies_not_taken_hold_at_most_the_servers_budget_and_stalled_clients_are_cut() {
+    let s = Server::start(POLICY, &["--max-held", "16MiB", "--send-timeout", "3s"]);
+    let id = session_of_128_mib(&s);
+    assert_ok_with(
+        &sh(&s, &id, "head -c 8388608 /dev/urandom > big && echo done"),
+        "done\n",
+    );
+    let rss0 = rss_of(s.pid());
+    let path = format!("/v1/sandboxes/{id}/files/big");
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..40 {
+        let (c, status) = stalled(&s, "GET", &path);
+        match status {
+            200 => held.push(c),
+            429 => refused += 1,
+            other => panic!("{other}: {}", s.log()),
+        }
+    }
+    assert_eq!((held.len(), refused), (2, 38), "{}", s.log());
+    assert_eq!(s.metric("palisade_held_bytes"), 16 << 20);
+    let grown = rss_of(s.pid()).saturating_sub(rss0);
+    assert!(
+        grown < 160 << 20,
+        "the server grew by {} MiB for two held replies of 8 MiB",
+        grown >> 20
+    );
+    // Full: nothing that makes a reply starts.
+    let busy = s.post("/v1/run", &json!({"command": ["true"]}));
+    assert_eq!(busy.status, 429, "{}", busy.text());
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_eq!(
+        busy.json()["error"]["field"],
+        "--max-held",
+        "{}",
+        busy.text()
+    );
+    assert_eq!(sh(&s, &id, "true")["error"]["code"], "busy");
+    assert!(s.metric("palisade_held_refused_total") >= 40);
+    // The stalled clients are cut at --send-timeout, and what they held comes back.
+    wait_until("the stalled clients are cut", || {
+        s.metric("palisade_held_bytes") == 0
+    });
+    for mut c in held {
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        assert!(rest.len() < 8 << 20, "a cut client got its whole reply");
+    }
+    let whole = s.get(&path);
+    assert_eq!((whole.status, whole.body.len()), (200, 8 << 20));
+    assert_eq!(whole.header("content-length"), Some("8388608"));
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_held(s.pid());
+}
+
+/// An exec's output past what the server's budget has room for is cut: the exec ends
+/// `output-limit` with `cut_by_server` (not at its own cap), the output kept is within the
+/// budget, and the budget is all back once the answer is taken. Output of control bytes, which
+/// JSON would escape to six times its size, comes as base64.
+#[test]
+fn output_past_the_servers_budget_is_cut_and_says_so() {
+    let s = Server::start(POLICY, &["--max-held", "2MiB"]);
+    let id = session_of_128_mib(&s);
+    let j = s
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            &json!({"command": ["sh", "-c", "head -c 8000000 /dev/zero | tr '\\0' a"], "output_bytes": 16_000_000}),
+        )
+        .json();
+    assert_eq!(
+        (j["status"].as_str(), j["cut_by_server"].as_bool()),
+        (Some("output-limit"), Some(true)),
+        "{}",
+        &j.to_string()[..j.to_string().len().min(2000)]
+    );
+    assert!(j["stdout"]["bytes"].as_u64().unwrap() <= 2 << 20);
+    assert_eq!(j["stdout"]["truncated"], true);
+    assert!(s.metric("palisade_held_cut_total") >= 1);
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+    // Within the budget: whole, and not said to be cut.
+    let j = sh(&s, &id, "head -c 100000 /dev/zero");
+    assert_eq!(j["status"], "ok");
+    assert!(j.get("cut_by_server").is_none(), "{j}");
+    assert_eq!(
+        (
+            j["stdout"]["encoding"].as_str(),
+            j["stdout"]["bytes"].as_u64()
+        ),
+        (Some("base64"), Some(100_000))
+    );
+    assert!(j["stdout"]["data"].as_str().unwrap().len() < 140_000);
+    // A one-shot run through the agent (a file to fetch) is cut the same way.
+    let r = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["sh", "-c", "echo x > f; head -c 8000000 /dev/zero | tr '\\0' a"], "fetch": ["f"], "limits": {"output_bytes": 16_000_000}}),
+        )
+        .json();
+    assert_eq!(
+        (r["status"].as_str(), r["cut_by_server"].as_bool()),
+        (Some("output-limit"), Some(true)),
+        "{}",
+        &r.to_string()[..r.to_string().len().min(2000)]
+    );
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_held(s.pid());
+}

@@ -182,18 +182,25 @@ pub struct Data {
 }
 
 impl Data {
-    /// Encodes `b`.
+    /// Encodes `b`: as text when it is UTF-8 whose JSON string is at most twice its size, else
+    /// base64 (a third larger). Control bytes cost six bytes each in a JSON string (`\u0001`):
+    /// output of them as text would make a reply six times its output.
     pub fn new(b: Vec<u8>, truncated: bool) -> Data {
         let bytes = b.len() as u64;
-        match String::from_utf8(b) {
+        let text: Result<String, Vec<u8>> = if json_escaped_len(&b) <= 2 * b.len() {
+            String::from_utf8(b).map_err(|e| e.into_bytes())
+        } else {
+            Err(b)
+        };
+        match text {
             Ok(s) => Data {
                 data: s,
                 encoding: "utf-8".into(),
                 bytes,
                 truncated,
             },
-            Err(e) => Data {
-                data: base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
+            Err(b) => Data {
+                data: base64::engine::general_purpose::STANDARD.encode(b),
                 encoding: "base64".into(),
                 bytes,
                 truncated,
@@ -211,6 +218,17 @@ impl Data {
             self.data.as_bytes().to_vec()
         }
     }
+}
+
+/// The length of `b` as the body of a JSON string (serde_json's escapes).
+fn json_escaped_len(b: &[u8]) -> usize {
+    b.iter()
+        .map(|&c| match c {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// One stage (compile or run) of a run.
@@ -238,6 +256,10 @@ pub struct Stage {
     pub stdout: Data,
     /// Standard error.
     pub stderr: Data,
+    /// The output was cut (`output-limit`) because the server held its budget of bytes for
+    /// replies (`--max-held`), not at this stage's own cap; retry later.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_by_server: bool,
 }
 
 /// The answer to `POST /v1/run` (and one line of a batch).
@@ -273,6 +295,10 @@ pub struct RunResult {
     /// connections.
     #[schemars(with = "Option<BTreeMap<String, serde_json::Value>>")]
     pub report: Option<serde_json::Value>,
+    /// The output was cut (`output-limit`) because the server held its budget of bytes for
+    /// replies (`--max-held`), not at the run's own cap; retry later.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cut_by_server: bool,
 }
 
 /// `POST /v1/run/batch`.
@@ -670,4 +696,34 @@ pub struct AppliedResult {
     pub bytes: u64,
     /// The first paths applied.
     pub first_paths: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Data;
+
+    /// Text stays text, whatever its lines; output of control bytes, which JSON would escape to
+    /// six times their size, and bytes that are not UTF-8 go as base64; each decodes back.
+    #[test]
+    fn data_is_text_unless_its_json_would_be_more_than_twice_its_size() {
+        for (b, enc) in [
+            (b"hello\n".to_vec(), "utf-8"),
+            (b"\n\n\n\n\t\"\\".to_vec(), "utf-8"),
+            ("héllo wörld".as_bytes().to_vec(), "utf-8"),
+            (vec![1u8; 4096], "base64"),
+            (b"ab\x01\x02".to_vec(), "base64"),
+            (vec![0xffu8, 0xfe], "base64"),
+        ] {
+            let d = Data::new(b.clone(), false);
+            assert_eq!(d.encoding, enc, "{b:?}");
+            assert_eq!(d.decode(), b);
+            let json = serde_json::to_string(&d.data).unwrap();
+            assert!(
+                json.len() <= 2 * b.len() + 4,
+                "{} for {}",
+                json.len(),
+                b.len()
+            );
+        }
+    }
 }

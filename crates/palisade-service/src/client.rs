@@ -10,6 +10,7 @@
 //! so a call's deadline counts from the latest deadline of the calls before it still waiting
 //! (a `signal` queued behind a long file operation is given that operation's time too).
 
+use crate::budget::{Budget, Charge};
 use crate::proto::{self, Entry, Event, Request};
 use bytes::Bytes;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -43,6 +44,8 @@ pub enum Reply {
     Ok {
         entries: Vec<Entry>,
         data: Vec<u8>,
+        /// `data`'s bytes, counted against the server's budget of bytes held for replies.
+        held: Charge,
         pid: Option<i32>,
         fds: Vec<OwnedFd>,
         skipped: Option<u64>,
@@ -122,6 +125,8 @@ pub struct AgentConn {
     writer: Arc<Writer>,
     next: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
+    /// The server's budget of bytes held for replies.
+    held: Budget,
 }
 
 /// A started exec: its pipes and the promise of its end.
@@ -137,9 +142,11 @@ pub struct Exec {
 }
 
 impl AgentConn {
-    /// Takes the socket (the other end of the agent's fd 0). `max_data`: the largest data part
-    /// the server accepts from the agent (a file read back).
-    pub fn new(sock: std::fs::File, max_data: usize) -> std::io::Result<AgentConn> {
+    /// Takes the socket (the other end of the agent's fd 0). `max_data`: the largest answer's
+    /// data the server accepts from the agent (a file read back), its pieces together; each
+    /// piece is counted against `held` as it comes, and an answer whose pieces do not fit is
+    /// not kept (the call fails `busy`).
+    pub fn new(sock: std::fs::File, max_data: usize, held: Budget) -> std::io::Result<AgentConn> {
         let std_sock = std::os::unix::net::UnixStream::from(OwnedFd::from(sock));
         std_sock.set_nonblocking(true)?;
         let stream = tokio::net::UnixStream::from_std(std_sock)?;
@@ -152,8 +159,9 @@ impl AgentConn {
             gone: tokio::sync::Notify::new(),
         });
         let sh = shared.clone();
+        let budget = held.clone();
         let reader = tokio::spawn(async move {
-            let why = read_loop(r, &sh, max_data).await;
+            let why = read_loop(r, &sh, max_data, budget).await;
             sh.die(why);
         });
         Ok(AgentConn {
@@ -161,6 +169,7 @@ impl AgentConn {
             writer: Arc::new(tokio::sync::Mutex::new(Some(w))),
             next: AtomicU64::new(1),
             reader,
+            held,
         })
     }
 
@@ -178,6 +187,12 @@ impl AgentConn {
     /// Why the agent is gone (or "the agent is gone" while it is not).
     pub fn why(&self) -> String {
         self.lost().0
+    }
+
+    /// The server's budget of bytes held for replies, which this connection's answers count
+    /// against.
+    pub fn held(&self) -> &Budget {
+        &self.held
     }
 
     /// Whether the agent is gone.
@@ -423,15 +438,28 @@ impl Drop for AgentConn {
 }
 
 /// Reads frames until the agent closes or breaks the protocol; returns why it stopped.
-async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: usize) -> String {
+async fn read_loop(
+    r: tokio::net::unix::OwnedReadHalf,
+    sh: &Shared,
+    max_data: usize,
+    held: Budget,
+) -> String {
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut fds: VecDeque<OwnedFd> = VecDeque::new();
     let mut chunk = vec![0u8; 64 << 10];
-    let mut parts = Parts::default();
+    let mut parts = Parts {
+        by_id: HashMap::new(),
+        bytes: 0,
+        held,
+        refused: None,
+    };
+    // The agent sends an answer's data in pieces of at most PART bytes, so the bytes of one
+    // frame waiting here are bounded by that, not by the answer's.
+    let frame_data = proto::PART.min(max_data);
     loop {
         // Every complete frame in the buffer first.
         while buf.len() >= 8 {
-            let (h, d) = match proto::lengths(buf[..8].try_into().expect("8 bytes"), max_data) {
+            let (h, d) = match proto::lengths(buf[..8].try_into().expect("8 bytes"), frame_data) {
                 Ok(l) => l,
                 Err(e) => return format!("the agent sent a bad frame: {e}"),
             };
@@ -489,19 +517,48 @@ async fn read_loop(r: tokio::net::unix::OwnedReadHalf, sh: &Shared, max_data: us
     }
 }
 
-/// The pieces of answers still to come ([`Event::Part`]), by request, and their bytes together.
-#[derive(Default)]
+/// The pieces of answers still to come ([`Event::Part`]), by request, with their bytes together
+/// and what they are charged.
 struct Parts {
-    by_id: HashMap<u64, Vec<u8>>,
+    by_id: HashMap<u64, (Vec<u8>, Charge)>,
     bytes: usize,
+    held: Budget,
+    /// The call whose pieces did not fit in the budget: they are dropped as they come, and its
+    /// answer is `busy`. (The agent answers one call at a time: one such call at most.)
+    refused: Option<u64>,
 }
 
 impl Parts {
     /// Request `id`'s pieces, none left held.
-    fn take(&mut self, id: u64) -> Option<Vec<u8>> {
+    fn take(&mut self, id: u64) -> Option<(Vec<u8>, Charge)> {
         let p = self.by_id.remove(&id)?;
-        self.bytes -= p.len();
+        self.bytes -= p.0.len();
         Some(p)
+    }
+
+    /// Counts `n` more bytes of `id`'s answer against the budget; `false` (and the call marked
+    /// refused, its pieces dropped) when they do not fit.
+    fn charge(&mut self, id: u64, n: usize) -> bool {
+        if self.refused == Some(id) {
+            return false;
+        }
+        let mut fits = true;
+        if let Some((_, c)) = self.by_id.get_mut(&id) {
+            fits = c.try_grow(n as u64);
+        } else if n > 0 {
+            match self.held.try_charge(n as u64) {
+                Some(c) => {
+                    self.by_id.insert(id, (Vec::new(), c));
+                }
+                None => fits = false,
+            }
+        }
+        if !fits {
+            self.take(id);
+            self.refused = Some(id);
+            self.held.refuse();
+        }
+        fits
     }
 }
 
@@ -527,13 +584,17 @@ fn dispatch(
             if !waiting {
                 return Ok(());
             }
-            parts.bytes += data.len();
-            if parts.bytes > max_data {
+            if parts.bytes + data.len() > max_data {
                 return Err(format!(
                     "the agent sent more than {max_data} bytes of answers in pieces"
                 ));
             }
-            parts.by_id.entry(id).or_default().extend_from_slice(&data);
+            if parts.charge(id, data.len()) {
+                parts.bytes += data.len();
+                if let Some((p, _)) = parts.by_id.get_mut(&id) {
+                    p.extend_from_slice(&data);
+                }
+            }
         }
         Event::Ok {
             id,
@@ -550,34 +611,54 @@ fn dispatch(
             } else {
                 Vec::new()
             };
-            if let Some(mut p) = parts.take(id) {
-                if p.len() + data.len() > max_data {
-                    return Err(format!(
-                        "the agent sent an answer of more than {max_data} bytes"
-                    ));
-                }
+            let before = parts.by_id.get(&id).map_or(0, |p| p.0.len());
+            if before + data.len() > max_data {
+                return Err(format!(
+                    "the agent sent an answer of more than {max_data} bytes"
+                ));
+            }
+            let fits = parts.charge(id, data.len());
+            let mut held = Charge::default();
+            if let Some((mut p, c)) = parts.take(id) {
                 p.extend_from_slice(&data);
                 data = p;
+                held = c;
             }
+            let reply = if fits {
+                Reply::Ok {
+                    entries,
+                    data,
+                    held,
+                    pid,
+                    fds: mine,
+                    skipped,
+                    truncated,
+                    joined,
+                }
+            } else {
+                parts.refused = None;
+                Reply::Err {
+                    code: "busy".into(),
+                    message: format!(
+                        "the server holds its budget of bytes for replies (--max-held, {} bytes); retry later",
+                        parts.held.limit()
+                    ),
+                }
+            };
             if let Some(tx) = sh
                 .pending
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id)
             {
-                let _ = tx.0.send(Reply::Ok {
-                    entries,
-                    data,
-                    pid,
-                    fds: mine,
-                    skipped,
-                    truncated,
-                    joined,
-                });
+                let _ = tx.0.send(reply);
             }
         }
         Event::Err { id, code, message } => {
             parts.take(id);
+            if parts.refused == Some(id) {
+                parts.refused = None;
+            }
             if let Some(tx) = sh
                 .pending
                 .lock()
@@ -632,7 +713,12 @@ mod tests {
     #[tokio::test]
     async fn an_answer_in_pieces_is_put_together_and_bounded() {
         let (ours, mut agent) = std::os::unix::net::UnixStream::pair().unwrap();
-        let conn = AgentConn::new(std::fs::File::from(OwnedFd::from(ours)), 1000).unwrap();
+        let conn = AgentConn::new(
+            std::fs::File::from(OwnedFd::from(ours)),
+            1000,
+            Budget::new(1 << 20),
+        )
+        .unwrap();
         let fake = std::thread::spawn(move || {
             let id = request(&mut agent);
             for (ev, data) in [
@@ -667,6 +753,62 @@ mod tests {
             "{}",
             conn.why()
         );
+        drop(conn);
+        fake.join().unwrap();
+    }
+
+    /// An answer whose pieces do not fit in the server's budget of bytes held is not kept: the
+    /// call fails `busy`, the connection goes on, and the next answer that fits comes whole. What
+    /// an answer holds goes back when it is dropped.
+    #[tokio::test]
+    async fn an_answer_past_the_budget_is_refused_and_the_agent_goes_on() {
+        let (ours, mut agent) = std::os::unix::net::UnixStream::pair().unwrap();
+        let budget = Budget::new(1000);
+        let conn = AgentConn::new(
+            std::fs::File::from(OwnedFd::from(ours)),
+            1 << 20,
+            budget.clone(),
+        )
+        .unwrap();
+        let fake = std::thread::spawn(move || {
+            let id = request(&mut agent);
+            for _ in 0..3 {
+                let f = proto::encode(&Event::Part { id }, &[3u8; 400]);
+                agent.write_all(&f).unwrap();
+            }
+            agent
+                .write_all(&proto::encode(&Event::ok(id), b"x"))
+                .unwrap();
+            let id = request(&mut agent);
+            agent
+                .write_all(&proto::encode(&Event::Part { id }, &[4u8; 500]))
+                .unwrap();
+            agent
+                .write_all(&proto::encode(&Event::ok(id), &[4u8; 499]))
+                .unwrap();
+            let _ = agent.read(&mut [0u8; 1]);
+        });
+        let read = |id| Request::Read {
+            id,
+            path: "f".into(),
+            max: 1 << 20,
+        };
+        match conn.call(read(conn.id()), Bytes::new()).await.unwrap() {
+            Reply::Err { code, .. } => assert_eq!(code, "busy"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(budget.held(), 0);
+        assert_eq!(budget.refused(), 1);
+        match conn.call(read(conn.id()), Bytes::new()).await.unwrap() {
+            Reply::Ok { data, held, .. } => {
+                assert_eq!(data.len(), 999);
+                assert_eq!(held.bytes(), 999);
+                assert_eq!(budget.held(), 999);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(budget.held(), 0);
+        assert!(!conn.is_dead(), "{}", conn.why());
         drop(conn);
         fake.join().unwrap();
     }

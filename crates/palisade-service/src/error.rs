@@ -220,6 +220,20 @@ impl ServiceError {
         }
     }
 
+    /// The server holds its budget of reply bytes (`--max-held`) or more: `busy`, retry later.
+    pub fn held_full(held: u64, limit: u64) -> ServiceError {
+        ServiceError {
+            retry_after: Some(1),
+            field: Some("--max-held".into()),
+            accepted: Some(format!("at most {limit} bytes held for replies at once")),
+            ..Self::new(
+                Class::Busy,
+                "busy",
+                format!("the server is busy: it holds {held} bytes of output and files for replies not yet taken (its --max-held is {limit}); retry later"),
+            )
+        }
+    }
+
     /// The server is stopping.
     pub fn shutting_down() -> ServiceError {
         Self::new(

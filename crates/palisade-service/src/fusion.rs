@@ -145,9 +145,15 @@ pub fn to_run(r: &RunCodeRequest, langs: &[crate::lang::Lang]) -> Result<RunRequ
 
 impl crate::Service {
     /// `POST /run_code`.
-    pub async fn run_code(&self, req: RunCodeRequest) -> Result<RunCodeResponse, ServiceError> {
+    /// The answer holds the run's bytes against the server's budget (see [`crate::budget`]).
+    pub async fn run_code(
+        &self,
+        req: RunCodeRequest,
+    ) -> Result<crate::budget::Charged<RunCodeResponse>, ServiceError> {
         let run = to_run(&req, &self.inner.langs)?;
-        Ok(from_run(&self.run(run).await?))
+        let r = self.run(run).await?;
+        let answer = from_run(&r);
+        Ok(crate::budget::Charged::new(answer, r.into_parts().1))
     }
 }
 
@@ -184,6 +190,7 @@ pub fn from_run(r: &RunResult) -> RunCodeResponse {
             wall_time_ms: r.wall_time_ms,
             cpu_time_ms: None,
             oom_kills: None,
+            cut_by_server: r.cut_by_server,
             stdout: r.stdout.clone(),
             stderr: r.stderr.clone(),
         }))
@@ -265,6 +272,7 @@ mod tests {
             wall_time_ms: 1500.0,
             cpu_time_ms: None,
             oom_kills: None,
+            cut_by_server: false,
             stdout: api::Data::new(b"x".to_vec(), false),
             stderr: api::Data::default(),
         };

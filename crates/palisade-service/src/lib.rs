@@ -18,6 +18,7 @@
 pub mod agent;
 pub mod api;
 pub mod archive;
+pub mod budget;
 pub mod ceiling;
 pub mod client;
 mod error;
@@ -57,6 +58,8 @@ pub struct Config {
     pub agent_exe: PathBuf,
     /// Largest file read back from a sandbox.
     pub max_fetch_bytes: u64,
+    /// Most bytes held for replies at once, across all requests ([`budget`]).
+    pub max_held_bytes: u64,
     /// Longest session TTL (and the default).
     pub session_ttl: Duration,
     /// Default idle timeout of a session.
@@ -86,6 +89,7 @@ impl Config {
             max_queue: 64,
             agent_exe,
             max_fetch_bytes: 16 << 20,
+            max_held_bytes: 512 << 20,
             session_ttl: Duration::from_secs(3600),
             session_idle: Duration::from_secs(600),
             max_sessions: 64,
@@ -128,6 +132,8 @@ struct Inner {
     change_sets: workspace::Registry,
     pool: pool::Pool,
     templates: pool::Templates,
+    /// Bytes held for replies (`--max-held`).
+    held: budget::Budget,
 }
 
 /// A place in the queue; dropping it gives the place back.
@@ -169,6 +175,7 @@ impl Service {
     pub fn new(config: Config) -> Service {
         let langs = lang::available();
         let slots = Arc::new(Semaphore::new(config.max_concurrency.max(1)));
+        let held = budget::Budget::new(config.max_held_bytes);
         Service {
             inner: Arc::new(Inner {
                 config,
@@ -184,6 +191,7 @@ impl Service {
                 change_sets: workspace::Registry::default(),
                 pool: pool::Pool::default(),
                 templates: pool::Templates::default(),
+                held,
             }),
         }
     }
@@ -191,6 +199,12 @@ impl Service {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The budget of bytes held for replies (`--max-held`): a front end keeps a reply's
+    /// [`budget::Charge`] until the client has taken the reply.
+    pub fn held(&self) -> &budget::Budget {
+        &self.inner.held
     }
 
     /// The languages this server runs.
@@ -204,6 +218,7 @@ impl Service {
         if self.inner.stopping.load(Ordering::SeqCst) {
             return Err(ServiceError::shutting_down());
         }
+        self.inner.held.admit()?;
         let cap = self.inner.config.max_concurrency + self.inner.config.max_queue;
         let mut cur = self.inner.admitted.load(Ordering::SeqCst);
         loop {
@@ -261,6 +276,10 @@ impl Service {
             templates_built: self.inner.templates.built.load(Ordering::Relaxed),
             templates_evicted: self.inner.templates.evicted.load(Ordering::Relaxed),
             templates_died: self.inner.templates.died.load(Ordering::Relaxed),
+            held_bytes: self.inner.held.held(),
+            held_limit: self.inner.held.limit(),
+            held_refused: self.inner.held.refused(),
+            held_cut: self.inner.held.cut(),
         })
     }
 

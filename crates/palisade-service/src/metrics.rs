@@ -48,6 +48,11 @@ pub struct Gauges {
     pub templates_built: u64,
     pub templates_evicted: u64,
     pub templates_died: u64,
+    /// The budget of bytes held for replies: held now, its limit, refusals, cut outputs.
+    pub held_bytes: u64,
+    pub held_limit: u64,
+    pub held_refused: u64,
+    pub held_cut: u64,
 }
 
 impl Metrics {
@@ -274,6 +279,30 @@ impl Metrics {
             "palisade_templates_died_total",
             "Templates dropped because their zygote was gone.",
             g.templates_died,
+        );
+        gauge(
+            &mut s,
+            "palisade_held_bytes",
+            "Bytes of output and files held for replies not yet taken by their clients.",
+            g.held_bytes,
+        );
+        gauge(
+            &mut s,
+            "palisade_held_limit_bytes",
+            "The budget of bytes held for replies (--max-held).",
+            g.held_limit,
+        );
+        counter(
+            &mut s,
+            "palisade_held_refused_total",
+            "Requests refused busy because the bytes held for replies were at --max-held.",
+            g.held_refused,
+        );
+        counter(
+            &mut s,
+            "palisade_held_cut_total",
+            "Outputs cut (output-limit) because the bytes held for replies were at --max-held.",
+            g.held_cut,
         );
         s
     }

@@ -153,8 +153,11 @@ impl Service {
                     tokio::time::sleep(pause).await;
                     continue;
                 };
-                let Ok(conn) = AgentConn::new(sock, svc.inner.config.max_fetch_bytes as usize + 1)
-                else {
+                let Ok(conn) = AgentConn::new(
+                    sock,
+                    svc.inner.config.max_fetch_bytes as usize + 1,
+                    svc.inner.held.clone(),
+                ) else {
                     break;
                 };
                 failures = 0;

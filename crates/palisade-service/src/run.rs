@@ -9,6 +9,7 @@
 //! ends the server reads directly, and reads files back, all from inside the boundary.
 
 use crate::api::{self, Data, RunRequest, RunResult, RunStatus, Stage};
+use crate::budget::{Charge, Charged};
 use crate::client::{AgentConn, Exec, Exit};
 use crate::proto::{self, Request};
 use crate::{Service, ServiceError};
@@ -559,7 +560,7 @@ impl Service {
     }
 
     /// `POST /v1/run`: checks, waits for a slot (or `busy`), runs.
-    pub async fn run(&self, req: RunRequest) -> Result<RunResult, ServiceError> {
+    pub async fn run(&self, req: RunRequest) -> Result<Charged<RunResult>, ServiceError> {
         let plan = self.plan(&req, "")?;
         let mut t = self.admit()?;
         let t0 = Instant::now();
@@ -572,10 +573,17 @@ impl Service {
     }
 
     /// Runs a checked plan (a slot is held by the caller).
-    pub(crate) async fn execute(&self, plan: Plan) -> RunResult {
+    /// Its result holds the bytes it carries (output, files) against the server's budget.
+    pub(crate) async fn execute(&self, plan: Plan) -> Charged<RunResult> {
+        let none = |r| Charged::new(r, Charge::default());
         let sandbox = match Sandbox::from_policy(plan.policy.clone()) {
             Ok(s) => s,
-            Err(e) => return sandbox_error(ServiceError::internal(format!("policy: {e}")), None),
+            Err(e) => {
+                return none(sandbox_error(
+                    ServiceError::internal(format!("policy: {e}")),
+                    None,
+                ))
+            }
         };
         if plan.direct {
             let io = Io {
@@ -600,7 +608,7 @@ impl Service {
                 None => Held::start(self, sandbox, io).await,
             };
             let out = held.finish().await;
-            return direct_result(out);
+            return self.direct_result(out);
         }
         let t0 = Instant::now();
         let warm = if plan.poolable {
@@ -625,18 +633,21 @@ impl Service {
                 };
                 let Some(sock) = held.run_mut().take_stdin() else {
                     let out = held.finish().await;
-                    return direct_result(out);
+                    return self.direct_result(out);
                 };
-                let conn =
-                    match AgentConn::new(sock, self.inner.config.max_fetch_bytes as usize + 1) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            return sandbox_error(
-                                ServiceError::internal(format!("agent socket: {e}")),
-                                None,
-                            )
-                        }
-                    };
+                let conn = match AgentConn::new(
+                    sock,
+                    self.inner.config.max_fetch_bytes as usize + 1,
+                    self.inner.held.clone(),
+                ) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        return none(sandbox_error(
+                            ServiceError::internal(format!("agent socket: {e}")),
+                            None,
+                        ))
+                    }
+                };
                 (held, conn)
             }
         };
@@ -749,7 +760,7 @@ impl Service {
     pub fn run_batch(
         &self,
         req: api::BatchRequest,
-    ) -> Result<tokio::sync::mpsc::Receiver<api::BatchLine>, ServiceError> {
+    ) -> Result<tokio::sync::mpsc::Receiver<Charged<api::BatchLine>>, ServiceError> {
         if req.runs.is_empty() {
             return Err(ServiceError::invalid("runs", "[]", "at least one run"));
         }
@@ -806,7 +817,10 @@ impl Service {
                     // result is handed on, so that a client that stops reading stops the batch
                     // (at most `conc` results wait for it) instead of piling results up.
                     drop(gp);
-                    let _ = tx.send(api::BatchLine { index, result }).await;
+                    let (result, held) = result.into_parts();
+                    let _ = tx
+                        .send(Charged::new(api::BatchLine { index, result }, held))
+                        .await;
                     drop(lp);
                 });
                 while set.try_join_next().is_some() {}
@@ -824,8 +838,8 @@ pub(crate) fn agent_bind(exe: &std::path::Path) -> Result<Bind, ServiceError> {
 }
 
 /// The stages through the agent: files in, compile, run, files out.
-async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResult {
-    let mut result = empty_result(RunStatus::SandboxError);
+async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> Charged<RunResult> {
+    let mut result = Charged::new(empty_result(RunStatus::SandboxError), Charge::default());
     for (path, data) in &plan.files {
         let id = conn.id();
         match conn
@@ -856,24 +870,30 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResul
     }
     if let Some(c) = &plan.compile {
         let stage = match stage(conn, c, Vec::new()).await {
-            Ok(s) => s,
+            Ok((s, held)) => {
+                result.charge.merge(held);
+                s
+            }
             Err(e) => {
                 result.error = Some(e);
                 return result;
             }
         };
         let ok = stage.status == RunStatus::Ok;
-        result.compile = Some(stage.clone());
+        let (status, exit_code, signal) = (stage.status, stage.exit_code, stage.signal);
+        result.compile = Some(stage);
         if !ok {
-            result.status = stage.status;
-            result.exit_code = stage.exit_code;
-            result.signal = stage.signal;
+            result.status = status;
+            result.exit_code = exit_code;
+            result.signal = signal;
             result.wall_time_ms = 0.0;
             return result;
         }
     }
     match stage(conn, &plan.run, plan.stdin.clone()).await {
-        Ok(s) => {
+        Ok((s, held)) => {
+            result.charge.merge(held);
+            result.cut_by_server = s.cut_by_server;
             result.status = s.status;
             result.exit_code = s.exit_code;
             result.signal = s.signal;
@@ -902,8 +922,9 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> RunResul
             )
             .await
         {
-            Ok(crate::client::Reply::Ok { data, .. }) => {
+            Ok(crate::client::Reply::Ok { data, held, .. }) => {
                 budget = budget.saturating_sub(data.len() as u64);
+                result.charge.merge(held);
                 result.files.insert(p.clone(), Data::new(data, false));
             }
             Ok(crate::client::Reply::Err { code, .. }) => {
@@ -929,10 +950,18 @@ pub(crate) struct Captured {
     /// Output a streaming client did not take by the exec's deadline, dropped.
     pub dropped: bool,
     pub wall: Duration,
+    /// The output kept, counted against the server's budget of bytes held.
+    pub held: Charge,
+    /// Output cut because that budget was full.
+    pub cut_by_server: bool,
 }
 
 /// Runs one stage through the agent and reads its pipes, keeping its deadline and output cap.
-async fn stage(conn: &AgentConn, s: &StagePlan, stdin: Vec<u8>) -> Result<Stage, ServiceError> {
+async fn stage(
+    conn: &AgentConn,
+    s: &StagePlan,
+    stdin: Vec<u8>,
+) -> Result<(Stage, Charge), ServiceError> {
     let exec = match conn
         .exec(s.argv.clone(), Vec::new(), String::new(), &[])
         .await
@@ -942,7 +971,8 @@ async fn stage(conn: &AgentConn, s: &StagePlan, stdin: Vec<u8>) -> Result<Stage,
         Err(e) => return Err(ServiceError::internal(format!("the agent: {}", e.0))),
     };
     let mut c = capture(conn, exec, stdin, s.timeout, s.output, None).await;
-    Ok(stage_of(&mut c))
+    let stage = stage_of(&mut c);
+    Ok((stage, c.held))
 }
 
 /// The program could not be started (not found, not executable): in a run's result, a sandbox
@@ -985,6 +1015,7 @@ pub(crate) fn stage_of(c: &mut Captured) -> Stage {
             .unwrap_or(c.wall.as_secs_f64() * 1000.0),
         cpu_time_ms: c.exit.and_then(|e| e.cpu_ms),
         oom_kills: None,
+        cut_by_server: c.cut_by_server,
         // A streamed exec keeps none of its output here; its exit says whether some was lost.
         stdout: Data::new(std::mem::take(&mut c.stdout), c.output_hit || c.dropped),
         stderr: Data::new(std::mem::take(&mut c.stderr), c.output_hit || c.dropped),
@@ -1014,6 +1045,8 @@ pub(crate) async fn capture(
         streamed: 0,
         dropped: false,
         wall: Duration::ZERO,
+        held: conn.held().charge(),
+        cut_by_server: false,
     };
     let mut writer = exec.stdin.take().map(|mut w| {
         tokio::spawn(async move {
@@ -1081,6 +1114,9 @@ pub(crate) async fn capture(
         w.abort();
     }
     c.wall = t0.elapsed();
+    if c.cut_by_server {
+        conn.held().note_cut();
+    }
     c
 }
 
@@ -1114,6 +1150,12 @@ async fn keep(
                 c.dropped = true;
             }
         }
+        // What does not fit in the server's budget is not kept: the exec is killed as at its
+        // own cap (the caller's loop acts on `output_hit`), and its result says why.
+        None if !c.held.try_grow(take.len() as u64) => {
+            c.output_hit = true;
+            c.cut_by_server = true;
+        }
         None if err => c.stderr.extend_from_slice(take),
         None => c.stdout.extend_from_slice(take),
     }
@@ -1132,6 +1174,7 @@ fn empty_result(status: RunStatus) -> RunResult {
         file_errors: BTreeMap::new(),
         error: None,
         report: None,
+        cut_by_server: false,
     }
 }
 
@@ -1156,6 +1199,18 @@ pub(crate) fn status_of(r: &palisade::Report) -> RunStatus {
         Status::Cancelled | Status::SandboxError | Status::ProtectionFailed => {
             RunStatus::SandboxError
         }
+    }
+}
+
+impl Service {
+    /// A direct run's result, its output counted against the server's budget (a run admitted
+    /// while the budget was not full; its output is bounded by its cap).
+    fn direct_result(&self, out: palisade::Output) -> Charged<RunResult> {
+        let held = self
+            .inner
+            .held
+            .force((out.stdout.len() + out.stderr.len()) as u64);
+        Charged::new(direct_result(out), held)
     }
 }
 
@@ -1185,5 +1240,6 @@ fn direct_result(out: palisade::Output) -> RunResult {
             e
         }),
         report: serde_json::to_value(r).ok(),
+        cut_by_server: false,
     }
 }

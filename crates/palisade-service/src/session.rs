@@ -6,6 +6,7 @@
 //! everything in it.
 
 use crate::api::{self, Data, ExecEvent, ExecInfo, SessionInfo, SessionRequest, Stage};
+use crate::budget::{Charge, Charged};
 use crate::client::{AgentConn, Reply};
 use crate::proto::{self, Request};
 use crate::run::{capture, exec_error, stage_of, Held};
@@ -76,6 +77,8 @@ pub(crate) struct Session {
 struct Bg {
     stdin: Option<Arc<tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>>>,
     result: Option<Stage>,
+    /// Its kept output, counted against the server's budget of bytes held.
+    held: Charge,
 }
 
 /// A session's background execs: running ones, and the results of finished ones within
@@ -92,7 +95,7 @@ struct Execs {
 
 impl Execs {
     /// Keeps `result` as exec `eid`'s, then drops the oldest results past the bounds.
-    fn finish(&mut self, eid: u64, mut result: Stage) {
+    fn finish(&mut self, eid: u64, mut result: Stage, mut held: Charge) {
         let Some(bg) = self.map.get_mut(&eid) else {
             return;
         };
@@ -100,6 +103,9 @@ impl Execs {
         result.stdout.data.shrink_to_fit();
         result.stderr.data.shrink_to_fit();
         let size = result.stdout.data.len() as u64 + result.stderr.data.len() as u64;
+        // What is kept now (base64 of output that is not UTF-8 is a third larger).
+        held.set(size);
+        bg.held = held;
         bg.result = Some(result);
         bg.stdin = None;
         self.done.push_back((eid, size));
@@ -465,8 +471,12 @@ impl Service {
                 out.report.error.unwrap_or_else(|| "unknown".into())
             )));
         };
-        let conn = AgentConn::new(sock, c.max_fetch_bytes as usize + 1)
-            .map_err(|e| ServiceError::internal(format!("agent socket: {e}")))?;
+        let conn = AgentConn::new(
+            sock,
+            c.max_fetch_bytes as usize + 1,
+            self.inner.held.clone(),
+        )
+        .map_err(|e| ServiceError::internal(format!("agent socket: {e}")))?;
         let s = Arc::new(Session {
             id: new_id(),
             labels: req.labels.clone(),
@@ -679,8 +689,14 @@ impl Service {
     /// is kept (its deadline, its output cap, its end) by a task of its own, not by the
     /// request: a client that goes away does not take the exec's deadline with it, and the
     /// exec still leaves the session's running list when it ends.
-    pub async fn exec(&self, id: &str, req: api::ExecRequest) -> Result<Stage, ServiceError> {
+    /// The result holds its output against the server's budget (see [`crate::budget`]).
+    pub async fn exec(
+        &self,
+        id: &str,
+        req: api::ExecRequest,
+    ) -> Result<Charged<Stage>, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
+        self.inner.held.admit()?;
         let (e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let (svc, s2) = (self.clone(), s.clone());
@@ -689,9 +705,10 @@ impl Service {
             let stage = svc.exec_ended(&s2, eid, &mut c, oom).await;
             (c, stage)
         });
-        let (c, stage) = kept
+        let (mut c, stage) = kept
             .await
             .map_err(|e| ServiceError::internal(format!("exec {eid}: {e}")))?;
+        let held = std::mem::take(&mut c.held);
         if c.exit.is_none() && s.conn.is_dead() {
             // The agent stopped answering (or died) during the exec: the session is destroyed
             // with everything in it, the exec with it.
@@ -705,7 +722,7 @@ impl Service {
                 ),
             ));
         }
-        Ok(stage)
+        Ok(Charged::new(stage, held))
     }
 
     /// `stream` and `sse` modes: the exec's events as they come. Dropping the stream kills the exec.
@@ -762,6 +779,7 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecInfo, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
+        self.inner.held.admit()?;
         let (mut e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let pipe = Arc::new(tokio::sync::Mutex::new(e.stdin.take()));
@@ -779,6 +797,7 @@ impl Service {
                 Bg {
                     stdin: Some(pipe),
                     result: None,
+                    held: Charge::default(),
                 },
             );
         let svc = self.clone();
@@ -786,11 +805,12 @@ impl Service {
         tokio::spawn(async move {
             let mut c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
             let result = svc.exec_ended(&s2, eid, &mut c, oom).await;
+            let held = std::mem::take(&mut c.held);
             drop(c);
             s2.execs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .finish(eid, result);
+                .finish(eid, result, held);
         });
         Ok(ExecInfo {
             id: eid,
@@ -799,17 +819,27 @@ impl Service {
         })
     }
 
-    /// `GET /v1/sandboxes/{id}/exec/{exec}`: a background exec's state.
-    pub fn exec_info(&self, id: &str, exec: u64) -> Result<ExecInfo, ServiceError> {
+    /// `GET /v1/sandboxes/{id}/exec/{exec}`: a background exec's state. A copy of its result is
+    /// made for each call, and held against the server's budget until sent (`busy` while the
+    /// budget is full: slow clients polling a large result cannot pile copies up).
+    pub fn exec_info(&self, id: &str, exec: u64) -> Result<Charged<ExecInfo>, ServiceError> {
         let s = self.session(id)?;
         s.touch();
         let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
         let bg = execs.get(exec)?;
-        Ok(ExecInfo {
-            id: exec,
-            running: bg.result.is_none(),
-            result: bg.result.clone(),
-        })
+        let size = bg
+            .result
+            .as_ref()
+            .map_or(0, |r| (r.stdout.data.len() + r.stderr.data.len()) as u64);
+        let held = self.inner.held.admit_charge(size)?;
+        Ok(Charged::new(
+            ExecInfo {
+                id: exec,
+                running: bg.result.is_none(),
+                result: bg.result.clone(),
+            },
+            held,
+        ))
     }
 
     /// `POST /v1/sandboxes/{id}/exec/{exec}/stdin`: more input for a background exec; `close`
@@ -1115,7 +1145,9 @@ impl Service {
     }
 
     /// `GET /v1/sandboxes/{id}/files/{path}`.
-    pub async fn get_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ServiceError> {
+    /// The file holds its bytes against the server's budget (see [`crate::budget`]).
+    pub async fn get_file(&self, id: &str, path: &str) -> Result<Charged<Vec<u8>>, ServiceError> {
+        self.inner.held.admit()?;
         let max = self.inner.config.max_fetch_bytes;
         let read = |id| Request::Read {
             id,
@@ -1125,8 +1157,8 @@ impl Service {
         self.file_op(id, path, false, "path", read, bytes::Bytes::new())
             .await
             .map(|r| match r {
-                Reply::Ok { data, .. } => data,
-                Reply::Err { .. } => Vec::new(),
+                Reply::Ok { data, held, .. } => Charged::new(data, held),
+                Reply::Err { .. } => Charged::new(Vec::new(), Charge::default()),
             })
     }
 
@@ -1177,7 +1209,12 @@ impl Service {
     /// `GET /v1/sandboxes/{id}/archive?path=DIR`: a tar of the directory's regular files and
     /// directories (at most `--max-fetch` bytes of content), made inside; the count of entries
     /// skipped (links, fifos, sockets, devices) comes with it.
-    pub async fn get_archive(&self, id: &str, path: &str) -> Result<(Vec<u8>, u64), ServiceError> {
+    pub async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<Charged<(Vec<u8>, u64)>, ServiceError> {
+        self.inner.held.admit()?;
         let max = self.inner.config.max_fetch_bytes;
         let tar_out = |id| Request::TarOut {
             id,
@@ -1188,8 +1225,13 @@ impl Service {
             .file_op(id, path, true, "path", tar_out, bytes::Bytes::new())
             .await?
         {
-            Reply::Ok { data, skipped, .. } => Ok((data, skipped.unwrap_or(0))),
-            Reply::Err { .. } => Ok((Vec::new(), 0)),
+            Reply::Ok {
+                data,
+                skipped,
+                held,
+                ..
+            } => Ok(Charged::new((data, skipped.unwrap_or(0)), held)),
+            Reply::Err { .. } => Ok(Charged::new((Vec::new(), 0), Charge::default())),
         }
     }
 
@@ -1246,6 +1288,11 @@ fn file_reply(
     r: Result<Reply, crate::client::Lost>,
 ) -> Result<Reply, ServiceError> {
     match r {
+        // Its pieces did not fit in the server's budget of bytes held (`AgentConn`).
+        Ok(Reply::Err { code, .. }) if code == "busy" => {
+            let b = s.conn.held();
+            Err(ServiceError::held_full(b.held(), b.limit()))
+        }
         Ok(Reply::Err { code, message }) => Err(ServiceError::file(field, &code, &message)),
         Ok(ok) => Ok(ok),
         Err(e) => Err(ServiceError::gone(

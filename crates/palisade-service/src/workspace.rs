@@ -670,12 +670,13 @@ impl Service {
         &self,
         id: &str,
         req: api::DiffRequest,
-    ) -> Result<api::DiffResult, ServiceError> {
+    ) -> Result<crate::budget::Charged<api::DiffResult>, ServiceError> {
         let paths = arg_paths(&req.paths, "paths")?;
+        self.inner.held.admit()?;
         let max = self.inner.config.max_fetch_bytes as usize;
         let svc = self.clone();
         let id = id.to_owned();
-        blocking(move || {
+        let r = blocking(move || {
             let (_, _, cs) = svc.open_change_set(&id)?;
             let mut w = Capped {
                 buf: Vec::new(),
@@ -700,7 +701,9 @@ impl Service {
                 warnings: out.warnings,
             })
         })
-        .await
+        .await?;
+        let held = self.inner.held.force(r.diff.data.len() as u64);
+        Ok(crate::budget::Charged::new(r, held))
     }
 
     /// `POST /v1/changes/{id}/apply`: applies all of it or the paths named, into the directory the

@@ -271,9 +271,16 @@ impl Service {
 
     /// `POST /v1/sandboxes/{id}/run_code`: evaluates one cell in a context (the `default` one
     /// when the request names none), starting its interpreter first when none runs.
-    pub async fn run_cell(&self, id: &str, req: CellRequest) -> Result<CellResult, ServiceError> {
+    /// The answer holds its bytes against the server's budget (see [`crate::budget`]): a cell
+    /// starts only while the budget is not full.
+    pub async fn run_cell(
+        &self,
+        id: &str,
+        req: CellRequest,
+    ) -> Result<crate::budget::Charged<CellResult>, ServiceError> {
         let s = self.session(id)?;
         s.touch();
+        self.inner.held.admit()?;
         check_language(req.language.as_deref(), "language")?;
         if req.code.len() > MAX_CELL_BYTES {
             return Err(ServiceError::invalid(
@@ -328,10 +335,18 @@ impl Service {
         // running list.
         let svc = self.clone();
         let code = req.code;
-        super::own_task("a cell", async move {
+        let r = super::own_task("a cell", async move {
             svc.cell(s, ctx, code, cap, timeout).await
         })
-        .await
+        .await?;
+        let size = r.stdout.data.len()
+            + r.stderr.data.len()
+            + r.value.as_ref().map_or(0, String::len)
+            + r.error
+                .as_ref()
+                .map_or(0, |e| e.value.len() + e.traceback.len());
+        let held = self.inner.held.force(size as u64);
+        Ok(crate::budget::Charged::new(r, held))
     }
 
     /// Runs one cell in `ctx` (see [`Service::run_cell`]).
