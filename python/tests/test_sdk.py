@@ -260,3 +260,15 @@ def test_embedded_server_is_private_and_stops_at_exit(how: str) -> None:
         os.kill(int(pid), signal.SIGKILL)
         raise AssertionError("the embedded server outlived its process")
     assert not os.path.exists(directory)
+
+
+def test_output_past_the_servers_budget_is_cut_and_says_so() -> None:
+    """A server's budget of bytes for replies (``--max-held``): output past it is cut, and the
+    result says the server cut it (``cut_by_server``), not the command's own cap."""
+    with palisade.Client(server_args=["--max-held", "1MiB"]) as c:
+        with Sandbox(timeout=120, client=c) as sbx:
+            r = sbx.commands.run("head -c 4000000 /dev/zero | tr '\\0' a")
+            assert (r.status, r.cut_by_server, r.truncated) == ("output-limit", True, True)
+            assert len(r.stdout_bytes) <= 1 << 20
+            r = sbx.commands.run("echo fits")
+            assert (r.status, r.stdout, r.cut_by_server) == ("ok", "fits\n", False)

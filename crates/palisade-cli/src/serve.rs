@@ -728,6 +728,11 @@ impl Pieces {
 /// its `Content-Length`.
 fn held_body(app: &App, content_type: &'static str, bytes: Vec<u8>, charge: Charge) -> Response {
     let len = bytes.len();
+    if len <= PIECE {
+        // One piece, sent whole (what is left of a small reply in hyper is its own buffer).
+        drop(charge);
+        return ([(header::CONTENT_TYPE, content_type)], bytes).into_response();
+    }
     let first = Pieces::new(bytes, charge, app.send_timeout);
     let stream = futures_util::stream::unfold(Some(first), |p| async move {
         let (piece, rest) = p?.next();

@@ -118,7 +118,8 @@ class TooLargeError(ServerError):
 
 
 class BusyError(ServerError):
-    """429: the server's queue is full; ``retry_after`` says when to try again."""
+    """429: the server's queue is full, or it holds its budget of bytes for replies (``field``
+    is then ``--max-held``); ``retry_after`` says when to try again."""
 
 
 class ShuttingDownError(ServerError):

@@ -27,6 +27,9 @@ class Stage:
     stdout_bytes: bytes
     stderr_bytes: bytes
     truncated: bool
+    #: The output was cut (``output-limit``) because the server held its budget of bytes for
+    #: replies (``--max-held``), not at the stage's own cap: try again later.
+    cut_by_server: bool
     raw: dict[str, Any] = field(repr=False)
 
     @property
@@ -56,6 +59,7 @@ class Stage:
             stdout_bytes=out,
             stderr_bytes=err,
             truncated=t1 or t2,
+            cut_by_server=bool(d.get("cut_by_server", False)),
             raw=d,
         )
 
@@ -79,6 +83,9 @@ class RunResult:
     stdout_bytes: bytes
     stderr_bytes: bytes
     truncated: bool
+    #: The output was cut (``output-limit``) because the server held its budget of bytes for
+    #: replies (``--max-held``), not at the run's own cap: try again later.
+    cut_by_server: bool
     compile: Stage | None
     files: dict[str, bytes]
     file_errors: dict[str, str]
@@ -140,6 +147,7 @@ class RunResult:
             stdout_bytes=out,
             stderr_bytes=err,
             truncated=t1 or t2,
+            cut_by_server=bool(d.get("cut_by_server", False)),
             compile=Stage.from_json(comp) if isinstance(comp, dict) else None,
             files={k: _data(v)[0] for k, v in (d.get("files") or {}).items()},
             file_errors=dict(d.get("file_errors") or {}),
