@@ -3066,3 +3066,60 @@ fn output_past_the_servers_budget_is_cut_and_says_so() {
     assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
     assert_nothing_held(s.pid());
 }
+
+/// Background results kept for clients count against the server's budget, but the budget drops
+/// them, oldest first, when it needs the room: results nobody fetches cannot keep everyone's
+/// work refused for as long as their sessions live. A poll of a dropped one is `410` naming
+/// `--max-held`; the newer ones come whole.
+#[test]
+fn kept_results_give_their_room_to_new_work_oldest_first() {
+    let s = Server::start(POLICY, &["--max-held", "8MiB"]);
+    let id = session_of_128_mib(&s);
+    let mut execs = Vec::new();
+    for _ in 0..3 {
+        let e = s
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                &json!({"command": ["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a"], "mode": "background"}),
+            )
+            .json()["id"]
+            .as_u64()
+            .unwrap();
+        wait_until("the exec ends", || {
+            s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["running"] == json!(false)
+        });
+        execs.push(e);
+    }
+    let first = s.get(&format!("/v1/sandboxes/{id}/exec/{}", execs[0]));
+    assert_eq!(first.status, 410, "{}", first.text());
+    assert!(first.text().contains("--max-held"), "{}", first.text());
+    for e in &execs[1..] {
+        let r = s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json();
+        assert_eq!(
+            (
+                r["result"]["status"].as_str(),
+                r["result"]["stdout"]["bytes"].as_u64()
+            ),
+            (Some("ok"), Some(3_000_000)),
+            "{}",
+            &r.to_string()[..r.to_string().len().min(500)]
+        );
+    }
+    assert_eq!(s.metric("palisade_held_evicted_total"), 1);
+    // New work is admitted beside the results kept (the budget is not full with them).
+    let r = s
+        .post(
+            "/v1/run",
+            &json!({"command": ["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' b"]}),
+        )
+        .json();
+    assert_eq!(
+        r["status"],
+        "ok",
+        "{}",
+        &r.to_string()[..r.to_string().len().min(500)]
+    );
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+    assert_nothing_held(s.pid());
+}

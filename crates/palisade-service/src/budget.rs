@@ -13,25 +13,93 @@
 //!
 //! So the bytes held are at most the budget plus what the work admitted at once can make past
 //! it: one-shot runs' outputs (at most `--max-concurrency` of them at once), and copies made to
-//! answer (a reply's JSON, at most a third larger than its bytes).
+//! answer (a reply's JSON, at most about twice its bytes).
+//!
+//! What is kept for a client to fetch later (a background exec's result, [`Budget::keep`]) is
+//! counted too, but the budget may drop it, oldest first, when it needs room: a budget filled by
+//! results nobody fetches would otherwise refuse everyone's work for as long as their sessions
+//! live.
 
 use crate::ServiceError;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 /// The budget; cheap to clone.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Budget {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("limit", &self.inner.limit)
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
 struct Inner {
     limit: u64,
     held: AtomicU64,
-    /// Requests refused, and outputs cut, because it was full.
+    /// Requests refused, outputs cut, and kept values dropped, because it was full.
     refused: AtomicU64,
     cut: AtomicU64,
+    evicted: AtomicU64,
+    /// What was kept ([`Budget::keep`]), oldest first: dropped from the front when room is
+    /// needed. An entry whose value is gone already is skipped.
+    kept: Mutex<VecDeque<Weak<dyn Evict>>>,
+}
+
+/// A kept value the budget may drop.
+trait Evict: Send + Sync {
+    /// Drops the value; whether there was one.
+    fn evict(&self) -> bool;
+}
+
+/// Entries of the kept queue past which the ones already gone are swept out.
+const KEPT_SWEEP: usize = 8192;
+
+/// A value kept for a client to fetch later, with its bytes counted against the budget until it
+/// is dropped: with the `Kept`, or by the budget when it needs room (oldest first).
+pub struct Kept<T> {
+    slot: Arc<Slot<T>>,
+}
+
+impl<T> Clone for Kept<T> {
+    /// The same kept value (dropping a clone drops nothing; the budget may still drop it).
+    fn clone(&self) -> Self {
+        Kept {
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+struct Slot<T> {
+    value: Mutex<Option<(T, Charge)>>,
+}
+
+impl<T: Send> Evict for Slot<T> {
+    fn evict(&self) -> bool {
+        // Taken out under the lock, dropped after it (with its charge).
+        let v = self.value.lock().unwrap_or_else(|p| p.into_inner()).take();
+        v.is_some()
+    }
+}
+
+impl<T> Kept<T> {
+    /// `f` of the value, or `None` when the budget has dropped it.
+    pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let v = self.slot.value.lock().unwrap_or_else(|p| p.into_inner());
+        v.as_ref().map(|(t, _)| f(t))
+    }
+
+    /// The bytes it holds (0 once dropped).
+    pub fn bytes(&self) -> u64 {
+        let v = self.slot.value.lock().unwrap_or_else(|p| p.into_inner());
+        v.as_ref().map_or(0, |(_, c)| c.bytes())
+    }
 }
 
 /// Bytes counted against a [`Budget`] until dropped. The default holds nothing.
@@ -50,6 +118,8 @@ impl Budget {
                 held: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 cut: AtomicU64::new(0),
+                evicted: AtomicU64::new(0),
+                kept: Mutex::new(VecDeque::new()),
             }),
         }
     }
@@ -72,6 +142,47 @@ impl Budget {
     /// Outputs cut because the budget was full.
     pub fn cut(&self) -> u64 {
         self.inner.cut.load(Ordering::Relaxed)
+    }
+
+    /// Kept values dropped to make room.
+    pub fn evicted(&self) -> u64 {
+        self.inner.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Keeps `value`, holding `charge`, until the `Kept` is dropped or the budget needs its
+    /// room.
+    pub fn keep<T: Send + 'static>(&self, value: T, charge: Charge) -> Kept<T> {
+        let slot = Arc::new(Slot {
+            value: Mutex::new(Some((value, charge))),
+        });
+        let weak: Weak<dyn Evict> = Arc::downgrade(&slot) as Weak<dyn Evict>;
+        let mut q = self.inner.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= KEPT_SWEEP {
+            q.retain(|w| w.strong_count() > 0);
+        }
+        q.push_back(weak);
+        Kept { slot }
+    }
+
+    /// Drops kept values, oldest first, until `fits` says the bytes held fit or none is left.
+    fn make_room(&self, fits: impl Fn(u64) -> bool) {
+        loop {
+            if fits(self.held()) {
+                return;
+            }
+            let oldest = self
+                .inner
+                .kept
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front();
+            let Some(w) = oldest else { return };
+            if let Some(slot) = w.upgrade() {
+                if slot.evict() {
+                    self.inner.evicted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Counts a request refused because the budget was full.
@@ -98,6 +209,10 @@ impl Budget {
         c.try_grow(n).then_some(c)
     }
 
+    fn fits(&self, n: u64) -> bool {
+        self.held().saturating_add(n) <= self.inner.limit
+    }
+
     /// `n` more bytes, whether they fit or not: for what admitted work made (see the module).
     pub fn force(&self, n: u64) -> Charge {
         self.inner.held.fetch_add(n, Ordering::SeqCst);
@@ -110,8 +225,10 @@ impl Budget {
     /// Whether work that makes a reply may start: `busy` (429, retry after a second) while the
     /// bytes held are at the limit or past it.
     pub fn admit(&self) -> Result<(), ServiceError> {
+        let limit = self.inner.limit;
+        self.make_room(|h| h < limit);
         let held = self.held();
-        if held < self.inner.limit {
+        if held < limit {
             return Ok(());
         }
         self.refuse();
@@ -135,11 +252,15 @@ impl Charge {
         self.bytes
     }
 
-    /// Takes `n` more bytes if they fit in its budget (a charge of no budget: always).
+    /// Takes `n` more bytes if they fit in its budget, once kept values are dropped to make
+    /// room if need be (a charge of no budget: always).
     pub fn try_grow(&mut self, n: u64) -> bool {
         let Some(b) = &self.of else {
             return true;
         };
+        if !b.fits(n) {
+            b.make_room(|h| h.saturating_add(n) <= b.inner.limit);
+        }
         let limit = b.inner.limit;
         let ok = b
             .inner
@@ -261,6 +382,28 @@ mod tests {
         m.merge(a);
         assert_eq!(m.bytes(), 510);
         drop(m);
+        assert_eq!(b.held(), 0);
+    }
+
+    /// Kept values hold their bytes until dropped, and the budget drops them, oldest first, to
+    /// fit what it is asked for.
+    #[test]
+    fn kept_values_are_dropped_oldest_first_for_room() {
+        let b = Budget::new(100);
+        let old = b.keep("old", b.force(40));
+        let new = b.keep("new", b.force(40));
+        let gone = b.keep("gone", b.force(10));
+        drop(gone);
+        assert_eq!(b.held(), 80);
+        // 30 fit only once the oldest is dropped.
+        let c = b.try_charge(30).expect("room made");
+        assert_eq!((old.with(|s| *s), new.with(|s| *s)), (None, Some("new")));
+        assert_eq!((b.held(), b.evicted(), old.bytes()), (70, 1, 0));
+        // Full: admission drops the rest first.
+        let f = b.force(30);
+        b.admit().expect("room made");
+        assert_eq!((new.with(|s| *s), b.held(), b.evicted()), (None, 60, 2));
+        drop((c, f));
         assert_eq!(b.held(), 0);
     }
 }

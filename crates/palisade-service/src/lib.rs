@@ -280,6 +280,7 @@ impl Service {
             held_limit: self.inner.held.limit(),
             held_refused: self.inner.held.refused(),
             held_cut: self.inner.held.cut(),
+            held_evicted: self.inner.held.evicted(),
         })
     }
 

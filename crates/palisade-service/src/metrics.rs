@@ -53,6 +53,7 @@ pub struct Gauges {
     pub held_limit: u64,
     pub held_refused: u64,
     pub held_cut: u64,
+    pub held_evicted: u64,
 }
 
 impl Metrics {
@@ -303,6 +304,12 @@ impl Metrics {
             "palisade_held_cut_total",
             "Outputs cut (output-limit) because the bytes held for replies were at --max-held.",
             g.held_cut,
+        );
+        counter(
+            &mut s,
+            "palisade_held_evicted_total",
+            "Background exec results kept for clients, dropped (oldest first) to make room within --max-held.",
+            g.held_evicted,
         );
         s
     }

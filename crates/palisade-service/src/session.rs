@@ -6,7 +6,7 @@
 //! everything in it.
 
 use crate::api::{self, Data, ExecEvent, ExecInfo, SessionInfo, SessionRequest, Stage};
-use crate::budget::{Charge, Charged};
+use crate::budget::{Budget, Charge, Charged, Kept};
 use crate::client::{AgentConn, Reply};
 use crate::proto::{self, Request};
 use crate::run::{capture, exec_error, stage_of, Held};
@@ -76,9 +76,9 @@ pub(crate) struct Session {
 /// A background exec.
 struct Bg {
     stdin: Option<Arc<tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>>>,
-    result: Option<Stage>,
-    /// Its kept output, counted against the server's budget of bytes held.
-    held: Charge,
+    /// Its result once it ended, its output counted against the server's budget of bytes
+    /// held, which may drop it (oldest first) when it needs the room.
+    result: Option<Kept<Stage>>,
 }
 
 /// A session's background execs: running ones, and the results of finished ones within
@@ -95,7 +95,7 @@ struct Execs {
 
 impl Execs {
     /// Keeps `result` as exec `eid`'s, then drops the oldest results past the bounds.
-    fn finish(&mut self, eid: u64, mut result: Stage, mut held: Charge) {
+    fn finish(&mut self, eid: u64, mut result: Stage, mut held: Charge, budget: &Budget) {
         let Some(bg) = self.map.get_mut(&eid) else {
             return;
         };
@@ -105,8 +105,7 @@ impl Execs {
         let size = result.stdout.data.len() as u64 + result.stderr.data.len() as u64;
         // What is kept now (base64 of output that is not UTF-8 is a third larger).
         held.set(size);
-        bg.held = held;
-        bg.result = Some(result);
+        bg.result = Some(budget.keep(result, held));
         bg.stdin = None;
         self.done.push_back((eid, size));
         self.bytes += size;
@@ -797,7 +796,6 @@ impl Service {
                 Bg {
                     stdin: Some(pipe),
                     result: None,
-                    held: Charge::default(),
                 },
             );
         let svc = self.clone();
@@ -807,10 +805,12 @@ impl Service {
             let result = svc.exec_ended(&s2, eid, &mut c, oom).await;
             let held = std::mem::take(&mut c.held);
             drop(c);
-            s2.execs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .finish(eid, result, held);
+            s2.execs.lock().unwrap_or_else(|p| p.into_inner()).finish(
+                eid,
+                result,
+                held,
+                &svc.inner.held,
+            );
         });
         Ok(ExecInfo {
             id: eid,
@@ -825,18 +825,31 @@ impl Service {
     pub fn exec_info(&self, id: &str, exec: u64) -> Result<Charged<ExecInfo>, ServiceError> {
         let s = self.session(id)?;
         s.touch();
-        let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
-        let bg = execs.get(exec)?;
-        let size = bg
-            .result
-            .as_ref()
-            .map_or(0, |r| (r.stdout.data.len() + r.stderr.data.len()) as u64);
-        let held = self.inner.held.admit_charge(size)?;
+        let kept = {
+            let execs = s.execs.lock().unwrap_or_else(|p| p.into_inner());
+            execs.get(exec)?.result.clone()
+        };
+        let Some(kept) = kept else {
+            let info = ExecInfo {
+                id: exec,
+                running: true,
+                result: None,
+            };
+            return Ok(Charged::new(info, Charge::default()));
+        };
+        // Room for the copy first (which may drop this very result, the oldest kept).
+        let held = self.inner.held.admit_charge(kept.bytes())?;
+        let Some(result) = kept.with(Stage::clone) else {
+            return Err(ServiceError::result_dropped(
+                exec,
+                "the server needed its room for replies (--max-held), and dropped the oldest results kept",
+            ));
+        };
         Ok(Charged::new(
             ExecInfo {
                 id: exec,
-                running: bg.result.is_none(),
-                result: bg.result.clone(),
+                running: false,
+                result: Some(result),
             },
             held,
         ))
