@@ -51,6 +51,10 @@ pub struct McpArgs {
     /// https://app.example.com:443. Requests with any other Origin header are refused.
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     allow_origin: Vec<String>,
+    /// With --listen: a client that takes none of its answer for this long is disconnected, and
+    /// what the answer held is given back.
+    #[arg(long = "send-timeout", value_name = "DURATION", default_value = "30s")]
+    send_timeout: String,
     /// Sandboxes that run at once (default: twice the CPUs).
     #[arg(long = "max-concurrency", value_name = "N")]
     max_concurrency: Option<usize>,
@@ -122,6 +126,12 @@ pub fn main(a: McpArgs) -> anyhow::Result<i32> {
         a.max_call
     );
     let shown = palisade::policy::parse_size("--output-shown", &a.output_shown)?;
+    let send_timeout = palisade::policy::parse_duration("--send-timeout", &a.send_timeout)?;
+    anyhow::ensure!(
+        send_timeout >= std::time::Duration::from_secs(1),
+        "--send-timeout {}: at least 1s",
+        a.send_timeout
+    );
     anyhow::ensure!(
         (256..=1 << 20).contains(&shown),
         "--output-shown {}: between 256B and 1MiB",
@@ -181,7 +191,7 @@ pub fn main(a: McpArgs) -> anyhow::Result<i32> {
         let server = Server::new(svc.clone(), opts);
         let r = match listen {
             None => serve_stdio(server).await,
-            Some(addr) => serve_http(server, addr, token, a.allow_origin).await,
+            Some(addr) => serve_http(server, addr, token, a.allow_origin, send_timeout).await,
         };
         svc.shutdown().await;
         r
@@ -230,6 +240,7 @@ async fn serve_http(
     addr: std::net::SocketAddr,
     token: Option<Arc<str>>,
     origins: Vec<String>,
+    send_timeout: std::time::Duration,
 ) -> anyhow::Result<()> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
@@ -286,6 +297,10 @@ async fn serve_http(
         .with_context(|| format!("--listen {addr}"))?;
     // The address on stderr, for whoever started us on port 0.
     eprintln!("palisade mcp: listening on http://{}/mcp", l.local_addr()?);
+    let l = crate::stall::Stall {
+        inner: l,
+        timeout: send_timeout,
+    };
     let stop = ct.clone();
     axum::serve(l, router)
         .with_graceful_shutdown(async move {
