@@ -1113,7 +1113,7 @@ impl Server {
         let mut eid = None;
         loop {
             tokio::select! {
-                ev = rx.recv() => match ev {
+                ev = rx.recv() => match ev.map(palisade_service::budget::Charged::into_inner) {
                     Some(ExecEvent::Start { id }) => eid = Some(id),
                     Some(ExecEvent::Stdout { data }) => out.extend(data.decode()),
                     Some(ExecEvent::Stderr { data }) => err.extend(data.decode()),

@@ -59,14 +59,15 @@ pub struct ServeArgs {
     /// of a session, one archive.
     #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
     max_fetch: String,
-    /// Most bytes the server holds for replies at once, across all requests, e.g. 512MiB:
-    /// programs' output as it is captured, files and archives read back, and replies until their
-    /// clients have taken them. While it is full, new runs, execs and reads are refused 429 with
-    /// Retry-After, and output past it is cut (output-limit, `cut_by_server`).
+    /// Most bytes the server holds for requests and replies at once, e.g. 512MiB: request bodies
+    /// as they come, programs' output as it is captured, files and archives read back, and
+    /// replies until their clients have taken them. While it is full, new runs, execs and reads
+    /// are refused 429 with Retry-After, and output past it is cut (output-limit,
+    /// `cut_by_server`).
     #[arg(long = "max-held", value_name = "SIZE", default_value = "512MiB")]
     max_held: String,
-    /// A client that takes none of its reply for this long, or that takes a reply more slowly
-    /// than 64 KiB/s past it, is disconnected, and what its reply held is given back.
+    /// A client that takes none of its reply for this long, or that takes a reply (or sends a
+    /// body) more slowly than 64 KiB/s past it, is disconnected, and what it held is given back.
     #[arg(long = "send-timeout", value_name = "DURATION", default_value = "30s")]
     send_timeout: String,
     /// Longest (and default) session TTL, e.g. 1h.
@@ -236,13 +237,88 @@ async fn decode<T: DeserializeOwned>(app: &App, body: Body) -> Res<T> {
 }
 
 async fn read_body(app: &App, body: Body) -> Res<Bytes> {
-    axum::body::to_bytes(body, app.max_body)
-        .await
-        .map_err(|_| ApiError(ServiceError::too_large(app.max_body)))
+    Ok(read_body_held(app, body).await?.0)
 }
 
-fn json<T: serde::Serialize>(v: &T) -> Response {
-    axum::Json(v).into_response()
+/// Reads the body (at most `max_body`), counting its bytes against the server's budget of bytes
+/// held as they come (`busy` when they do not fit: the budget counts requests being read as well
+/// as replies), within a deadline: `--send-timeout` plus its size at [`MIN_SEND_RATE`]. A client
+/// that sends most of a body and stops held it for as long as it liked. The charge is the
+/// caller's to keep while it holds the bytes.
+async fn read_body_held(app: &App, body: Body) -> Res<(Bytes, Charge)> {
+    use axum::body::HttpBody;
+    use futures_util::StreamExt;
+    let max = app.max_body as u64;
+    let expected = body.size_hint().upper().unwrap_or(max).min(max);
+    let deadline = tokio::time::Instant::now()
+        + app.send_timeout
+        + Duration::from_secs(expected / MIN_SEND_RATE);
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    let mut charge = app.svc.held().charge();
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .map_err(|_| {
+                ApiError(ServiceError::invalid(
+                    "body",
+                    format!(
+                        "{} bytes in {} s",
+                        buf.len(),
+                        (deadline - tokio::time::Instant::now()).as_secs()
+                    ),
+                    format!(
+                        "a body sent within --send-timeout ({} s) plus its size at 64 KiB/s",
+                        app.send_timeout.as_secs()
+                    ),
+                ))
+            })?;
+        let chunk = match next {
+            None => break,
+            Some(Ok(c)) => c,
+            // A body cut short, or over the limit hyper was told (Content-Length).
+            Some(Err(_)) => return Err(ApiError(ServiceError::too_large(app.max_body))),
+        };
+        if buf.len() + chunk.len() > app.max_body {
+            return Err(ApiError(ServiceError::too_large(app.max_body)));
+        }
+        if !charge.try_grow(chunk.len() as u64) {
+            return Err(ApiError(app.svc.held().refuse()));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok((buf.freeze(), charge))
+}
+
+/// A reply in JSON. One past a piece ([`PIECE`]) is counted against the server's budget of bytes
+/// held for replies until its client has taken it, and refused `busy` while the budget is full
+/// (a list of sessions with long labels, asked for by many clients that do not read).
+fn json<T: serde::Serialize>(app: &App, v: &T) -> Response {
+    let b = match serde_json::to_vec(v) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError(ServiceError::internal(format!("the reply: {e}"))).into_response()
+        }
+    };
+    if b.len() <= PIECE {
+        return ([(header::CONTENT_TYPE, "application/json")], b).into_response();
+    }
+    match app.svc.held().admit_charge(b.len() as u64) {
+        Ok(c) => held_body(app, "application/json", b, c),
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+/// [`json`] for the answer to work already done (a session deleted, a change set applied): it is
+/// counted, never refused.
+fn json_done<T: serde::Serialize>(app: &App, v: &T) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(b) => {
+            let c = app.svc.held().force(b.len() as u64);
+            held_body(app, "application/json", b, c)
+        }
+        Err(e) => ApiError(ServiceError::internal(format!("the reply: {e}"))).into_response(),
+    }
 }
 
 /// Reads a bearer token from `--token-file` (of `serve` and `mcp`): one line of at least 16
@@ -656,7 +732,7 @@ async fn openapi_doc(State(app): State<App>) -> Response {
 }
 
 async fn languages(State(app): State<App>) -> Response {
-    json(&app.svc.languages())
+    json(&app, &app.svc.languages())
 }
 
 async fn run(State(app): State<App>, body: Body) -> Res<Response> {
@@ -791,29 +867,6 @@ where
     Body::from_stream(stream)
 }
 
-/// A channel of items that hold nothing against the budget (an exec's events: each at most a
-/// chunk of its pipe), as one of [`Charged`] items.
-fn uncharged<T: Send + 'static>(
-    mut rx: tokio::sync::mpsc::Receiver<T>,
-) -> tokio::sync::mpsc::Receiver<Charged<T>> {
-    let (tx, out) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        loop {
-            // A client that went away drops `out`: `rx` goes at once with it, which is what
-            // kills the work behind it (not at its next item, which may never come).
-            let v = tokio::select! {
-                v = rx.recv() => v,
-                _ = tx.closed() => None,
-            };
-            let Some(v) = v else { break };
-            if tx.send(Charged::new(v, Charge::default())).await.is_err() {
-                break;
-            }
-        }
-    });
-    out
-}
-
 /// Silence after which a streamed answer gets a keep-alive chunk.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -850,16 +903,19 @@ async fn create_session(State(app): State<App>, body: Body) -> Res<Response> {
 }
 
 async fn list_sessions(State(app): State<App>) -> Response {
-    json(&app.svc.list_sessions())
+    json(&app, &app.svc.list_sessions())
 }
 
 async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
-    Ok(json(&app.svc.get_session(&id)?))
+    Ok(json(&app, &app.svc.get_session(&id)?))
 }
 
 async fn delete_session(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
     let report = app.svc.delete_session(&id).await?;
-    Ok(json(&serde_json::json!({ "id": id, "report": report })))
+    Ok(json_done(
+        &app,
+        &serde_json::json!({ "id": id, "report": report }),
+    ))
 }
 
 async fn exec(
@@ -889,7 +945,7 @@ async fn exec(
             .into_response()),
         "stream" => {
             let rx = app.svc.exec_stream(&id, req).await?;
-            Ok(ndjson(&app, uncharged(rx)))
+            Ok(ndjson(&app, rx))
         }
         "sse" => {
             let rx = app.svc.exec_stream(&id, req).await?;
@@ -897,6 +953,7 @@ async fn exec(
                 &app,
                 rx,
                 |ev| {
+                    let (ev, charge) = ev.into_parts();
                     let name = match &ev {
                         api::ExecEvent::Start { .. } => "start",
                         api::ExecEvent::Stdout { .. } => "stdout",
@@ -905,7 +962,7 @@ async fn exec(
                     };
                     let data = serde_json::to_string(&ev).unwrap_or_default();
                     let frame = format!("event: {name}\ndata: {data}\n\n").into_bytes();
-                    (frame, Charge::default())
+                    (frame, charge)
                 },
                 b": keep-alive\n\n",
             );
@@ -1008,7 +1065,7 @@ async fn list_files(
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Res<Response> {
-    Ok(json(&app.svc.list_files(&id, &q.path).await?))
+    Ok(json(&app, &app.svc.list_files(&id, &q.path).await?))
 }
 
 async fn get_file(
@@ -1024,7 +1081,8 @@ async fn put_file(
     Path((id, path)): Path<(String, String)>,
     body: Body,
 ) -> Res<Response> {
-    let data = read_body(&app, body).await?;
+    // The body's bytes stay counted until the agent has them.
+    let (data, _held) = read_body_held(&app, body).await?;
     app.svc.put_file(&id, &path, data).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -1048,7 +1106,7 @@ async fn put_archive(
     Query(q): Query<ListQuery>,
     body: Body,
 ) -> Res<Response> {
-    let data = read_body(&app, body).await?;
+    let (data, _held) = read_body_held(&app, body).await?;
     app.svc.put_archive(&id, &q.path, data).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -1074,7 +1132,7 @@ async fn create_context(
 }
 
 async fn list_contexts(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
-    Ok(json(&app.svc.list_contexts(&id).await?))
+    Ok(json(&app, &app.svc.list_contexts(&id).await?))
 }
 
 async fn delete_context(
@@ -1091,7 +1149,7 @@ async fn run_cell(State(app): State<App>, Path(id): Path<String>, body: Body) ->
 }
 
 async fn list_changes(State(app): State<App>) -> Res<Response> {
-    Ok(json(&app.svc.list_change_sets().await?))
+    Ok(json(&app, &app.svc.list_change_sets().await?))
 }
 
 async fn get_changes(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {
@@ -1152,7 +1210,7 @@ async fn apply_changes(
     body: Body,
 ) -> Res<Response> {
     let req: api::ApplyRequest = decode_or_default(&app, body).await?;
-    Ok(json(&app.svc.apply_change_set(&id, req).await?))
+    Ok(json_done(&app, &app.svc.apply_change_set(&id, req).await?))
 }
 
 async fn discard_changes(State(app): State<App>, Path(id): Path<String>) -> Res<Response> {

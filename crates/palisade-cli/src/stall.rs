@@ -2,7 +2,10 @@
 //!
 //! A reply the server has begun to send holds memory until the client has taken it. A client
 //! that reads nothing would hold it for ever: a write that makes no progress for the timeout
-//! fails, hyper closes the connection, and whatever the reply held is given back. Reads are not
+//! fails, hyper closes the connection, and whatever the reply held is given back. Progress is the
+//! client taking bytes, read from the socket's queue (`SIOCOUTQ`), not a write going through: the
+//! kernel wakes a blocked writer only once a third of a full send buffer (up to 4 MiB) has
+//! drained, so a client reading a steady 32 KiB/s was taken for a stalled one. Reads are not
 //! timed here (a request body is bounded by `--max-body`, and a client that sends nothing holds
 //! nothing of ours but the connection).
 
@@ -20,7 +23,34 @@ pub struct Stall<L> {
     pub timeout: Duration,
 }
 
-impl<L: axum::serve::Listener> axum::serve::Listener for Stall<L> {
+/// A connection whose queue of bytes not yet taken by its peer can be read.
+pub trait Unsent {
+    /// Bytes written that the peer has not taken yet (`None`: unknown).
+    fn unsent(&self) -> Option<u64>;
+}
+
+impl Unsent for tokio::net::TcpStream {
+    fn unsent(&self) -> Option<u64> {
+        palisade_linux::host::unsent_bytes(self)
+    }
+}
+
+impl Unsent for tokio::net::UnixStream {
+    fn unsent(&self) -> Option<u64> {
+        palisade_linux::host::unsent_bytes(self)
+    }
+}
+
+impl Unsent for tokio::io::DuplexStream {
+    fn unsent(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl<L: axum::serve::Listener> axum::serve::Listener for Stall<L>
+where
+    L::Io: Unsent,
+{
     type Io = StallIo<L::Io>;
     type Addr = L::Addr;
 
@@ -31,6 +61,7 @@ impl<L: axum::serve::Listener> axum::serve::Listener for Stall<L> {
                 io,
                 timeout: self.timeout,
                 since: None,
+                queued: None,
             },
             addr,
         )
@@ -47,27 +78,43 @@ pub struct StallIo<T> {
     timeout: Duration,
     /// Armed when a write could not go on; cleared when one does.
     since: Option<Pin<Box<Sleep>>>,
+    /// The bytes the peer had not taken when it was armed.
+    queued: Option<u64>,
 }
 
-impl<T> StallIo<T> {
+impl<T: Unsent> StallIo<T> {
     /// What a write that could not go on (`Pending`) becomes: still pending, or timed out.
     fn stalled<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
         match r {
             Poll::Pending => {
                 let timeout = self.timeout;
-                let sleep = self
-                    .since
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                match sleep.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "the client took none of its reply for {} s (--send-timeout)",
-                            timeout.as_secs()
-                        ),
-                    ))),
-                    Poll::Pending => Poll::Pending,
+                if self.since.is_none() {
+                    self.queued = self.io.unsent();
                 }
+                loop {
+                    let sleep = self
+                        .since
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // The timeout is up: still a stall only if the peer took nothing meanwhile.
+                    let now = self.io.unsent();
+                    match (self.queued, now) {
+                        (Some(then), Some(now)) if now < then => {
+                            self.queued = Some(now);
+                            self.since = None;
+                        }
+                        _ => break,
+                    }
+                }
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the client took none of its reply for {} s (--send-timeout)",
+                        timeout.as_secs()
+                    ),
+                )))
             }
             done => {
                 self.since = None;
@@ -77,7 +124,7 @@ impl<T> StallIo<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for StallIo<T> {
+impl<T: AsyncRead + Unpin + Unsent> AsyncRead for StallIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -87,7 +134,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for StallIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for StallIo<T> {
+impl<T: AsyncWrite + Unpin + Unsent> AsyncWrite for StallIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -135,6 +182,7 @@ mod tests {
             io: a,
             timeout: Duration::from_millis(300),
             since: None,
+            queued: None,
         };
         let t0 = std::time::Instant::now();
         let e = io.write_all(&[0u8; 8192]).await.expect_err("stalled");
@@ -147,6 +195,7 @@ mod tests {
             io: a,
             timeout: Duration::from_millis(300),
             since: None,
+            queued: None,
         };
         let reader = tokio::spawn(async move {
             let mut n = 0;
@@ -166,5 +215,44 @@ mod tests {
         io.shutdown().await.unwrap();
         drop(io);
         assert_eq!(reader.await.unwrap(), 8192);
+    }
+
+    /// A peer that takes its bytes slowly but steadily is not a stalled one, though the kernel
+    /// wakes the writer only once a quarter of the send buffer is left (a unix socket's rule):
+    /// here after about 0.4 s, with a timeout of 300 ms. The progress is read from the socket's
+    /// queue.
+    #[tokio::test]
+    async fn a_slow_steady_reader_is_not_cut_though_writes_wake_seldom() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&a, 16 << 10).unwrap();
+        a.set_nonblocking(true).unwrap();
+        let a = tokio::net::UnixStream::from_std(a).unwrap();
+        let mut io = StallIo {
+            io: a,
+            timeout: Duration::from_millis(300),
+            since: None,
+            queued: None,
+        };
+        let reader = std::thread::spawn(move || {
+            let mut b = b;
+            let (mut n, mut buf) = (0, [0u8; 2048]);
+            loop {
+                std::thread::sleep(Duration::from_millis(60));
+                match std::io::Read::read(&mut b, &mut buf) {
+                    Ok(0) | Err(_) => return n,
+                    Ok(k) => n += k,
+                }
+            }
+        });
+        // In writes of 1 KiB, as hyper's pieces are small beside a send buffer (the queue
+        // shrinks as each is taken whole).
+        let total = 96 << 10;
+        for _ in 0..96 {
+            io.write_all(&[7u8; 1024])
+                .await
+                .expect("a steady reader is not a stalled one");
+        }
+        drop(io);
+        assert_eq!(reader.join().unwrap(), total);
     }
 }

@@ -3123,3 +3123,130 @@ fn kept_results_give_their_room_to_new_work_oldest_first() {
     assert_eq!(s.metric("palisade_held_bytes"), 0);
     assert_nothing_held(s.pid());
 }
+
+/// What else the budget bounds (found by an independent attack on the first version):
+/// - a run that waited in the queue while replies filled the budget is refused when its turn
+///   comes, not started (admitted while the queue had room, 68 waiting runs held 4.3 GB);
+/// - a large JSON reply (a list of sessions with long labels) is refused while the budget is
+///   full, and counted until taken otherwise (100 clients that did not read took 2.6 GB);
+/// - a request body is counted as it comes and must come within `--send-timeout` plus its size
+///   at 64 KiB/s (200 clients that sent most of 16 MiB and stopped took 3.2 GB);
+/// - a cell holds room for its largest answer while it runs, and one that could never fit is
+///   refused naming `output_bytes` (cells at once in many contexts took 1.5 GB).
+#[test]
+fn queued_runs_large_replies_bodies_and_cells_stay_within_the_budget() {
+    let s = Server::start(
+        POLICY,
+        &[
+            "--max-held",
+            "16MiB",
+            "--max-concurrency",
+            "1",
+            "--send-timeout",
+            "3s",
+        ],
+    );
+    let labels: serde_json::Map<String, Value> = (0..64)
+        .map(|i| (format!("l{i}"), json!("\u{1}".repeat(1000))))
+        .collect();
+    let id = s
+        .post(
+            "/v1/sandboxes",
+            &json!({"limits": {"memory_bytes": 128u64 << 20}, "labels": labels}),
+        )
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(s.get("/v1/sandboxes").status, 200);
+    assert_ok_with(
+        &sh(&s, &id, "head -c 8388608 /dev/urandom > big && echo done"),
+        "done\n",
+    );
+    // One run holds the only slot; a second waits in the queue, admitted with the budget empty.
+    let sock = s.sock.clone();
+    let first = std::thread::spawn(move || {
+        request(
+            &sock,
+            "POST",
+            "/v1/run",
+            &[],
+            br#"{"command": ["sleep", "3"]}"#,
+        )
+        .status
+    });
+    wait_until("the first run runs", || s.metric("palisade_running") == 1);
+    let sock = s.sock.clone();
+    let queued = std::thread::spawn(move || {
+        let r = request(&sock, "POST", "/v1/run", &[], br#"{"command": ["true"]}"#);
+        (r.status, r.text())
+    });
+    wait_until("the second run waits", || {
+        s.metric("palisade_queue_depth") == 1
+    });
+    // Two clients that stop reading an 8 MiB file fill the budget.
+    let path = format!("/v1/sandboxes/{id}/files/big");
+    let held: Vec<UnixStream> = (0..2)
+        .map(|_| {
+            let (c, status) = stalled(&s, "GET", &path);
+            assert_eq!(status, 200);
+            c
+        })
+        .collect();
+    assert_eq!(s.metric("palisade_held_bytes"), 16 << 20);
+    assert_eq!(first.join().unwrap(), 200);
+    let (status, text) = queued.join().unwrap();
+    assert_eq!(status, 429, "{}", &text[..text.len().min(300)]);
+    assert!(text.contains("--max-held"), "{text}");
+    let list = s.get("/v1/sandboxes");
+    assert_eq!(list.status, 429, "a list of {} bytes", list.body.len());
+    wait_until("the stalled clients are cut", || {
+        s.metric("palisade_held_bytes") == 0
+    });
+    drop(held);
+    assert_eq!(s.get("/v1/sandboxes").status, 200);
+
+    // A body that stops coming is counted while it waits, and refused at its deadline.
+    let mut c = UnixStream::connect(&s.sock).unwrap();
+    std::io::Write::write_all(
+        &mut c,
+        b"POST /v1/run HTTP/1.1\r\nHost: palisade\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+    )
+    .unwrap();
+    std::io::Write::write_all(&mut c, &[b' '; 60_000]).unwrap();
+    wait_until("the body so far is counted", || {
+        s.metric("palisade_held_bytes") >= 60_000
+    });
+    c.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let r = common::serve::parse(&raw);
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (400, Some("body")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+
+    // A cell whose largest answer could never fit is refused by name; a smaller one runs.
+    let cell = |body: Value| s.post(&format!("/v1/sandboxes/{id}/run_code"), &body);
+    let r = cell(json!({"code": "print(1)", "output_bytes": 8u64 << 20}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (403, Some("output_bytes")),
+        "{}",
+        r.text()
+    );
+    let r = cell(json!({"code": "print(1)", "output_bytes": 100_000}));
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (200, Some("ok")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_held(s.pid());
+}

@@ -11,6 +11,14 @@ pub fn thread_cpu_time() -> std::time::Duration {
     sys::thread_cpu_time()
 }
 
+/// Bytes written to a stream socket that its peer has not taken yet (`SIOCOUTQ`); `None` when
+/// the descriptor is not one.
+pub fn unsent_bytes(fd: impl AsFd) -> Option<u64> {
+    sys::unsent_bytes(fd.as_fd().as_raw_fd())
+        .ok()
+        .map(|n| n.max(0) as u64)
+}
+
 /// The effective uid of this process.
 pub fn euid() -> u32 {
     sys::geteuid()

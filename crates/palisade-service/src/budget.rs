@@ -185,9 +185,10 @@ impl Budget {
         }
     }
 
-    /// Counts a request refused because the budget was full.
-    pub(crate) fn refuse(&self) {
+    /// Counts a request refused because the budget was full; the error that refuses it.
+    pub fn refuse(&self) -> ServiceError {
         self.inner.refused.fetch_add(1, Ordering::Relaxed);
+        ServiceError::held_full(self.held(), self.inner.limit)
     }
 
     /// Counts an output cut because the budget was full.
@@ -231,8 +232,20 @@ impl Budget {
         if held < limit {
             return Ok(());
         }
-        self.refuse();
-        Err(ServiceError::held_full(held, self.inner.limit))
+        Err(self.refuse())
+    }
+
+    /// Whether work may start now ([`Budget::admit`] without counting a refusal).
+    pub fn has_room(&self) -> bool {
+        let limit = self.inner.limit;
+        self.make_room(|h| h < limit);
+        self.held() < limit
+    }
+
+    /// `n` bytes held for work that may make that much (its largest answer), or `busy` when they
+    /// do not fit; the work sets the charge to what it made when it ends ([`Charge::set`]).
+    pub fn reserve(&self, n: u64) -> Result<Charge, ServiceError> {
+        self.try_charge(n).ok_or_else(|| self.refuse())
     }
 
     /// [`Budget::admit`], then [`Budget::force`] of `n` bytes.
@@ -287,6 +300,14 @@ impl Charge {
             b.give_back(self.bytes - n);
         }
         self.bytes = n;
+    }
+
+    /// An empty charge on the same budget (of none when this one is of none).
+    pub fn budget_charge(&self) -> Charge {
+        Charge {
+            of: self.of.clone(),
+            bytes: 0,
+        }
     }
 
     /// Adds `other`'s bytes to this one (of the same budget, or this one of none).

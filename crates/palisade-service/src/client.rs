@@ -556,7 +556,7 @@ impl Parts {
         if !fits {
             self.take(id);
             self.refused = Some(id);
-            self.held.refuse();
+            let _ = self.held.refuse();
         }
         fits
     }

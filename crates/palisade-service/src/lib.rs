@@ -158,7 +158,10 @@ impl Ticket {
         if self.inner.stopping.load(Ordering::SeqCst) {
             return Err(ServiceError::shutting_down());
         }
-        Ok(())
+        // Again now that it runs: a request that waited in the queue while replies filled the
+        // budget starts no more output than one admitted at once would (`busy` otherwise; the
+        // slot goes back with the ticket).
+        self.inner.held.admit()
     }
 }
 

@@ -784,7 +784,9 @@ impl Service {
             .map(|(i, r)| self.plan(r, &format!("runs[{i}].")))
             .collect::<Result<_, _>>()?;
         let ticket = self.admit()?;
-        let (tx, rx) = tokio::sync::mpsc::channel(conc);
+        // One result waits in the channel; the others that are done wait to be sent, each with
+        // its place of the batch's `conc` held.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
         let svc = self.clone();
         tokio::spawn(async move {
             let _ticket = ticket;
@@ -795,6 +797,17 @@ impl Service {
                     break;
                 };
                 if tx.is_closed() || svc.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                // A run starts only while the server's budget of bytes held for replies has room
+                // (as a queued run, `Ticket::ready`); a batch's run waits for it rather than fail.
+                while !svc.inner.held.has_room() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                        _ = tx.closed() => break,
+                    }
+                }
+                if tx.is_closed() {
                     break;
                 }
                 let Ok(gp) = svc.inner.slots.clone().acquire_owned().await else {
@@ -938,6 +951,10 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> Charged<
     result
 }
 
+/// A chunk of a streamed exec's output: whether it is stderr's, its bytes, and what they hold
+/// against the server's budget.
+pub(crate) type Chunk = (bool, Vec<u8>, Charge);
+
 /// What one exec's pipes and end gave.
 pub(crate) struct Captured {
     pub exit: Option<Exit>,
@@ -1032,7 +1049,7 @@ pub(crate) async fn capture(
     stdin: Vec<u8>,
     timeout: Duration,
     cap: u64,
-    tap: Option<&tokio::sync::mpsc::Sender<(bool, Vec<u8>)>>,
+    tap: Option<&tokio::sync::mpsc::Sender<Chunk>>,
 ) -> Captured {
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -1128,7 +1145,7 @@ async fn keep(
     err: bool,
     b: &[u8],
     cap: u64,
-    tap: Option<&tokio::sync::mpsc::Sender<(bool, Vec<u8>)>>,
+    tap: Option<&tokio::sync::mpsc::Sender<Chunk>>,
     deadline: tokio::time::Instant,
 ) {
     let used = (c.stdout.len() + c.stderr.len()) as u64 + c.streamed;
@@ -1141,10 +1158,17 @@ async fn keep(
         return;
     }
     match tap {
-        // Streamed bytes are counted against the cap, not kept.
+        // Streamed bytes are counted against the cap, not kept; on their way to the client they
+        // hold their room in the server's budget, and what does not fit is cut as kept output is.
         Some(t) => {
+            let mut held = c.held.budget_charge();
+            if !held.try_grow(take.len() as u64) {
+                c.output_hit = true;
+                c.cut_by_server = true;
+                return;
+            }
             c.streamed += take.len() as u64;
-            let sent = tokio::time::timeout_at(deadline, t.send((err, take.to_vec()))).await;
+            let sent = tokio::time::timeout_at(deadline, t.send((err, take.to_vec(), held))).await;
             // Not taken by the deadline (a client that went away is acted on by the caller).
             if sent.is_err() {
                 c.dropped = true;

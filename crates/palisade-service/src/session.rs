@@ -20,8 +20,9 @@ use tokio::io::AsyncWriteExt;
 
 mod interp;
 
-/// Events of a streamed exec.
-pub type ExecStream = tokio::sync::mpsc::Receiver<ExecEvent>;
+/// Events of a streamed exec, each holding its output's bytes against the server's budget until
+/// the front end has handed it over.
+pub type ExecStream = tokio::sync::mpsc::Receiver<Charged<ExecEvent>>;
 
 #[derive(Default)]
 pub(crate) struct Registry {
@@ -733,14 +734,15 @@ impl Service {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
         let (e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
-        let (tx, rx) = tokio::sync::mpsc::channel::<ExecEvent>(16);
-        let (ctx, mut crx) = tokio::sync::mpsc::channel::<(bool, Vec<u8>)>(16);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Charged<ExecEvent>>(16);
+        let (ctx, mut crx) = tokio::sync::mpsc::channel::<crate::run::Chunk>(16);
         let svc = self.clone();
-        let _ = tx.send(ExecEvent::Start { id: eid }).await;
+        let none = |ev| Charged::new(ev, Charge::default());
+        let _ = tx.send(none(ExecEvent::Start { id: eid })).await;
         let tx2 = tx.clone();
         let fwd = tokio::spawn(async move {
             loop {
-                let (err, b) = tokio::select! {
+                let (err, b, held) = tokio::select! {
                     m = crx.recv() => match m {
                         Some(m) => m,
                         None => break,
@@ -754,7 +756,7 @@ impl Service {
                 } else {
                     ExecEvent::Stdout { data }
                 };
-                if tx2.send(ev).await.is_err() {
+                if tx2.send(Charged::new(ev, held)).await.is_err() {
                     break;
                 }
             }
@@ -766,7 +768,7 @@ impl Service {
             // the session's running list now, and its exit follows what is still to send.
             let result = svc.exec_ended(&s, eid, &mut c, oom).await;
             let _ = fwd.await;
-            let _ = tx.send(ExecEvent::Exit { result }).await;
+            let _ = tx.send(none(ExecEvent::Exit { result })).await;
         });
         Ok(rx)
     }

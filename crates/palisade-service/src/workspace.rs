@@ -672,8 +672,12 @@ impl Service {
         req: api::DiffRequest,
     ) -> Result<crate::budget::Charged<api::DiffResult>, ServiceError> {
         let paths = arg_paths(&req.paths, "paths")?;
-        self.inner.held.admit()?;
         let max = self.inner.config.max_fetch_bytes as usize;
+        // Room for the largest diff first: diffs at once cannot make more than the budget.
+        let mut held = self
+            .inner
+            .held
+            .reserve((max as u64).min(self.inner.held.limit()))?;
         let svc = self.clone();
         let id = id.to_owned();
         let r = blocking(move || {
@@ -702,7 +706,7 @@ impl Service {
             })
         })
         .await?;
-        let held = self.inner.held.force(r.diff.data.len() as u64);
+        held.set(r.diff.data.len() as u64);
         Ok(crate::budget::Charged::new(r, held))
     }
 

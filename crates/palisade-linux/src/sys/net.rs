@@ -69,3 +69,12 @@ pub fn bound_inet_socket(udp: bool, addr: u32, port: u16) -> SysResult<c_int> {
         Ok(fd)
     }
 }
+
+/// Bytes written to the stream socket `fd` that its peer has not taken yet (`SIOCOUTQ`: TCP's
+/// unsent and unacknowledged bytes, a unix socket's queued ones).
+pub fn unsent_bytes(fd: c_int) -> SysResult<c_int> {
+    let mut n: c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int through the pointer, to a local that outlives the call.
+    super::check_int(unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) })?;
+    Ok(n)
+}

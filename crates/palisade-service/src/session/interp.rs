@@ -280,7 +280,6 @@ impl Service {
     ) -> Result<crate::budget::Charged<CellResult>, ServiceError> {
         let s = self.session(id)?;
         s.touch();
-        self.inner.held.admit()?;
         check_language(req.language.as_deref(), "language")?;
         if req.code.len() > MAX_CELL_BYTES {
             return Err(ServiceError::invalid(
@@ -335,8 +334,19 @@ impl Service {
         // running list.
         let svc = self.clone();
         let code = req.code;
-        let r = super::own_task("a cell", async move {
-            svc.cell(s, ctx, code, cap, timeout).await
+        // Room for the largest answer the cell may give (the line read from the interpreter),
+        // held by the cell's own task for as long as it runs: cells at once, in many contexts
+        // and sessions, cannot make more than the budget.
+        let limit = self.inner.held.limit();
+        if max_answer_line(cap) > limit {
+            // It could never fit: not `busy` (retrying would not help), but the most it may ask.
+            let most = limit.saturating_sub(64 << 10) / 4;
+            return Err(ServiceError::ceiling("output_bytes", cap, most));
+        }
+        let held = self.inner.held.reserve(max_answer_line(cap))?;
+        let (r, mut held) = super::own_task("a cell", async move {
+            let r = svc.cell(s, ctx, code, cap, timeout).await?;
+            Ok((r, held))
         })
         .await?;
         let size = r.stdout.data.len()
@@ -345,7 +355,7 @@ impl Service {
             + r.error
                 .as_ref()
                 .map_or(0, |e| e.value.len() + e.traceback.len());
-        let held = self.inner.held.force(size as u64);
+        held.set(size as u64);
         Ok(crate::budget::Charged::new(r, held))
     }
 
