@@ -998,15 +998,14 @@ async fn exec_stdin(
     Query(q): Query<HashMap<String, String>>,
     body: Body,
 ) -> Res<Response> {
-    let data = read_body(&app, body).await?;
+    // Counted until the program has it (or the write is refused).
+    let (data, _held) = read_body_held(&app, body).await?;
     let close = match q.get("close").map(String::as_str) {
         None | Some("false") => false,
         Some("true") => true,
         Some(v) => return Err(ApiError(ServiceError::invalid("close", v, "true or false"))),
     };
-    app.svc
-        .exec_stdin(&id, exec_id(&e)?, data.to_vec(), close)
-        .await?;
+    app.svc.exec_stdin(&id, exec_id(&e)?, data, close).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -3250,3 +3250,43 @@ fn queued_runs_large_replies_bodies_and_cells_stay_within_the_budget() {
     assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
     assert_nothing_held(s.pid());
 }
+
+/// Stdin sent to a program that does not read it (found by a second independent attack): a
+/// background exec is answered at once and kept by its own task (its first stdin was written in
+/// the request, and a client that went away meanwhile left the exec running past its deadline,
+/// unknown to the session and counted among its running execs for good); a second write to an
+/// exec's stdin while one waits is `409` (each waited behind the first, holding its body).
+#[test]
+fn stdin_a_program_does_not_read_holds_nothing_past_its_exec() {
+    let s = Server::start(POLICY, &[]);
+    let id = session_of_128_mib(&s);
+    let marker = unique("nostdin");
+    let body = json!({
+        "command": ["sh", "-c", format!("sleep 600; : {marker}")],
+        "mode": "background",
+        "timeout_ms": 3000,
+        "stdin": "x".repeat(1 << 20),
+    });
+    let r = s.post(&format!("/v1/sandboxes/{id}/exec"), &body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let e = r.json()["id"].as_u64().unwrap();
+    let more = s.req(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec/{e}/stdin"),
+        b"more",
+    );
+    assert_eq!(more.status, 409, "{}", more.text());
+    wait_until("the exec ends at its deadline", || {
+        s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json()["running"] == json!(false)
+    });
+    let info = s.get(&format!("/v1/sandboxes/{id}/exec/{e}")).json();
+    assert_eq!(info["result"]["status"], "timeout", "{info}");
+    assert!(host_pids_with(&marker).is_empty());
+    assert_eq!(
+        s.get(&format!("/v1/sandboxes/{id}")).json()["running"],
+        json!([])
+    );
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_held(s.pid());
+}

@@ -47,6 +47,8 @@ struct Inner {
     refused: AtomicU64,
     cut: AtomicU64,
     evicted: AtomicU64,
+    /// Bytes of kept values still held (the most that dropping them all could give back).
+    evictable: Arc<AtomicU64>,
     /// What was kept ([`Budget::keep`]), oldest first: dropped from the front when room is
     /// needed. An entry whose value is gone already is skipped.
     kept: Mutex<VecDeque<Weak<dyn Evict>>>,
@@ -78,13 +80,32 @@ impl<T> Clone for Kept<T> {
 
 struct Slot<T> {
     value: Mutex<Option<(T, Charge)>>,
+    /// Its bytes, and the budget's count of kept bytes they are in.
+    bytes: u64,
+    evictable: Arc<AtomicU64>,
+}
+
+impl<T> Slot<T> {
+    /// Takes the value out (and its bytes out of the kept count), if it is still there.
+    fn take(&self) -> Option<(T, Charge)> {
+        let v = self.value.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if v.is_some() {
+            self.evictable.fetch_sub(self.bytes, Ordering::SeqCst);
+        }
+        v
+    }
+}
+
+impl<T> Drop for Slot<T> {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
 }
 
 impl<T: Send> Evict for Slot<T> {
     fn evict(&self) -> bool {
         // Taken out under the lock, dropped after it (with its charge).
-        let v = self.value.lock().unwrap_or_else(|p| p.into_inner()).take();
-        v.is_some()
+        self.take().is_some()
     }
 }
 
@@ -119,6 +140,7 @@ impl Budget {
                 refused: AtomicU64::new(0),
                 cut: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
+                evictable: Arc::new(AtomicU64::new(0)),
                 kept: Mutex::new(VecDeque::new()),
             }),
         }
@@ -152,8 +174,12 @@ impl Budget {
     /// Keeps `value`, holding `charge`, until the `Kept` is dropped or the budget needs its
     /// room.
     pub fn keep<T: Send + 'static>(&self, value: T, charge: Charge) -> Kept<T> {
+        let bytes = charge.bytes();
+        self.inner.evictable.fetch_add(bytes, Ordering::SeqCst);
         let slot = Arc::new(Slot {
             value: Mutex::new(Some((value, charge))),
+            bytes,
+            evictable: self.inner.evictable.clone(),
         });
         let weak: Weak<dyn Evict> = Arc::downgrade(&slot) as Weak<dyn Evict>;
         let mut q = self.inner.kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -164,8 +190,18 @@ impl Budget {
         Kept { slot }
     }
 
-    /// Drops kept values, oldest first, until `fits` says the bytes held fit or none is left.
+    /// Drops kept values, oldest first, until `fits` says the bytes held fit or none is left;
+    /// none when dropping them all would not be enough (the request is refused anyway, and the
+    /// results would be lost for nothing).
     fn make_room(&self, fits: impl Fn(u64) -> bool) {
+        let held = self.held();
+        if fits(held) {
+            return;
+        }
+        let kept = self.inner.evictable.load(Ordering::SeqCst);
+        if !fits(held.saturating_sub(kept)) {
+            return;
+        }
         loop {
             if fits(self.held()) {
                 return;
@@ -426,5 +462,21 @@ mod tests {
         assert_eq!((new.with(|s| *s), b.held(), b.evicted()), (None, 60, 2));
         drop((c, f));
         assert_eq!(b.held(), 0);
+    }
+
+    /// Nothing kept is dropped when dropping it all would not make the room asked for: the
+    /// request is refused, and the kept values stay.
+    #[test]
+    fn kept_values_are_not_dropped_for_nothing() {
+        let b = Budget::new(100);
+        let kept = b.keep("kept", b.force(10));
+        let other = b.force(100);
+        assert!(b.admit().is_err());
+        assert!(b.try_charge(1).is_none());
+        assert_eq!((kept.with(|s| *s), b.evicted()), (Some("kept"), 0));
+        drop(other);
+        drop(kept);
+        assert_eq!(b.held(), 0);
+        assert_eq!(b.inner.evictable.load(Ordering::SeqCst), 0);
     }
 }

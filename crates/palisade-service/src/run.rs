@@ -799,18 +799,28 @@ impl Service {
                 if tx.is_closed() || svc.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
                     break;
                 }
-                // A run starts only while the server's budget of bytes held for replies has room
-                // (as a queued run, `Ticket::ready`); a batch's run waits for it rather than fail.
-                while !svc.inner.held.has_room() {
-                    tokio::select! {
-                        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
-                        _ = tx.closed() => break,
+                // A run starts only while the server's budget of bytes held for replies has room,
+                // checked once it has its slot (as a queued run, `Ticket::ready`: checked before
+                // the wait, twenty batches' runs held twelve times the budget); a batch's run
+                // waits for room rather than fail, its slot given back meanwhile.
+                let gp = loop {
+                    while !svc.inner.held.has_room() && !tx.is_closed() {
+                        tokio::select! {
+                            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                            _ = tx.closed() => {}
+                        }
                     }
-                }
-                if tx.is_closed() {
-                    break;
-                }
-                let Ok(gp) = svc.inner.slots.clone().acquire_owned().await else {
+                    if tx.is_closed() {
+                        break None;
+                    }
+                    let Ok(gp) = svc.inner.slots.clone().acquire_owned().await else {
+                        break None;
+                    };
+                    if svc.inner.held.has_room() {
+                        break Some(gp);
+                    }
+                };
+                let Some(gp) = gp else {
                     break;
                 };
                 let (svc, tx) = (svc.clone(), tx.clone());
@@ -987,7 +997,16 @@ async fn stage(
         Ok(Err((code, message))) => return Err(exec_error(&code, &message)),
         Err(e) => return Err(ServiceError::internal(format!("the agent: {}", e.0))),
     };
-    let mut c = capture(conn, exec, stdin, s.timeout, s.output, None).await;
+    let mut c = capture(
+        conn,
+        exec,
+        stdin,
+        Charge::default(),
+        s.timeout,
+        s.output,
+        None,
+    )
+    .await;
     let stage = stage_of(&mut c);
     Ok((stage, c.held))
 }
@@ -1047,6 +1066,7 @@ pub(crate) async fn capture(
     conn: &AgentConn,
     mut exec: Exec,
     stdin: Vec<u8>,
+    stdin_held: Charge,
     timeout: Duration,
     cap: u64,
     tap: Option<&tokio::sync::mpsc::Sender<Chunk>>,
@@ -1068,7 +1088,8 @@ pub(crate) async fn capture(
     let mut writer = exec.stdin.take().map(|mut w| {
         tokio::spawn(async move {
             let _ = w.write_all(&stdin).await;
-            // Dropped here: end of file for the program.
+            // Dropped here: end of file for the program; and the bytes' room in the budget.
+            drop(stdin_held);
         })
     });
     let (mut out_open, mut err_open) = (true, true);

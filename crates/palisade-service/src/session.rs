@@ -696,12 +696,14 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<Charged<Stage>, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        self.inner.held.admit()?;
+        // The stdin is held (one copy: the request's goes now) until the program has it.
+        drop(req);
+        let stdin_held = self.inner.held.admit_charge(stdin.len() as u64)?;
         let (e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let (svc, s2) = (self.clone(), s.clone());
         let kept = tokio::spawn(async move {
-            let mut c = capture(&s2.conn, e, stdin, timeout, cap, None).await;
+            let mut c = capture(&s2.conn, e, stdin, stdin_held, timeout, cap, None).await;
             let stage = svc.exec_ended(&s2, eid, &mut c, oom).await;
             (c, stage)
         });
@@ -732,6 +734,8 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecStream, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
+        drop(req);
+        let stdin_held = self.inner.held.admit_charge(stdin.len() as u64)?;
         let (e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let (tx, rx) = tokio::sync::mpsc::channel::<Charged<ExecEvent>>(16);
@@ -762,7 +766,7 @@ impl Service {
             }
         });
         tokio::spawn(async move {
-            let mut c = capture(&s.conn, e, stdin, timeout, cap, Some(&ctx)).await;
+            let mut c = capture(&s.conn, e, stdin, stdin_held, timeout, cap, Some(&ctx)).await;
             drop(ctx);
             // The exec is over (its process is gone) whether or not the client reads: it leaves
             // the session's running list now, and its exit follows what is still to send.
@@ -780,14 +784,23 @@ impl Service {
         req: api::ExecRequest,
     ) -> Result<ExecInfo, ServiceError> {
         let (s, argv, env, cwd, timeout, cap, stdin) = self.exec_plan(id, &req)?;
-        self.inner.held.admit()?;
+        drop(req);
+        let stdin_held = self.inner.held.admit_charge(stdin.len() as u64)?;
         let (mut e, oom) = self.start_exec(&s, argv, env, cwd).await?;
         let eid = e.id;
         let pipe = Arc::new(tokio::sync::Mutex::new(e.stdin.take()));
+        // Nothing from here on waits on the request: the exec is registered and kept by its own
+        // task at once, and its first stdin goes by a task of its own (a client that went away
+        // while the program did not read its stdin left the exec running past its deadline,
+        // unknown to the session and counted among its running ones for good).
         if !stdin.is_empty() {
-            if let Some(w) = pipe.lock().await.as_mut() {
-                let _ = w.write_all(&stdin).await;
-            }
+            let pipe = pipe.clone();
+            tokio::spawn(async move {
+                if let Some(w) = pipe.lock().await.as_mut() {
+                    let _ = w.write_all(&stdin).await;
+                }
+                drop(stdin_held);
+            });
         }
         s.execs
             .lock()
@@ -803,7 +816,16 @@ impl Service {
         let svc = self.clone();
         let s2 = s.clone();
         tokio::spawn(async move {
-            let mut c = capture(&s2.conn, e, Vec::new(), timeout, cap, None).await;
+            let mut c = capture(
+                &s2.conn,
+                e,
+                Vec::new(),
+                Charge::default(),
+                timeout,
+                cap,
+                None,
+            )
+            .await;
             let result = svc.exec_ended(&s2, eid, &mut c, oom).await;
             let held = std::mem::take(&mut c.held);
             drop(c);
@@ -863,7 +885,7 @@ impl Service {
         &self,
         id: &str,
         exec: u64,
-        data: Vec<u8>,
+        data: bytes::Bytes,
         close: bool,
     ) -> Result<(), ServiceError> {
         let s = self.session(id)?;
@@ -875,7 +897,16 @@ impl Service {
                 .clone()
                 .ok_or_else(|| ServiceError::conflict("exec", format!("exec {exec} has ended")))?
         };
-        let mut g = pipe.lock().await;
+        // One write at a time: a second is refused rather than queued behind one the program
+        // does not read (each held its body for as long as the program did not read).
+        let Ok(mut g) = pipe.try_lock() else {
+            return Err(ServiceError::conflict(
+                "stdin",
+                format!(
+                    "a write to the stdin of exec {exec} is in progress; send more once it is done"
+                ),
+            ));
+        };
         let Some(w) = g.as_mut() else {
             return Err(ServiceError::conflict(
                 "stdin",
@@ -883,12 +914,27 @@ impl Service {
             ));
         };
         if !data.is_empty() {
-            w.write_all(&data).await.map_err(|e| {
-                ServiceError::conflict(
-                    "stdin",
-                    format!("exec {exec} does not read its stdin any more: {e}"),
-                )
-            })?;
+            // The program must take it within the agent's time for a file of its size.
+            let within = crate::client::FILE_DEADLINE
+                + Duration::from_secs(data.len() as u64 / crate::client::TRANSFER_FLOOR);
+            match tokio::time::timeout(within, w.write_all(&data)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(ServiceError::conflict(
+                        "stdin",
+                        format!("exec {exec} does not read its stdin any more: {e}"),
+                    ))
+                }
+                Err(_) => {
+                    return Err(ServiceError::conflict(
+                        "stdin",
+                        format!(
+                            "exec {exec} did not read its stdin within {} s (part of it may have been written)",
+                            within.as_secs()
+                        ),
+                    ))
+                }
+            }
         }
         if close {
             *g = None;
