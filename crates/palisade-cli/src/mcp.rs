@@ -302,12 +302,11 @@ async fn serve_http(
         timeout: send_timeout,
     };
     let stop = ct.clone();
-    axum::serve(l, router)
-        .with_graceful_shutdown(async move {
-            terminated().await;
-            stop.cancel();
-        })
-        .await?;
+    let shutdown = async move {
+        terminated().await;
+        stop.cancel();
+    };
+    crate::stall::serve(l, router, shutdown, send_timeout).await;
     Ok(())
 }
 

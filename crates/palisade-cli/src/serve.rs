@@ -607,9 +607,7 @@ async fn serve(
                 inner: l,
                 timeout: send_timeout,
             };
-            axum::serve(l, router)
-                .with_graceful_shutdown(shutdown)
-                .await?;
+            crate::stall::serve(l, router, shutdown, send_timeout).await;
         }
         Listen::Unix(path) => {
             let l = palisade_service::bind_private_unix(&path)
@@ -620,11 +618,8 @@ async fn serve(
                 inner: l,
                 timeout: send_timeout,
             };
-            let r = axum::serve(l, router)
-                .with_graceful_shutdown(shutdown)
-                .await;
+            crate::stall::serve(l, router, shutdown, send_timeout).await;
             let _ = std::fs::remove_file(&path);
-            r?;
         }
     }
     // Connections are closed; make sure nothing of ours is left alive.

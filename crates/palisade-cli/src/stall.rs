@@ -168,6 +168,57 @@ impl<T: AsyncWrite + Unpin + Unsent> AsyncWrite for StallIo<T> {
     }
 }
 
+/// Most bytes of a request's head the server reads (hyper's read buffer, 400 KiB by default):
+/// a connection costs at most this before its request is counted.
+pub const MAX_HEAD: usize = 64 << 10;
+
+/// Serves `router` on `listener` until `shutdown`, then lets open connections finish (each told
+/// to close after its current request) and returns once they have. As `axum::serve`, except that
+/// a request's head must come whole within `head_timeout` and in at most [`MAX_HEAD`] bytes:
+/// 3,000 connections that each sent 390 KB of one header line and stopped held 1.2 GB, for
+/// ever (found by an independent attack).
+pub async fn serve<L>(
+    mut listener: L,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+    head_timeout: Duration,
+) where
+    L: axum::serve::Listener,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let tasks = tokio_util::task::TaskTracker::new();
+    loop {
+        let (io, _) = tokio::select! {
+            c = listener.accept() => c,
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(TokioTimer::new())
+                .header_read_timeout(head_timeout)
+                .max_buf_size(MAX_HEAD);
+            let conn = b
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades();
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = stop.wait_for(|s| *s) => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    tasks.close();
+    tasks.wait().await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
