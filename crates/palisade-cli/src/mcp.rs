@@ -1195,7 +1195,12 @@ impl Server {
         let mut written = Vec::new();
         for (p, b) in all {
             self.svc
-                .put_file(&a.sandbox_id, &p, b.into())
+                .put_file(
+                    &a.sandbox_id,
+                    &p,
+                    b.into(),
+                    palisade_service::budget::Charge::default(),
+                )
                 .await
                 .map_err(|mut e| {
                     if e.field.as_deref() == Some("path") {

@@ -1076,8 +1076,8 @@ async fn put_file(
     body: Body,
 ) -> Res<Response> {
     // The body's bytes stay counted until the agent has them.
-    let (data, _held) = read_body_held(&app, body).await?;
-    app.svc.put_file(&id, &path, data).await?;
+    let (data, held) = read_body_held(&app, body).await?;
+    app.svc.put_file(&id, &path, data, held).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -1100,8 +1100,8 @@ async fn put_archive(
     Query(q): Query<ListQuery>,
     body: Body,
 ) -> Res<Response> {
-    let (data, _held) = read_body_held(&app, body).await?;
-    app.svc.put_archive(&id, &q.path, data).await?;
+    let (data, held) = read_body_held(&app, body).await?;
+    app.svc.put_archive(&id, &q.path, data, held).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -5,9 +5,10 @@
 //! fails, hyper closes the connection, and whatever the reply held is given back. Progress is the
 //! client taking bytes, read from the socket's queue (`SIOCOUTQ`), not a write going through: the
 //! kernel wakes a blocked writer only once a third of a full send buffer (up to 4 MiB) has
-//! drained, so a client reading a steady 32 KiB/s was taken for a stalled one. Reads are not
-//! timed here (a request body is bounded by `--max-body`, and a client that sends nothing holds
-//! nothing of ours but the connection).
+//! drained, so a client reading a steady 32 KiB/s was taken for a stalled one.
+//!
+//! Reads are bounded elsewhere: a request's head by [`serve`] (its size and time), its body by
+//! the front end's reader (`--max-body`, counted against `--max-held`, with a deadline).
 
 use std::future::Future;
 use std::io;

@@ -2882,6 +2882,16 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
         ),
         ("serve", &["--pool", "257"], "from 0 (off) to 256"),
         ("serve", &["--templates", "100000"], "from 0 (off) to 256"),
+        ("serve", &["--max-held", "1KiB"], "at least 64KiB"),
+        ("serve", &["--max-held", "lots"], "--max-held"),
+        ("serve", &["--send-timeout", "500ms"], "at least 1s"),
+        ("serve", &["--send-timeout", "soon"], "--send-timeout"),
+        ("mcp", &["--send-timeout", "500ms"], "at least 1s"),
+        (
+            "mcp",
+            &["--send-timeout", "0s"],
+            "expected a positive number",
+        ),
         // A device as the token file: read through a bound, not until memory runs out.
         (
             "serve",

@@ -284,7 +284,8 @@ pub struct RunResult {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub files: BTreeMap<String, Data>,
     /// Files that could not be read back: path → why (`not-found`, `symlink`, `not-regular`,
-    /// `too-large`, `oom`: the OOM killer took the sandbox's agent before they could be read,
+    /// `too-large`, `busy`: the server held its budget of bytes for replies, `--max-held`;
+    /// `oom`: the OOM killer took the sandbox's agent before they could be read,
     /// or `not-fetched`: the sandbox was gone before they could be read for another reason).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub file_errors: BTreeMap<String, String>,

@@ -877,6 +877,12 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> Charged<
             .await
         {
             Ok(crate::client::Reply::Ok { .. }) => {}
+            Ok(crate::client::Reply::Full) => {
+                result.error = Some(ServiceError::internal(
+                    "the agent answered a write in pieces",
+                ));
+                return result;
+            }
             Ok(crate::client::Reply::Err { code, message }) => {
                 result.error = Some(ServiceError::file(
                     &format!("files[{path:?}]"),
@@ -954,6 +960,10 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> Charged<
                 result
                     .file_errors
                     .insert(p.clone(), crate::shorten(&code, 40));
+            }
+            // Past the server's budget of bytes held: not read back (`busy`, retry later).
+            Ok(crate::client::Reply::Full) => {
+                result.file_errors.insert(p.clone(), "busy".into());
             }
             Err(_) => break,
         }

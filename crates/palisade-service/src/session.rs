@@ -957,6 +957,9 @@ impl Service {
         match s.conn.signal(exec, signal).await {
             Ok(Reply::Ok { .. }) => Ok(()),
             Ok(Reply::Err { code, message }) => Err(ServiceError::file("signal", &code, &message)),
+            Ok(Reply::Full) => Err(ServiceError::internal(
+                "the agent answered a signal in pieces",
+            )),
             Err(e) => Err(ServiceError::internal(format!("the agent: {}", e.0))),
         }
     }
@@ -1179,10 +1182,14 @@ impl Service {
         id: &str,
         path: &str,
         data: bytes::Bytes,
+        held: Charge,
     ) -> Result<(), ServiceError> {
         let (svc, id, path) = (self.clone(), id.to_owned(), path.to_owned());
+        // The bytes stay counted (`held`, the body's) until the agent has them, with the task.
         own_task("a file's write", async move {
-            svc.put_file_held(&id, &path, data).await
+            let r = svc.put_file_held(&id, &path, data).await;
+            drop(held);
+            r
         })
         .await
     }
@@ -1219,7 +1226,7 @@ impl Service {
             .await
             .map(|r| match r {
                 Reply::Ok { data, held, .. } => Charged::new(data, held),
-                Reply::Err { .. } => Charged::new(Vec::new(), Charge::default()),
+                Reply::Err { .. } | Reply::Full => Charged::new(Vec::new(), Charge::default()),
             })
     }
 
@@ -1239,7 +1246,7 @@ impl Service {
                     entries,
                     truncated,
                 },
-                Reply::Err { .. } => api::Listing {
+                Reply::Err { .. } | Reply::Full => api::Listing {
                     path: path.into(),
                     entries: Vec::new(),
                     truncated: false,
@@ -1292,7 +1299,7 @@ impl Service {
                 held,
                 ..
             } => Ok(Charged::new((data, skipped.unwrap_or(0)), held)),
-            Reply::Err { .. } => Ok(Charged::new((Vec::new(), 0), Charge::default())),
+            Reply::Err { .. } | Reply::Full => Ok(Charged::new((Vec::new(), 0), Charge::default())),
         }
     }
 
@@ -1305,10 +1312,13 @@ impl Service {
         id: &str,
         path: &str,
         tar: bytes::Bytes,
+        held: Charge,
     ) -> Result<(), ServiceError> {
         let (svc, id, path) = (self.clone(), id.to_owned(), path.to_owned());
         own_task("an archive's write", async move {
-            svc.put_archive_held(&id, &path, tar).await
+            let r = svc.put_archive_held(&id, &path, tar).await;
+            drop(held);
+            r
         })
         .await
     }
@@ -1350,7 +1360,7 @@ fn file_reply(
 ) -> Result<Reply, ServiceError> {
     match r {
         // Its pieces did not fit in the server's budget of bytes held (`AgentConn`).
-        Ok(Reply::Err { code, .. }) if code == "busy" => {
+        Ok(Reply::Full) => {
             let b = s.conn.held();
             Err(ServiceError::held_full(b.held(), b.limit()))
         }
