@@ -11,5 +11,9 @@ cargo build --release --quiet --bin palisade
 # The library rows (palisade's warm engine and exec engine) are measured by this example program.
 cargo build --release --quiet -p palisade --example startup_bench
 python3 bench/startup.py "$@"
-# Python print(1): bare loop, cold, template, warm Python (docs/engine.md).
-python3 bench/warm_python.py
+# Python print(1): bare loop, cold, template, warm Python (docs/engine.md); with --quick, one round
+# of half a second a row (the harness works; the figures mean little).
+case " $* " in
+*" --quick "*) python3 bench/warm_python.py 0.5 1 ;;
+*) python3 bench/warm_python.py ;;
+esac

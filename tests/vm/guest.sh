@@ -186,8 +186,8 @@ cgroup-v2)
     suite palisade_cgroup v2_kernel stale_kernel exec_kernel limits library boundary cli
     # A session's execs in cgroups of their own (the run's processes moved into a leaf first):
     # the server's OOM tests (and a file written into a full session), on the v2 kernel.
-    step "root:server-oom" as_root "$T/server" --quiet oom full_session
-    step "user:server-oom" as_user "$T/server" --quiet oom full_session
+    step "root:server-oom" as_root "$T/server" --quiet _oom full_session
+    step "user:server-oom" as_user "$T/server" --quiet _oom full_session
     step "user:report" check_report as_user
     # Removed cgroups giving back their pages: written on a disk file system (a tmpfs's pages,
     # as this guest's root file system's, cannot be given back without swap).
@@ -198,7 +198,7 @@ cgroup-v2)
     # flag is the whole hierarchy's.
     step "root:localevents" mount -o remount,memory_localevents /sys/fs/cgroup
     step "root:v2_kernel-localevents" as_root "$T/v2_kernel" --quiet --include-ignored
-    step "root:server-oom-localevents" as_root "$T/server" --quiet oom full_session
+    step "root:server-oom-localevents" as_root "$T/server" --quiet _oom full_session
     ;;
 no-userns)
     sysctl -q -w user.max_user_namespaces=0

@@ -200,9 +200,13 @@ def _kill_mid_batch(cluster, idempotent):
     p = pr.NodePool(CONCURRENCY, server_policy=SERVER_POLICY)
     server_pid = ray.get(p.actor(victim.node_id).info.remote())["server_pid"]
     n = 20
-    # Every run takes 8 s, so the victim's runs are still running when the cluster declares the
-    # node dead (a few seconds after its raylet dies: conftest's health checks).
-    items = [["sh", "-c", f"sleep 8; echo {i}"] for i in range(n)]
+    # Every run lasts until 8 s after the batch starts, so the victim's runs are still running
+    # when the cluster declares the node dead (a few seconds after its raylet dies: conftest's
+    # health checks); runs started after that moment (the rest of the batch, and reruns) end at
+    # once. (The wall clock: a sandbox's time namespace shifts only the monotonic clocks.)
+    deadline = time.time() + 8
+    wait = f"import time; time.sleep(max(0.0, {deadline!r} - time.time()))"
+    items = [["python3", "-c", f"{wait}; print({i})"] for i in range(n)]
     # The victim's raylet, killed outright (as when its machine goes away), while the first runs
     # (two on each node) are running.
     killer = threading.Timer(1.5, lambda: _raylet(victim).send_signal(signal.SIGKILL))
