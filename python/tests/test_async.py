@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 
 import palisade
 from palisade import AsyncSandbox
@@ -42,6 +44,9 @@ def test_async_sandbox_and_batch(client: palisade.Client) -> None:
             assert (await sbx.commands.run("echo hi")).stdout == "hi\n"
             await sbx.files.write("a", "1")
             assert await sbx.files.read("a") == "1"
+            with tempfile.TemporaryDirectory() as d:
+                assert await sbx.files.download("a", os.path.join(d, "a")) == 1
+                assert open(os.path.join(d, "a")).read() == "1"
             assert [e.name for e in await sbx.files.list()] == ["a"]
             await sbx.files.remove("a")
             assert (await sbx.run_code("z = 2\nz ** 10")).text == "1024"

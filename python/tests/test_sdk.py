@@ -154,6 +154,21 @@ def test_sandbox_files(client: palisade.Client) -> None:
             sbx.files.read("../etc/passwd")
 
 
+def test_sandbox_download_streams_a_file_of_any_size(client: palisade.Client, tmp_path: Path) -> None:
+    want = "".join(f"{i}\n" for i in range(1, 3_000_001)).encode()
+    with Sandbox() as sbx:
+        # 23 MB: past the server's --max-fetch (16 MiB), which bounds only what is read whole.
+        sbx.commands.run("seq 1 3000000 > big")
+        dest = tmp_path / "big"
+        assert sbx.files.download("big", dest) == len(want)
+        assert dest.read_bytes() == want
+        # A file that cannot be read raises, and leaves nothing under the name or beside it.
+        with pytest.raises(palisade.ServerError) as e:
+            sbx.files.download("missing", tmp_path / "missing")
+        assert "not-found" in (e.value.value or "") + e.value.message
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
+
+
 def test_run_code_keeps_state_and_reports_errors(client: palisade.Client) -> None:
     with Sandbox() as sbx:
         ex = sbx.run_code("x = 41\nprint('hi')\nx + 1")

@@ -55,8 +55,8 @@ pub struct ServeArgs {
     /// Largest request body, e.g. 16MiB.
     #[arg(long = "max-body", value_name = "SIZE", default_value = "16MiB")]
     max_body: String,
-    /// Most bytes read back from a sandbox, e.g. 16MiB: all the files of a run together, one file
-    /// of a session, one archive.
+    /// Most bytes read back whole from a sandbox, e.g. 16MiB: all the files of a run together, one
+    /// archive. A session's file streams out in pieces of at most this (1MiB at most), any size.
     #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
     max_fetch: String,
     /// Most bytes the server holds for requests and replies at once, e.g. 512MiB: request bodies
@@ -407,7 +407,7 @@ pub fn main(a: ServeArgs) -> anyhow::Result<i32> {
     );
     if config.max_held_bytes < config.max_fetch_bytes {
         tracing::warn!(
-            "--max-held {} is less than --max-fetch {}: a file or archive larger than --max-held is never read back",
+            "--max-held {} is less than --max-fetch {}: a run's files or an archive larger than --max-held are never read back",
             a.max_held,
             a.max_fetch
         );
@@ -1062,12 +1062,127 @@ async fn list_files(
     Ok(json(&app, &app.svc.list_files(&id, &q.path).await?))
 }
 
+/// A session's file, streamed ([`Service::open_file`]): one piece read by the agent at a time,
+/// the next when the client has taken the one before; `Range: bytes=A-B` (one range, `A-`,
+/// `-N`) answers `206` with those bytes, or `416` when the file has none of them.
 async fn get_file(
     State(app): State<App>,
     Path((id, path)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Res<Response> {
-    let (data, charge) = app.svc.get_file(&id, &path).await?.into_parts();
-    Ok(held_body(&app, "application/octet-stream", data, charge))
+    let range = match headers.get(header::RANGE) {
+        None => palisade_service::FileRange::All,
+        Some(v) => parse_range(v)?,
+    };
+    let file = app.svc.open_file(&id, &path, range).await?;
+    let (size, (start, end)) = (file.size(), file.span());
+    // (An empty file has no byte of any range.)
+    if range != palisade_service::FileRange::All && start >= size {
+        let mut r = ApiError(ServiceError::invalid(
+            "Range",
+            headers
+                .get(header::RANGE)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default(),
+            format!("a range that starts within the file's {size} bytes"),
+        ))
+        .into_response();
+        *r.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+            r.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+        return Ok(r);
+    }
+    let send_timeout = app.send_timeout;
+    // Each piece is cut into the pieces of a held reply ([`Pieces`]): counted until handed over.
+    let stream =
+        futures_util::stream::unfold((Some(file), None::<Pieces>), move |(file, pieces)| {
+            let id = id.clone();
+            async move {
+                let mut file = file?;
+                if let Some(p) = pieces {
+                    let (piece, rest) = p.next();
+                    let file = piece.is_ok().then_some(file);
+                    return Some((piece, (file, rest)));
+                }
+                match file.next().await? {
+                    Ok(data) => {
+                        let (data, charge) = data.into_parts();
+                        let (piece, rest) = Pieces::new(data, charge, send_timeout).next();
+                        let file = piece.is_ok().then_some(file);
+                        Some((piece, (file, rest)))
+                    }
+                    Err(e) => {
+                        // Headers and some bytes are out: the only way left to say it is to cut the
+                        // body short of its Content-Length.
+                        tracing::warn!(session = %id, error = %e, "a file's download cut short");
+                        Some((Err(std::io::Error::other(e.message)), (None, None)))
+                    }
+                }
+            }
+        });
+    let status = if range == palisade_service::FileRange::All {
+        StatusCode::OK
+    } else {
+        StatusCode::PARTIAL_CONTENT
+    };
+    let mut r = (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::ACCEPT_RANGES, "bytes"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    if status == StatusCode::PARTIAL_CONTENT {
+        let v = format!("bytes {start}-{}/{size}", end.saturating_sub(1));
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            r.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+    }
+    Ok(r)
+}
+
+/// One byte range of `Range` (RFC 9110, 14.1.2): `bytes=A-B`, `bytes=A-`, `bytes=-N`.
+fn parse_range(v: &HeaderValue) -> Result<palisade_service::FileRange, ApiError> {
+    use palisade_service::FileRange;
+    const ACCEPTED: &str = "one byte range: `bytes=A-B` (A to B included), `bytes=A-` (from A to the end) or `bytes=-N` (the last N bytes), A <= B";
+    let shown = String::from_utf8_lossy(v.as_bytes()).into_owned();
+    let bad = || ApiError(ServiceError::invalid("Range", shown.clone(), ACCEPTED));
+    let spec = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().strip_prefix("bytes="))
+        .ok_or_else(bad)?;
+    let (a, b) = spec.trim().split_once('-').ok_or_else(bad)?;
+    let num = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    match (a.trim(), b.trim()) {
+        ("", n) => match num(n) {
+            Some(n) if n > 0 => Ok(FileRange::Last(n)),
+            _ => Err(bad()),
+        },
+        (a, "") => Ok(FileRange::From {
+            start: num(a).ok_or_else(bad)?,
+            last: None,
+        }),
+        (a, b) => {
+            let (start, last) = (num(a).ok_or_else(bad)?, num(b).ok_or_else(bad)?);
+            if last < start {
+                return Err(bad());
+            }
+            Ok(FileRange::From {
+                start,
+                last: Some(last),
+            })
+        }
+    }
 }
 
 async fn put_file(
@@ -1308,7 +1423,8 @@ pub fn openapi() -> String {
             "/v1/sandboxes/{id}/files": {"parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}], "get": {"summary": "List a directory", "responses": with(serde_json::json!({"200": ok(&listing, "application/json")}))}},
             "/v1/sandboxes/{id}/files/{path}": {
                 "parameters": [id, path],
-                "get": {"summary": "Read a regular file (never through a symlink)", "responses": with(serde_json::json!({"200": {"description": "The bytes", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}}))},
+                "get": {"summary": "Read a regular file (never through a symlink), streamed; one byte range with Range", "parameters": [{"name": "Range", "in": "header", "required": false, "schema": {"type": "string", "pattern": "^bytes=([0-9]+-[0-9]*|-[0-9]+)$"}, "description": "One byte range: bytes=A-B, bytes=A- or bytes=-N"}],
+                    "responses": with(serde_json::json!({"200": {"description": "The bytes", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "206": {"description": "The bytes of the range asked for (Content-Range)", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "416": {"description": "The file has none of the bytes of the range asked for (Content-Range: bytes */SIZE)", "content": {"application/json": {"schema": err}}}}))},
                 "put": {"summary": "Write a file (parents created; never through a symlink)", "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Written"}}))},
                 "delete": {"summary": "Remove a file (?recursive=true for a directory)", "responses": with(serde_json::json!({"204": {"description": "Removed"}}))}
             },

@@ -872,7 +872,6 @@ fn file_transfers_cannot_leave_the_sandbox() {
         ("root-link/etc/passwd", "symlink"),
         ("dir-link/secret", "symlink"),
         ("fifo", "not-regular"),
-        ("huge", "too-large"),
         ("d", "not-regular"),
     ] {
         let r = s.get(&format!("/v1/sandboxes/{id}/files/{path}"));
@@ -884,6 +883,14 @@ fn file_transfers_cannot_leave_the_sandbox() {
         );
         assert_eq!(r.json()["error"]["value"], code, "GET {path}");
     }
+    // A session's file streams out in pieces: one over --max-fetch comes whole.
+    let r = s.get(&format!("/v1/sandboxes/{id}/files/huge"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.body.len() == 2_000_000 && r.body.iter().all(|b| *b == 0),
+        "{} bytes",
+        r.body.len()
+    );
     for (path, code) in [
         ("host-link", "symlink"),
         ("passwd-link", "symlink"),
@@ -2948,6 +2955,38 @@ fn rss_of(pid: u32) -> u64 {
     kb << 10
 }
 
+/// Two directories of the session `id`, each holding one file, whose archives are together
+/// 16 MiB exactly: the paths of their `GET .../archive` (each answered whole, unlike a file).
+fn archives_of_16_mib(s: &Server, id: &str) -> [String; 2] {
+    assert_ok_with(
+        &sh(
+            s,
+            id,
+            "mkdir out && head -c 8388608 /dev/urandom > out/big && echo done",
+        ),
+        "done\n",
+    );
+    let first = format!("/v1/sandboxes/{id}/archive?path=out");
+    // A tar's headers and end are whole blocks: the second's file makes up the rest.
+    let overhead = s.get(&first).body.len() as u64 - (8 << 20);
+    assert!(
+        overhead.is_multiple_of(512) && overhead < 8192,
+        "{overhead}"
+    );
+    let n = (8 << 20) - 2 * overhead;
+    assert_ok_with(
+        &sh(
+            s,
+            id,
+            &format!("mkdir out2 && head -c {n} /dev/urandom > out2/big && echo done"),
+        ),
+        "done\n",
+    );
+    let second = format!("/v1/sandboxes/{id}/archive?path=out2");
+    assert_eq!(s.get(&second).body.len() as u64, (8 << 20) - overhead);
+    [first, second]
+}
+
 /// Sends a request and reads only the head of its answer (its status), leaving the rest of a
 /// large body unread: a client that stops reading.
 fn stalled(s: &Server, method: &str, path: &str) -> (UnixStream, u16) {
@@ -2962,24 +3001,21 @@ fn stalled(s: &Server, method: &str, path: &str) -> (UnixStream, u16) {
 
 /// Replies the clients have not taken hold the server's budget of bytes (`--max-held`): clients
 /// that stop reading hold at most it, each request past it is refused 429 with Retry-After (a
-/// read of a file, a run, an exec), and once the stalled clients are cut at `--send-timeout`
+/// read of an archive, a run, an exec), and once the stalled clients are cut at `--send-timeout`
 /// all of it is back and a read goes through whole. Without the budget, every one of the forty
 /// stalled reads of an 8 MiB file held its copy (sixty of a 16 MB file took the server to
-/// 972 MB, found by the second attack).
+/// 972 MB, found by the second attack). (A file itself now streams, a piece at a time:
+/// `a_sessions_file_streams_out_a_piece_at_a_time_with_ranges`.)
 #[test]
 fn replies_not_taken_hold_at_most_the_servers_budget_and_stalled_clients_are_cut() {
     let s = Server::start(POLICY, &["--max-held", "16MiB", "--send-timeout", "3s"]);
     let id = session_of_128_mib(&s);
-    assert_ok_with(
-        &sh(&s, &id, "head -c 8388608 /dev/urandom > big && echo done"),
-        "done\n",
-    );
+    let paths = archives_of_16_mib(&s, &id);
     let rss0 = rss_of(s.pid());
-    let path = format!("/v1/sandboxes/{id}/files/big");
     let mut held = Vec::new();
     let mut refused = 0;
-    for _ in 0..40 {
-        let (c, status) = stalled(&s, "GET", &path);
+    for i in 0..40 {
+        let (c, status) = stalled(&s, "GET", &paths[i % 2]);
         match status {
             200 => held.push(c),
             429 => refused += 1,
@@ -3015,9 +3051,13 @@ fn replies_not_taken_hold_at_most_the_servers_budget_and_stalled_clients_are_cut
         let _ = c.read_to_end(&mut rest);
         assert!(rest.len() < 8 << 20, "a cut client got its whole reply");
     }
-    let whole = s.get(&path);
-    assert_eq!((whole.status, whole.body.len()), (200, 8 << 20));
-    assert_eq!(whole.header("content-length"), Some("8388608"));
+    let whole = s.get(&paths[0]);
+    assert_eq!(whole.status, 200);
+    assert_eq!(
+        whole.header("content-length"),
+        Some(whole.body.len().to_string().as_str())
+    );
+    assert!(whole.body.len() > 8 << 20);
     assert_eq!(s.metric("palisade_held_bytes"), 0);
     assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
     assert_nothing_held(s.pid());
@@ -3169,10 +3209,7 @@ fn queued_runs_large_replies_bodies_and_cells_stay_within_the_budget() {
         .unwrap()
         .to_owned();
     assert_eq!(s.get("/v1/sandboxes").status, 200);
-    assert_ok_with(
-        &sh(&s, &id, "head -c 8388608 /dev/urandom > big && echo done"),
-        "done\n",
-    );
+    let paths = archives_of_16_mib(&s, &id);
     // One run holds the only slot; a second waits in the queue, admitted with the budget empty.
     let sock = s.sock.clone();
     let first = std::thread::spawn(move || {
@@ -3194,11 +3231,11 @@ fn queued_runs_large_replies_bodies_and_cells_stay_within_the_budget() {
     wait_until("the second run waits", || {
         s.metric("palisade_queue_depth") == 1
     });
-    // Two clients that stop reading an 8 MiB file fill the budget.
-    let path = format!("/v1/sandboxes/{id}/files/big");
-    let held: Vec<UnixStream> = (0..2)
-        .map(|_| {
-            let (c, status) = stalled(&s, "GET", &path);
+    // Two clients that stop reading archives of 8 MiB fill the budget.
+    let held: Vec<UnixStream> = paths
+        .iter()
+        .map(|path| {
+            let (c, status) = stalled(&s, "GET", path);
             assert_eq!(status, 200);
             c
         })
@@ -3331,4 +3368,145 @@ fn request_heads_are_bounded_in_size_and_time() {
     assert!(t0.elapsed() < std::time::Duration::from_secs(20));
     // Whole heads are served as before.
     assert_eq!(s.get("/healthz").status, 200);
+}
+
+/// A session's file streams out a piece at a time, each read by the agent when the one before
+/// it has gone: a file five times the server's budget (`--max-held`) and twenty times
+/// `--max-fetch` comes whole; a client that stops reading holds one piece while the session
+/// goes on, and gives it back when it is cut; a file replaced or shrunk while it is read cuts
+/// the body short of its Content-Length, never mixing two files; `Range` gives one byte range
+/// (206), 416 when the file has none of it, 400 naming `Range` for anything but one range.
+#[test]
+fn a_sessions_file_streams_out_a_piece_at_a_time_with_ranges() {
+    let s = Server::start(
+        POLICY,
+        &[
+            "--max-held",
+            "4MiB",
+            "--max-fetch",
+            "1MiB",
+            "--send-timeout",
+            "5s",
+        ],
+    );
+    let id = session_of_128_mib(&s);
+    assert_ok_with(&sh(&s, &id, "seq 1 3000000 > f && echo done"), "done\n");
+    let want: Vec<u8> = (1..=3_000_000u32)
+        .map(|i| format!("{i}\n"))
+        .collect::<String>()
+        .into_bytes();
+    let size = want.len();
+    let path = format!("/v1/sandboxes/{id}/files/f");
+    let r = s.get(&path);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-length"), Some(size.to_string().as_str()));
+    assert_eq!(r.header("accept-ranges"), Some("bytes"));
+    assert!(
+        r.body == want,
+        "{} bytes, not the file's {size}",
+        r.body.len()
+    );
+    assert_eq!(s.metric("palisade_held_bytes"), 0);
+
+    // Ranges.
+    let ranged = |range: &str| request(&s.sock, "GET", &path, &[("Range", range)], b"");
+    for (range, first, last) in [
+        ("bytes=0-9", 0, 9),
+        ("bytes=1000000-3500000", 1_000_000, 3_500_000),
+        ("bytes=-8", size - 8, size - 1),
+        ("bytes=20000000-", 20_000_000, size - 1),
+        ("bytes=5-99999999999", 5, size - 1),
+    ] {
+        let r = ranged(range);
+        assert_eq!(r.status, 206, "{range}: {}", r.text());
+        assert_eq!(
+            r.header("content-range"),
+            Some(format!("bytes {first}-{last}/{size}").as_str()),
+            "{range}"
+        );
+        assert!(
+            r.body == want[first..=last],
+            "{range}: {} bytes",
+            r.body.len()
+        );
+    }
+    assert_eq!(ranged("bytes=0-9").body, b"1\n2\n3\n4\n5\n");
+    let r = ranged(&format!("bytes={size}-"));
+    assert_eq!(r.status, 416, "{}", r.text());
+    assert_eq!(
+        r.header("content-range"),
+        Some(format!("bytes */{size}").as_str())
+    );
+    assert_eq!(r.json()["error"]["field"], "Range");
+    for bad in [
+        "bytes=5-2",
+        "bytes=0-1,4-5",
+        "items=0-1",
+        "bytes=-0",
+        "bytes=x-",
+        "bytes=",
+    ] {
+        let r = ranged(bad);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert_eq!(r.json()["error"]["field"], "Range", "{bad}");
+        assert!(
+            r.json()["error"]["accepted"]
+                .as_str()
+                .unwrap()
+                .contains("bytes=A-B"),
+            "{bad}"
+        );
+    }
+    assert_ok_with(&sh(&s, &id, ": > empty && echo done"), "done\n");
+    let r = s.get(&format!("/v1/sandboxes/{id}/files/empty"));
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    let r = request(
+        &s.sock,
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/empty"),
+        &[("Range", "bytes=0-")],
+        b"",
+    );
+    assert_eq!(r.status, 416, "{}", r.text());
+
+    // Replaced, then shrunk, while a client reads it: the body stops short, and what came is
+    // the first file's.
+    for (change, why) in [
+        ("cp f g && mv g f", "was replaced by another file"),
+        ("truncate -s 100 f", "shrank to 100 bytes"),
+    ] {
+        let (mut c, status) = stalled(&s, "GET", &path);
+        assert_eq!(status, 200);
+        assert_ok_with(&sh(&s, &id, &format!("{change} && echo done")), "done\n");
+        let mut raw = Vec::new();
+        let _ = c.read_to_end(&mut raw);
+        let at = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let body = &raw[at..];
+        assert!(
+            body.len() < size && want.starts_with(body),
+            "{change}: {} bytes of {size}",
+            body.len()
+        );
+        wait_until("the server says why", || s.log().contains(why));
+        assert_ok_with(
+            &sh(&s, &id, "rm -f f && seq 1 3000000 > f && echo done"),
+            "done\n",
+        );
+    }
+
+    // A client that stops reading holds one piece (of --max-fetch) and no more, while the
+    // session and other downloads go on; cut at --send-timeout, it gives the piece back.
+    let (mut c, status) = stalled(&s, "GET", &path);
+    assert_eq!(status, 200);
+    assert_eq!(s.metric("palisade_held_bytes"), 1 << 20, "{}", s.log());
+    assert_ok_with(&sh(&s, &id, "echo on"), "on\n");
+    assert!(s.get(&path).body == want);
+    wait_until("the stalled client is cut", || {
+        s.metric("palisade_held_bytes") == 0
+    });
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.len() < size, "a cut client got the whole file");
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_held(s.pid());
 }

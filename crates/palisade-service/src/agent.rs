@@ -219,9 +219,19 @@ impl Agent {
                 Err(Fail("invalid", "a write out of its stream".into()))
             }
             Request::Mkdir { path, .. } => self.dir(&path, true).map(|_| ()),
-            Request::Read { path, max, .. } => match self.read(id, &path, max) {
-                Ok(last) => {
-                    self.send(&Event::ok(id), &last, &[]);
+            Request::Read {
+                path,
+                max,
+                offset,
+                len,
+                ..
+            } => match self.read(id, &path, max, offset, len) {
+                Ok((last, file)) => {
+                    let mut ok = Event::ok(id);
+                    if let Event::Ok { file: f, .. } = &mut ok {
+                        *f = Some(file);
+                    }
+                    self.send(&ok, &last, &[]);
                     return;
                 }
                 Err(e) => Err(e),
@@ -236,6 +246,7 @@ impl Agent {
                             skipped: None,
                             truncated,
                             joined: None,
+                            file: None,
                         },
                         &[],
                         &[],
@@ -280,6 +291,7 @@ impl Agent {
                             skipped: Some(skipped),
                             truncated: false,
                             joined: None,
+                            file: None,
                         },
                         &bytes,
                         &[],
@@ -417,9 +429,17 @@ impl Agent {
         self.open_dir(&comps, create)
     }
 
-    /// Sends the regular file at `path` (at most `max` bytes) as the data of request `id`'s
-    /// answer: every piece but the last in [`Event::Part`] frames; returns the last.
-    fn read(&self, id: u64, path: &str, max: u64) -> Result<Vec<u8>, Fail> {
+    /// Sends the regular file at `path` (at most `max` bytes; with `len`, only up to `len` bytes
+    /// from `offset`) as the data of request `id`'s answer: every piece but the last in
+    /// [`Event::Part`] frames; returns the last, and which file it was.
+    fn read(
+        &self,
+        id: u64,
+        path: &str,
+        max: u64,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<(Vec<u8>, proto::FileId), Fail> {
         let (parents, name) = self.split(path)?;
         let dir = self.open_dir(&parents, false)?;
         let f = rustix::fs::openat(
@@ -451,15 +471,31 @@ impl Agent {
                 format!("`{path}` has {} bytes (at most {max})", st.st_size),
             ));
         }
-        // The size can grow while we read (the code may still be writing): read at most max+1.
+        let file = proto::FileId {
+            size: st.st_size as u64,
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
         let mut parts = Parts::new(self, id);
+        let mut f = std::fs::File::from(f);
+        if let Some(len) = len {
+            // A piece of a streamed read: what is there from `offset`, at most `len`.
+            use std::io::Seek;
+            f.seek(std::io::SeekFrom::Start(offset))
+                .map_err(|e| Fail("io", e.to_string()))?;
+            parts
+                .fill_from(&mut f.take(len))
+                .map_err(|e| Fail("io", e.to_string()))?;
+            return Ok((parts.buf, file));
+        }
+        // The size can grow while we read (the code may still be writing): read at most max+1.
         parts
-            .fill_from(&mut std::fs::File::from(f).take(max + 1))
+            .fill_from(&mut f.take(max.saturating_add(1)))
             .map_err(|e| Fail("io", e.to_string()))?;
         if parts.len() > max {
             return Err(Fail("too-large", format!("`{path}` grew past {max} bytes")));
         }
-        Ok(parts.buf)
+        Ok((parts.buf, file))
     }
 
     /// The directory's entries by name, as many as fit in one reply's header ([`LIST_BUDGET`]);
@@ -609,6 +645,7 @@ impl Agent {
                 skipped: None,
                 truncated: false,
                 joined,
+                file: None,
             },
             &[],
             &[in_w.as_fd(), out_r.as_fd(), err_r.as_fd()],

@@ -53,6 +53,8 @@ pub enum Reply {
         truncated: bool,
         /// An exec's: whether its process entered the cgroups it was given.
         joined: Option<bool>,
+        /// A read's: the file it read, as it was when opened.
+        file: Option<proto::FileId>,
     },
     /// Failed, with the agent's code and message.
     Err { code: String, message: String },
@@ -110,6 +112,7 @@ fn allowance(req: &Request, data: usize) -> Duration {
     let moving = |bytes: u64| Duration::from_secs(bytes / TRANSFER_FLOOR);
     match req {
         Request::Exec { .. } | Request::Signal { .. } => CONTROL_DEADLINE,
+        Request::Read { len: Some(n), .. } => FILE_DEADLINE + moving(*n),
         Request::Read { max, .. } | Request::TarOut { max, .. } => FILE_DEADLINE + moving(*max),
         Request::Write { .. }
         | Request::TarIn { .. }
@@ -607,6 +610,7 @@ fn dispatch(
             skipped,
             truncated,
             joined,
+            file,
         } => {
             // An exec's reply takes the three descriptors that came with it; any other reply
             // takes none (and a stray descriptor is closed when the queue is dropped or trimmed).
@@ -638,6 +642,7 @@ fn dispatch(
                     skipped,
                     truncated,
                     joined,
+                    file,
                 }
             } else {
                 parts.refused = None;
@@ -739,6 +744,8 @@ mod tests {
             id,
             path: "f".into(),
             max: 1000,
+            offset: 0,
+            len: None,
         };
         match conn.call(read(conn.id()), Bytes::new()).await.unwrap() {
             Reply::Ok { data, .. } => assert_eq!(data, b"abcdefg"),
@@ -790,6 +797,8 @@ mod tests {
             id,
             path: "f".into(),
             max: 1 << 20,
+            offset: 0,
+            len: None,
         };
         match conn.call(read(conn.id()), Bytes::new()).await.unwrap() {
             Reply::Full => {}

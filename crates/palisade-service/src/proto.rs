@@ -38,8 +38,18 @@ pub enum Request {
     Write { id: u64, path: String, mode: u32 },
     /// Create a directory (and its parents).
     Mkdir { id: u64, path: String },
-    /// Read a regular file, at most `max` bytes (a larger one is refused).
-    Read { id: u64, path: String, max: u64 },
+    /// Read a regular file, at most `max` bytes (a larger one is refused). With `len`: only up
+    /// to `len` bytes from `offset` (a piece of a file streamed out), and the answer says which
+    /// file it read ([`FileId`]), so that the pieces are known to be of one file.
+    Read {
+        id: u64,
+        path: String,
+        max: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        len: Option<u64>,
+    },
     /// List a directory.
     List { id: u64, path: String },
     /// Remove a file, or a directory with everything under it when `recursive`.
@@ -112,6 +122,9 @@ pub enum Event {
         /// For an exec asked to `join`: whether its process entered every cgroup it was given.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         joined: Option<bool>,
+        /// For a read: the file it read, as it was when opened.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file: Option<FileId>,
     },
     /// The request `id` failed.
     Err {
@@ -147,8 +160,23 @@ impl Event {
             skipped: None,
             truncated: false,
             joined: None,
+            file: None,
         }
     }
+}
+
+/// Which file a read read, when it was opened: its size, and its device and inode (a file
+/// replaced between two pieces of a streamed read has another).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileId {
+    pub size: u64,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One directory entry.
@@ -231,6 +259,8 @@ mod tests {
             id: 7,
             path: "a/b".into(),
             max: 10,
+            offset: 3,
+            len: Some(4),
         };
         let f = encode(&r, b"xyz");
         let (h, d) = lengths(f[..8].try_into().unwrap(), 3).unwrap();

@@ -946,6 +946,8 @@ async fn agent_stages(conn: &AgentConn, plan: &Plan, max_fetch: u64) -> Charged<
                     id,
                     path: p.clone(),
                     max: budget,
+                    offset: 0,
+                    len: None,
                 },
                 bytes::Bytes::new(),
             )

@@ -1221,6 +1221,8 @@ impl Service {
             id,
             path: path.into(),
             max,
+            offset: 0,
+            len: None,
         };
         self.file_op(id, path, false, "path", read, bytes::Bytes::new())
             .await
@@ -1228,6 +1230,88 @@ impl Service {
                 Reply::Ok { data, held, .. } => Charged::new(data, held),
                 Reply::Err { .. } | Reply::Full => Charged::new(Vec::new(), Charge::default()),
             })
+    }
+
+    /// `GET /v1/sandboxes/{id}/files/{path}`, streamed: the file's bytes in `range` (all of them
+    /// by default), read by the agent a piece at a time ([`FileStream`]), each piece asked for
+    /// when the one before it has been taken, so that a download of any size holds one piece.
+    /// The first piece is read here: a file that cannot be read (missing, a link, not a regular
+    /// file) is this call's error, before anything is sent.
+    pub async fn open_file(
+        &self,
+        id: &str,
+        path: &str,
+        range: FileRange,
+    ) -> Result<FileStream, ServiceError> {
+        self.inner.held.admit()?;
+        let piece = self.inner.config.max_fetch_bytes.clamp(1, STREAM_PIECE);
+        let (offset, len) = match range {
+            FileRange::All => (0, piece),
+            FileRange::From { start, last } => (
+                start,
+                last.map_or(piece, |l| {
+                    (l.saturating_sub(start).saturating_add(1)).min(piece)
+                }),
+            ),
+            // The size first, to know where the suffix starts.
+            FileRange::Last(_) => (0, 0),
+        };
+        let (data, held, file) = self.read_piece(id, path, offset, len).await?;
+        let size = file.size;
+        let (start, end) = match range {
+            FileRange::All => (0, size),
+            FileRange::From { start, last } => {
+                (start, last.map_or(size, |l| l.saturating_add(1).min(size)))
+            }
+            FileRange::Last(n) => (size - n.min(size), size),
+        };
+        let first = (!matches!(range, FileRange::Last(_)))
+            .then(|| Charged::new(data, held))
+            .filter(|_| start < size);
+        Ok(FileStream {
+            svc: self.clone(),
+            id: id.to_owned(),
+            path: path.to_owned(),
+            file,
+            start,
+            end: end.max(start),
+            pos: start,
+            piece,
+            first,
+        })
+    }
+
+    /// One piece of a streamed read: at most `len` bytes of `path` from `offset`, and which file
+    /// it was.
+    async fn read_piece(
+        &self,
+        id: &str,
+        path: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u8>, Charge, proto::FileId), ServiceError> {
+        let read = |id| Request::Read {
+            id,
+            path: path.into(),
+            max: u64::MAX,
+            offset,
+            len: Some(len),
+        };
+        match self
+            .file_op(id, path, false, "path", read, bytes::Bytes::new())
+            .await?
+        {
+            Reply::Ok {
+                data,
+                held,
+                file: Some(file),
+                ..
+            } if data.len() as u64 <= len => Ok((data, held, file)),
+            _ => Err(ServiceError::internal(format!(
+                "the agent of {id} answered a read of `{}` out of protocol",
+                crate::shorten(path, 200)
+            ))),
+        }
     }
 
     /// `GET /v1/sandboxes/{id}/files?path=DIR`.
@@ -1382,4 +1466,85 @@ async fn teardown(s: &Session) -> Option<serde_json::Value> {
     s.conn.close().await;
     let out = held.finish().await;
     serde_json::to_value(&out.report).ok()
+}
+
+/// Most bytes of a streamed file read by the agent at once (fewer when `--max-fetch` is less).
+pub const STREAM_PIECE: u64 = 1 << 20;
+
+/// Which bytes of a file to stream (HTTP's `Range: bytes=...`, one range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileRange {
+    /// The whole file.
+    All,
+    /// From `start`, to `last` included (to the end: `None`).
+    From { start: u64, last: Option<u64> },
+    /// The last `n` bytes.
+    Last(u64),
+}
+
+/// A file of a session on its way out ([`Service::open_file`]).
+pub struct FileStream {
+    svc: Service,
+    id: String,
+    path: String,
+    file: proto::FileId,
+    start: u64,
+    end: u64,
+    pos: u64,
+    piece: u64,
+    first: Option<Charged<Vec<u8>>>,
+}
+
+impl FileStream {
+    /// The file's size when it was opened.
+    pub fn size(&self) -> u64 {
+        self.file.size
+    }
+
+    /// The bytes that will be sent, `start..end`; `start >= size()` when a range asked for
+    /// none that the file has (and nothing will be sent).
+    pub fn span(&self) -> (u64, u64) {
+        (self.start, self.end)
+    }
+
+    /// The next piece, each counted against the server's budget; `None` after the last. A file
+    /// replaced by another, or shrunk below what was promised, is an error: the bytes sent so far
+    /// were not all of one file as it was.
+    pub async fn next(&mut self) -> Option<Result<Charged<Vec<u8>>, ServiceError>> {
+        if let Some(first) = self.first.take() {
+            let n = (first.len() as u64).min(self.end - self.pos);
+            let (mut data, held) = first.into_parts();
+            data.truncate(n as usize);
+            self.pos += n;
+            return Some(Ok(Charged::new(data, held)));
+        }
+        if self.pos >= self.end {
+            return None;
+        }
+        let len = (self.end - self.pos).min(self.piece);
+        let r = self
+            .svc
+            .read_piece(&self.id, &self.path, self.pos, len)
+            .await;
+        Some(r.and_then(|(data, held, file)| {
+            let shown = crate::shorten(&self.path, 200);
+            if (file.dev, file.ino) != (self.file.dev, self.file.ino) {
+                return Err(ServiceError::conflict(
+                    "path",
+                    format!("`{shown}` was replaced by another file while it was read"),
+                ));
+            }
+            if data.is_empty() {
+                return Err(ServiceError::conflict(
+                    "path",
+                    format!(
+                        "`{shown}` shrank to {} bytes while it was read ({} promised)",
+                        file.size, self.file.size
+                    ),
+                ));
+            }
+            self.pos += data.len() as u64;
+            Ok(Charged::new(data, held))
+        }))
+    }
 }

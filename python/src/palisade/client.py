@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, BinaryIO, Union
 
 import httpx
 
@@ -219,6 +219,25 @@ class Client(_Base):
         _raise_for(r)
         return r
 
+    def stream_to(self, path: str, out: BinaryIO, timeout: float | None = None) -> int:
+        """A GET whose body goes into ``out`` piece by piece; the bytes written. A body that ends
+        short of its ``Content-Length`` (the file changed while the server read it) raises."""
+        n, want = 0, None
+        try:
+            with self.http.stream("GET", path, timeout=self._timeout(timeout)) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    _raise_for(r)
+                want = r.headers.get("content-length")
+                for piece in r.iter_raw():
+                    out.write(piece)
+                    n += len(piece)
+        except httpx.TimeoutException as e:
+            raise RequestTimeoutError(f"GET {path}: no answer within the client's deadline ({e})") from e
+        except httpx.TransportError as e:
+            raise _short(path, n, want, e) from e
+        return n
+
     def stream_lines(
         self, method: str, path: str, json_body: Any, timeout: float | None = None
     ) -> Iterator[dict[str, Any]]:
@@ -317,6 +336,23 @@ class AsyncClient(_Base):
         _raise_for(r)
         return r
 
+    async def stream_to(self, path: str, out: BinaryIO, timeout: float | None = None) -> int:
+        n, want = 0, None
+        try:
+            async with self.http.stream("GET", path, timeout=self._timeout(timeout)) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    _raise_for(r)
+                want = r.headers.get("content-length")
+                async for piece in r.aiter_raw():
+                    out.write(piece)
+                    n += len(piece)
+        except httpx.TimeoutException as e:
+            raise RequestTimeoutError(f"GET {path}: no answer within the client's deadline ({e})") from e
+        except httpx.TransportError as e:
+            raise _short(path, n, want, e) from e
+        return n
+
     async def stream_lines(
         self, method: str, path: str, json_body: Any, timeout: float | None = None
     ) -> AsyncIterator[dict[str, Any]]:
@@ -357,3 +393,14 @@ class AsyncClient(_Base):
         if missing:
             raise PalisadeError(f"the batch's answer ended without runs {missing[:10]}")
         return [r for r in out if r is not None]
+
+
+def _short(path: str, got: int, want: str | None, e: Exception) -> PalisadeError:
+    """A download that stopped: short of its length (the server cut it: the file was replaced or
+    shrank while read, or the session ended), or the server unreachable before it began."""
+    if want is not None:
+        return PalisadeError(
+            f"GET {path}: the download stopped after {got} of {want} bytes (the file was replaced or "
+            f"shrank while it was read, the session ended, or the connection broke: {e})"
+        )
+    return ServerUnavailableError(f"GET {path}: the server cannot be reached ({e})")

@@ -6,8 +6,10 @@ cgroup for all its commands, its files kept between calls, destroyed on ``kill()
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import shlex
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
@@ -235,6 +237,15 @@ class Files:
         b = data.encode() if isinstance(data, str) else data
         self._s._client.request("PUT", f"{self._s._path}/files/{_url_path(path)}", content=b)
 
+    def download(self, path: str, dest: str | os.PathLike[str]) -> int:
+        """Streams the file into the local file ``dest``, whatever its size (the server reads it
+        a piece at a time); the bytes written. ``dest`` is replaced only once the whole file has
+        come; a file replaced or shrunk inside while it is read raises ``PalisadeError``."""
+        with _Landing(dest) as out:
+            n = self._s._client.stream_to(f"{self._s._path}/files/{_url_path(path)}", out)
+            out.done()
+        return n
+
     def list(self, path: str = ".") -> Listing:
         """The directory's entries; ``.truncated`` when it held more than one answer carries."""
         d = self._s._client.request("GET", f"{self._s._path}/files", params={"path": _rel(path)}).json()
@@ -274,6 +285,27 @@ class Files:
 
     def read_archive(self, path: str = ".") -> bytes:
         return self._s._client.request("GET", f"{self._s._path}/archive", params={"path": _rel(path)}).content
+
+
+class _Landing(io.FileIO):
+    """A temporary file beside ``dest`` that becomes ``dest`` once :meth:`done`, and is removed
+    otherwise: a download that fails leaves no partial file under the name."""
+
+    def __init__(self, dest: str | os.PathLike[str]) -> None:
+        self._dest = os.fspath(dest)
+        fd, self._tmp = tempfile.mkstemp(prefix=".palisade-", dir=os.path.dirname(os.path.abspath(self._dest)))
+        super().__init__(fd, "wb", closefd=True)
+        self._done = False
+
+    def done(self) -> None:
+        self._done = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self._done and exc[0] is None:
+            os.replace(self._tmp, self._dest)
+        else:
+            os.unlink(self._tmp)
 
 
 def _workspace_path(workspace: str | os.PathLike[str], own_server: bool) -> str:
@@ -674,6 +706,13 @@ class AsyncFiles:
     async def write(self, path: str, data: str | bytes) -> None:
         b = data.encode() if isinstance(data, str) else data
         await self._s._client.request("PUT", f"{self._s._path}/files/{_url_path(path)}", content=b)
+
+    async def download(self, path: str, dest: str | os.PathLike[str]) -> int:
+        """As :meth:`Files.download`."""
+        with _Landing(dest) as out:
+            n = await self._s._client.stream_to(f"{self._s._path}/files/{_url_path(path)}", out)
+            out.done()
+        return n
 
     async def list(self, path: str = ".") -> Listing:
         """The directory's entries; ``.truncated`` when it held more than one answer carries."""
