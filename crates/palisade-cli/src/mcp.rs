@@ -73,6 +73,12 @@ pub struct McpArgs {
     /// Most bytes read back from a sandbox: the files of a run together, or one file.
     #[arg(long = "max-fetch", value_name = "SIZE", default_value = "16MiB")]
     max_fetch: String,
+    /// Most bytes held for calls' answers at once, e.g. 512MiB: programs' output as it is
+    /// captured, files read back, and answers (and resource reads) while they are made. While it
+    /// is full, new runs, execs and reads are refused (`busy`), and output past it is cut
+    /// (output-limit). Whole outputs kept as resources are 64 MiB more, in all.
+    #[arg(long = "max-held", value_name = "SIZE", default_value = "512MiB")]
+    max_held: String,
     /// Longest (and default) sandbox TTL, e.g. 1h.
     #[arg(long = "session-ttl", value_name = "DURATION", default_value = "1h")]
     session_ttl: String,
@@ -109,6 +115,12 @@ pub fn main(a: McpArgs) -> anyhow::Result<i32> {
         config.max_concurrency = n;
     }
     config.max_fetch_bytes = palisade::policy::parse_size("--max-fetch", &a.max_fetch)?;
+    config.max_held_bytes = palisade::policy::parse_size("--max-held", &a.max_held)?;
+    anyhow::ensure!(
+        config.max_held_bytes >= 64 << 10,
+        "--max-held {}: at least 64KiB (the bytes held for answers at once, across all calls)",
+        a.max_held
+    );
     config.session_ttl = palisade::policy::parse_duration("--session-ttl", &a.session_ttl)?;
     config.session_idle = palisade::policy::parse_duration("--session-idle", &a.session_idle)?;
     anyhow::ensure!(
@@ -980,9 +992,10 @@ impl Server {
         };
         self.svc.check_run(&req).map_err(named)?;
         let run = self.svc.run(req);
-        let r = tokio::select! {
-            // The reply is counted against --max-held until it is made into the tool's answer.
-            r = with_progress(run, ctx) => r.map_err(named)?.into_inner(),
+        // The reply is counted against --max-held until it is made into the tool's answer
+        // (`_held`, dropped at the end of this call).
+        let (r, _held) = tokio::select! {
+            r = with_progress(run, ctx) => r.map_err(named)?.into_parts(),
             // Dropping the run kills its sandbox.
             _ = ctx.ct.cancelled() => return Err(cancelled()),
         };
@@ -1105,6 +1118,8 @@ impl Server {
         }
         let mut rx = self.svc.exec_stream(&id, req).await?;
         let (mut out, mut err) = (Vec::new(), Vec::new());
+        // What the output holds stays counted until the tool's answer is made.
+        let mut held = palisade_service::budget::Charge::default();
         let t0 = Instant::now();
         let token = ctx.meta.get_progress_token();
         let mut tick =
@@ -1112,7 +1127,11 @@ impl Server {
         let mut eid = None;
         loop {
             tokio::select! {
-                ev = rx.recv() => match ev.map(palisade_service::budget::Charged::into_inner) {
+                ev = rx.recv() => match ev.map(|e| {
+                    let (e, c) = e.into_parts();
+                    held.merge(c);
+                    e
+                }) {
                     Some(ExecEvent::Start { id }) => eid = Some(id),
                     Some(ExecEvent::Stdout { data }) => out.extend(data.decode()),
                     Some(ExecEvent::Stderr { data }) => err.extend(data.decode()),
@@ -1147,7 +1166,7 @@ impl Server {
         let token = ctx.meta.get_progress_token();
         let mut last = Instant::now();
         loop {
-            let info = self.svc.exec_info(id, eid)?.into_inner();
+            let (info, _held) = self.svc.exec_info(id, eid)?.into_parts();
             if let Some(s) = info.result {
                 let mut t = self.stage(&s, s.stdout.decode(), s.stderr.decode());
                 t.sandbox_id = Some(id.into());
@@ -1219,11 +1238,11 @@ impl Server {
     }
 
     async fn read(&self, a: ReadArgs) -> Outcome {
-        let b = self
+        let (b, _held) = self
             .svc
             .get_file(&a.sandbox_id, &a.path)
             .await?
-            .into_inner();
+            .into_parts();
         let s = self.shown(b, false, "file", true);
         let mut files = BTreeMap::new();
         files.insert(a.path, s);
@@ -1551,9 +1570,33 @@ impl ServerHandler for Server {
                 None,
             ));
         };
-        let c = match std::str::from_utf8(&b) {
-            Ok(s) => ResourceContents::text(s, uri).with_mime_type("text/plain"),
-            Err(_) => {
+        // The answer is counted against the budget while it is made (a copy of the output, and
+        // its JSON): many reads of one large output at once each made theirs, with nothing to
+        // bound them. Text that JSON would escape to more than twice its size (control bytes)
+        // goes as base64, as a server's output does.
+        let text = std::str::from_utf8(&b)
+            .ok()
+            .filter(|_| palisade_service::api::json_escaped_len(&b) <= 2 * b.len());
+        let size = match text {
+            Some(_) => 2 * palisade_service::api::json_escaped_len(&b),
+            None => 2 * b.len().div_ceil(3) * 4,
+        } as u64;
+        let Some(_held) = self.svc.held().try_charge(size) else {
+            let held = self.svc.held();
+            let _ = held.refuse();
+            return Err(ErrorData::internal_error(
+                format!(
+                    "the server's memory for answers is full ({} of {} bytes held): read `{}` again in a moment",
+                    held.held(),
+                    held.limit(),
+                    palisade_service_escape(&uri)
+                ),
+                None,
+            ));
+        };
+        let c = match text {
+            Some(s) => ResourceContents::text(s, uri).with_mime_type("text/plain"),
+            None => {
                 use base64::Engine;
                 ResourceContents::blob(base64::engine::general_purpose::STANDARD.encode(&*b), uri)
                     .with_mime_type("application/octet-stream")

@@ -472,3 +472,90 @@ fn stdio_survives_garbage_and_kills_runs_when_the_client_goes_away() {
     }
     wait_gone(&marker, "after the client went away");
 }
+
+/// `resources/read` is counted against `--max-held` while its answer is made: a read whose
+/// answer does not fit is refused with an error naming the budget (each read made a copy of the
+/// output and its JSON, with nothing to bound how many at once), and the server goes on; output
+/// of control bytes, which JSON would escape to six times its size, reads back as base64.
+#[test]
+fn stdio_resource_reads_are_counted_against_the_budget() {
+    let mut child = Reap(
+        Command::new(palisade_bin())
+            .args(["mcp", "--max-held", "1MiB", "--output-kept", "900KiB"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut call = |body: &str| -> serde_json::Value {
+        stdin.write_all(body.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        if !body.contains("\"id\"") {
+            return serde_json::Value::Null;
+        }
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    assert_eq!(call(INIT)["id"], 1);
+    call(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let full = |v: &serde_json::Value| -> String {
+        v["result"]["structuredContent"]["stdout"]["full"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no resource: {v}"))
+            .to_owned()
+    };
+    let read = |call: &mut dyn FnMut(&str) -> serde_json::Value, id: u32, uri: &str| {
+        call(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"resources/read","params":{{"uri":"{uri}"}}}}"#
+        ))
+    };
+    // 200 KB of text: its answer (twice its JSON) fits in 1 MiB.
+    let small = call(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_code","arguments":{"command":["sh","-c","head -c 200000 /dev/zero | tr '\\0' x"]}}}"#,
+    );
+    let small = full(&small);
+    let r = read(&mut call, 3, &small);
+    assert_eq!(
+        r["result"]["contents"][0]["text"].as_str().map(str::len),
+        Some(200_000),
+        "{r}"
+    );
+    // 600 KB of text: twice its JSON is past 1 MiB, so its read is refused, by name.
+    let large = call(
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"run_code","arguments":{"command":["sh","-c","head -c 600000 /dev/zero | tr '\\0' y"]}}}"#,
+    );
+    assert_eq!(
+        large["result"]["structuredContent"]["stdout"]["bytes"], 600_000,
+        "{large}"
+    );
+    let large = full(&large);
+    let r = read(&mut call, 5, &large);
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("memory for answers is full") && msg.contains("1048576"),
+        "read whole past the budget: {}",
+        &r.to_string()[..300]
+    );
+    // The server goes on; control bytes come back as base64, not escaped six times over.
+    let ctl = call(
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"run_code","arguments":{"command":["sh","-c","head -c 100000 /dev/zero | tr '\\0' '\\001'"]}}}"#,
+    );
+    let ctl = full(&ctl);
+    let r = read(&mut call, 7, &ctl);
+    let blob = r["result"]["contents"][0]["blob"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not base64: {}", &r.to_string()[..300]));
+    assert_eq!(blob.len(), 100_000usize.div_ceil(3) * 4);
+    assert_eq!(
+        read(&mut call, 8, &small)["result"]["contents"][0]["text"]
+            .as_str()
+            .map(str::len),
+        Some(200_000)
+    );
+    drop(stdin);
+    let _ = child.0.wait();
+}

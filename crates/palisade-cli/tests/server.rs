@@ -2894,6 +2894,8 @@ fn server_flags_past_their_bounds_are_refused_by_name() {
         ("serve", &["--send-timeout", "500ms"], "at least 1s"),
         ("serve", &["--send-timeout", "soon"], "--send-timeout"),
         ("mcp", &["--send-timeout", "500ms"], "at least 1s"),
+        ("mcp", &["--max-held", "1KiB"], "at least 64KiB"),
+        ("mcp", &["--max-held", "lots"], "--max-held"),
         (
             "mcp",
             &["--send-timeout", "0s"],

@@ -221,7 +221,7 @@ impl Data {
 }
 
 /// The length of `b` as the body of a JSON string (serde_json's escapes).
-fn json_escaped_len(b: &[u8]) -> usize {
+pub fn json_escaped_len(b: &[u8]) -> usize {
     b.iter()
         .map(|&c| match c {
             b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
