@@ -474,6 +474,37 @@ pub fn bind_private_unix(
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::time::Duration;
+
+    /// A batch whose runs wait for room in the server's budget stops waiting at shutdown, and
+    /// gives its place in the queue back: shutdown ends at once, not at the end of its grace
+    /// period (which it waited out, the batch counted as running work).
+    #[tokio::test]
+    async fn a_batch_waiting_for_room_does_not_hold_shutdown_up() {
+        let policy = palisade::policy::Policy::new(["true"]).unwrap();
+        let ceiling = super::Ceiling::new(policy).unwrap();
+        let mut config = super::Config::new(ceiling, "/nonexistent/agent".into());
+        config.max_held_bytes = 1 << 20;
+        config.shutdown_grace = Duration::from_secs(120);
+        config.templates = 0;
+        let svc = super::Service::new(config);
+        let req: super::api::BatchRequest = serde_json::from_value(serde_json::json!(
+            {"runs": [{"command": ["true"]}, {"command": ["true"]}]}
+        ))
+        .unwrap();
+        let mut rx = svc.run_batch(req).unwrap();
+        // Full once the batch is admitted (its task runs at this test's first wait).
+        let full = svc.held().force(1 << 20);
+        // Nothing comes while the budget is full: the batch's runs wait for room.
+        assert!(tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err());
+        tokio::time::timeout(Duration::from_secs(60), svc.shutdown())
+            .await
+            .expect("shutdown waited for the batch");
+        assert!(rx.recv().await.is_none(), "a run started during shutdown");
+        drop(full);
+    }
 
     fn names(d: &std::path::Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(d)

@@ -803,14 +803,17 @@ impl Service {
                 // checked once it has its slot (as a queued run, `Ticket::ready`: checked before
                 // the wait, twenty batches' runs held twelve times the budget); a batch's run
                 // waits for room rather than fail, its slot given back meanwhile.
+                // At shutdown it stops waiting: the rest of the batch is not started (it waited
+                // out the grace period).
+                let stopping = || svc.inner.stopping.load(std::sync::atomic::Ordering::SeqCst);
                 let gp = loop {
-                    while !svc.inner.held.has_room() && !tx.is_closed() {
+                    while !svc.inner.held.has_room() && !tx.is_closed() && !stopping() {
                         tokio::select! {
                             _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
                             _ = tx.closed() => {}
                         }
                     }
-                    if tx.is_closed() {
+                    if tx.is_closed() || stopping() {
                         break None;
                     }
                     let Ok(gp) = svc.inner.slots.clone().acquire_owned().await else {
