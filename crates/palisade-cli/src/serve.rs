@@ -1095,8 +1095,9 @@ async fn get_file(
     }
     let send_timeout = app.send_timeout;
     // Each piece is cut into the pieces of a held reply ([`Pieces`]): counted until handed over.
-    let stream =
-        futures_util::stream::unfold((Some(file), None::<Pieces>), move |(file, pieces)| {
+    let stream = futures_util::stream::unfold(
+        (Some(file), None::<Pieces>),
+        move |(file, pieces)| {
             let id = id.clone();
             async move {
                 let mut file = file?;
@@ -1115,12 +1116,13 @@ async fn get_file(
                     Err(e) => {
                         // Headers and some bytes are out: the only way left to say it is to cut the
                         // body short of its Content-Length.
-                        tracing::warn!(session = %id, error = %e, "a file's download cut short");
+                        tracing::warn!(session = %id, error = %e.message.escape_debug(), "a file's download cut short");
                         Some((Err(std::io::Error::other(e.message)), (None, None)))
                     }
                 }
             }
-        });
+        },
+    );
     let status = if range == palisade_service::FileRange::All {
         StatusCode::OK
     } else {
