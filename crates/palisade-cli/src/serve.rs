@@ -1070,11 +1070,20 @@ async fn get_file(
     Path((id, path)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Res<Response> {
-    let range = match headers.get(header::RANGE) {
+    let mut range = match headers.get(header::RANGE) {
         None => palisade_service::FileRange::All,
         Some(v) => parse_range(v)?,
     };
-    let file = app.svc.open_file(&id, &path, range).await?;
+    let mut file = app.svc.open_file(&id, &path, range).await?;
+    // `If-Range: ETAG`: the range only if the file is still the one of that tag, else all of it
+    // (a resumed download of a file changed meanwhile would join pieces of two files).
+    if let Some(tag) = headers.get(header::IF_RANGE) {
+        if range != palisade_service::FileRange::All && tag.as_bytes() != file.etag().as_bytes() {
+            drop(file);
+            range = palisade_service::FileRange::All;
+            file = app.svc.open_file(&id, &path, range).await?;
+        }
+    }
     let (size, (start, end)) = (file.size(), file.span());
     // (An empty file has no byte of any range.)
     if range != palisade_service::FileRange::All && start >= size {
@@ -1093,6 +1102,7 @@ async fn get_file(
         }
         return Ok(r);
     }
+    let etag = HeaderValue::from_str(&file.etag()).ok();
     let send_timeout = app.send_timeout;
     // Each piece is cut into the pieces of a held reply ([`Pieces`]): counted until handed over.
     let stream = futures_util::stream::unfold(
@@ -1139,6 +1149,9 @@ async fn get_file(
         .into_response();
     r.headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    if let Some(tag) = etag {
+        r.headers_mut().insert(header::ETAG, tag);
+    }
     if status == StatusCode::PARTIAL_CONTENT {
         let v = format!("bytes {start}-{}/{size}", end.saturating_sub(1));
         if let Ok(v) = HeaderValue::from_str(&v) {
@@ -1425,7 +1438,7 @@ pub fn openapi() -> String {
             "/v1/sandboxes/{id}/files": {"parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}], "get": {"summary": "List a directory", "responses": with(serde_json::json!({"200": ok(&listing, "application/json")}))}},
             "/v1/sandboxes/{id}/files/{path}": {
                 "parameters": [id, path],
-                "get": {"summary": "Read a regular file (never through a symlink), streamed; one byte range with Range", "parameters": [{"name": "Range", "in": "header", "required": false, "schema": {"type": "string", "pattern": "^bytes=([0-9]+-[0-9]*|-[0-9]+)$"}, "description": "One byte range: bytes=A-B, bytes=A- or bytes=-N"}],
+                "get": {"summary": "Read a regular file (never through a symlink), streamed; one byte range with Range", "parameters": [{"name": "Range", "in": "header", "required": false, "schema": {"type": "string", "pattern": "^bytes=([0-9]+-[0-9]*|-[0-9]+)$"}, "description": "One byte range: bytes=A-B, bytes=A- or bytes=-N"}, {"name": "If-Range", "in": "header", "required": false, "schema": {"type": "string"}, "description": "The ETag of an earlier answer: the range only if the file is unchanged since, else the whole file (200)"}],
                     "responses": with(serde_json::json!({"200": {"description": "The bytes", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "206": {"description": "The bytes of the range asked for (Content-Range)", "content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "416": {"description": "The file has none of the bytes of the range asked for (Content-Range: bytes */SIZE)", "content": {"application/json": {"schema": err}}}}))},
                 "put": {"summary": "Write a file (parents created; never through a symlink)", "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Written"}}))},
                 "delete": {"summary": "Remove a file (?recursive=true for a directory)", "responses": with(serde_json::json!({"204": {"description": "Removed"}}))}

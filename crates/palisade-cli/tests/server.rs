@@ -2957,6 +2957,13 @@ fn rss_of(pid: u32) -> u64 {
     kb << 10
 }
 
+/// The ETag of an answer.
+fn r_tag(r: &Resp) -> String {
+    r.header("etag")
+        .unwrap_or_else(|| panic!("no ETag: {:?}", r.headers))
+        .to_owned()
+}
+
 /// Two directories of the session `id`, each holding one file, whose archives are together
 /// 16 MiB exactly: the paths of their `GET .../archive` (each answered whole, unlike a file).
 fn archives_of_16_mib(s: &Server, id: &str) -> [String; 2] {
@@ -3433,13 +3440,19 @@ fn a_sessions_file_streams_out_a_piece_at_a_time_with_ranges() {
         );
     }
     assert_eq!(ranged("bytes=0-9").body, b"1\n2\n3\n4\n5\n");
-    let r = ranged(&format!("bytes={size}-"));
-    assert_eq!(r.status, 416, "{}", r.text());
-    assert_eq!(
-        r.header("content-range"),
-        Some(format!("bytes */{size}").as_str())
-    );
-    assert_eq!(r.json()["error"]["field"], "Range");
+    for past in [
+        format!("bytes={size}-"),
+        "bytes=9223372036854775807-".into(),
+        "bytes=18446744073709551614-18446744073709551615".into(),
+    ] {
+        let r = ranged(&past);
+        assert_eq!(r.status, 416, "{past}: {}", r.text());
+        assert_eq!(
+            r.header("content-range"),
+            Some(format!("bytes */{size}").as_str())
+        );
+        assert_eq!(r.json()["error"]["field"], "Range");
+    }
     for bad in [
         "bytes=5-2",
         "bytes=0-1,4-5",
@@ -3471,10 +3484,27 @@ fn a_sessions_file_streams_out_a_piece_at_a_time_with_ranges() {
     );
     assert_eq!(r.status, 416, "{}", r.text());
 
-    // Replaced, then shrunk, while a client reads it: the body stops short, and what came is
-    // the first file's.
+    // A resumed download names the file it began with (If-Range: its ETag): the range while
+    // the file is the same, the whole file once it changed.
+    let tag = r_tag(&s.get(&path));
+    let resumed = |tag: &str| {
+        request(
+            &s.sock,
+            "GET",
+            &path,
+            &[("Range", "bytes=10-19"), ("If-Range", tag)],
+            b"",
+        )
+    };
+    let r = resumed(&tag);
+    assert_eq!((r.status, r.body.as_slice()), (206, &want[10..20]));
+    assert_eq!(r_tag(&r), tag);
+
+    // Replaced, rewritten in place, or shrunk while a client reads it: the body stops short, and
+    // what came is the first file's.
     for (change, why) in [
         ("cp f g && mv g f", "was replaced by another file"),
+        ("seq 3000001 6000000 > f", "was written"),
         ("truncate -s 100 f", "shrank to 100 bytes"),
     ] {
         let (mut c, status) = stalled(&s, "GET", &path);
@@ -3495,6 +3525,9 @@ fn a_sessions_file_streams_out_a_piece_at_a_time_with_ranges() {
             "done\n",
         );
     }
+    let r = resumed(&tag);
+    assert_eq!(r.status, 200, "a resume across a change: {}", r.text());
+    assert!(r.body == want && r_tag(&r) != tag);
 
     // A client that stops reading holds one piece (of --max-fetch) and no more, while the
     // session and other downloads go on; cut at --send-timeout, it gives the piece back.

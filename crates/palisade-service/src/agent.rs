@@ -475,11 +475,17 @@ impl Agent {
             size: st.st_size as u64,
             dev: st.st_dev,
             ino: st.st_ino,
+            ctime: [st.st_ctime, st.st_ctime_nsec as i64],
+            mtime: [st.st_mtime, st.st_mtime_nsec as i64],
         };
         let mut parts = Parts::new(self, id);
         let mut f = std::fs::File::from(f);
         if let Some(len) = len {
-            // A piece of a streamed read: what is there from `offset`, at most `len`.
+            // A piece of a streamed read: what is there from `offset`, at most `len` (nothing
+            // from past the end, where a seek may not go at all).
+            if offset >= file.size {
+                return Ok((Vec::new(), file));
+            }
             use std::io::Seek;
             f.seek(std::io::SeekFrom::Start(offset))
                 .map_err(|e| Fail("io", e.to_string()))?;

@@ -165,14 +165,18 @@ impl Event {
     }
 }
 
-/// Which file a read read, when it was opened: its size, and its device and inode (a file
-/// replaced between two pieces of a streamed read has another).
+/// Which file a read read, as it was when opened: its size, device and inode (a file replaced
+/// between two pieces of a streamed read has another), and its change and modification times,
+/// seconds and nanoseconds (a file written in place between two pieces has others: a write
+/// moves both, and nothing the code can do sets the change time back).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct FileId {
     pub size: u64,
     pub dev: u64,
     pub ino: u64,
+    pub ctime: [i64; 2],
+    pub mtime: [i64; 2],
 }
 
 fn is_zero(n: &u64) -> bool {

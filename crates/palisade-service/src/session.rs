@@ -1528,23 +1528,39 @@ impl FileStream {
             .await;
         Some(r.and_then(|(data, held, file)| {
             let shown = crate::shorten(&self.path, 200);
-            if (file.dev, file.ino) != (self.file.dev, self.file.ino) {
-                return Err(ServiceError::conflict(
+            let changed = |how: String| {
+                Err(ServiceError::conflict(
                     "path",
-                    format!("`{shown}` was replaced by another file while it was read"),
+                    format!("`{shown}` {how} while it was read"),
+                ))
+            };
+            if (file.dev, file.ino) != (self.file.dev, self.file.ino) {
+                return changed("was replaced by another file".into());
+            }
+            if data.is_empty() || file.size < self.end {
+                return changed(format!(
+                    "shrank to {} bytes ({} promised)",
+                    file.size, self.file.size
                 ));
             }
-            if data.is_empty() {
-                return Err(ServiceError::conflict(
-                    "path",
-                    format!(
-                        "`{shown}` shrank to {} bytes while it was read ({} promised)",
-                        file.size, self.file.size
-                    ),
-                ));
+            // Written in place (`> f` truncates and writes the same inode): what is left to
+            // send is not of the file the first pieces came from.
+            if file != self.file {
+                return changed("was written".into());
             }
             self.pos += data.len() as u64;
             Ok(Charged::new(data, held))
         }))
+    }
+
+    /// A strong entity tag of the file as it was opened (device, inode, size, modification and
+    /// change times): another for any change a later piece would notice, so that a client that
+    /// resumes with `If-Range` gets the whole file again rather than pieces of two.
+    pub fn etag(&self) -> String {
+        let f = &self.file;
+        format!(
+            "\"{:x}-{:x}-{:x}-{:x}.{:x}-{:x}.{:x}\"",
+            f.dev, f.ino, f.size, f.mtime[0], f.mtime[1], f.ctime[0], f.ctime[1]
+        )
     }
 }
