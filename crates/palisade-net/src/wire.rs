@@ -742,19 +742,27 @@ pub(crate) fn forward_head(head: &Head, authority: &str, path: &str) -> Vec<u8> 
     out
 }
 
-/// `host:port` or `[v6]:port` (or without the port: `default`); `None` if the port does not parse
-/// or an IPv6 address lacks its brackets.
+/// `host:port` or `[v6]:port` (or without the port: `default`); `None` if the port is not digits
+/// (RFC 3986's `port = *DIGIT`: Rust's own parse takes `+43` for 43, while [`strip_port`], which
+/// finds the host a `Host` header names, keeps `:+43` as part of the host; found by the fuzzer)
+/// or does not fit, or an IPv6 address lacks its brackets.
 pub(crate) fn split_authority(a: &str, default: u16) -> Option<(&str, u16)> {
+    fn port(p: &str) -> Option<u16> {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        p.parse().ok()
+    }
     if a.starts_with('[') {
         let end = a.find(']')?;
         let port = match &a[end + 1..] {
             "" => default,
-            p => p.strip_prefix(':')?.parse().ok()?,
+            p => port(p.strip_prefix(':')?)?,
         };
         return Some((&a[..end + 1], port));
     }
     match a.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => Some((h, p.parse().ok()?)),
+        Some((h, p)) if !h.contains(':') => Some((h, port(p)?)),
         Some(_) => None,
         None => Some((a, default)),
     }
@@ -1045,6 +1053,17 @@ mod tests {
             })
         );
         assert!(proxy_request(&head("CONNECT a:b:c HTTP/1.1\r\n\r\n")).is_err());
+        // A port is digits only: `+43` would be checked as port 43 while the host a `Host`
+        // check finds keeps `:+43` (the fuzzer's proxy_request regression).
+        for bad in [
+            "CONNECT example.org:+443 HTTP/1.1\r\n\r\n",
+            "CONNECT [2001:db8::1]:+443 HTTP/1.1\r\n\r\n",
+            "GET http://example.org:+43/ HTTP/1.1\r\n\r\n",
+            "GET http://example.org:/ HTTP/1.1\r\n\r\n",
+            "GET http://example.org:99999/ HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(proxy_request(&head(bad)).is_err(), "{bad}");
+        }
         assert!(proxy_request(&head("GET /x HTTP/1.1\r\n\r\n")).is_err());
         let h = head(
             "GET HTTP://a.example:8080?q=1 HTTP/1.1\nProxy-Authorization: x\nConnection: keep-alive\nX-A: b\n\n",

@@ -208,6 +208,7 @@ impl NetRule {
     /// assert!(NetRule::parse("network.allow", "*.example.org:8443").is_ok());
     /// assert!(NetRule::parse("network.allow", "*.com").is_err());
     /// assert!(NetRule::parse("network.allow", "*").is_err());
+    /// assert!(NetRule::parse("network.allow", "example.org:+443").is_err());
     /// ```
     pub fn parse(field: &'static str, s: &str) -> Result<NetRule, PolicyError> {
         const EXPECTED: &str = "HOST, *.DOMAIN (subdomains only, not on a public suffix), an IP address, [IPv6] or a CIDR block (10.0.0.0/8, [2001:db8::/32]), each optionally followed by :PORT (1-65535)";
@@ -220,7 +221,7 @@ impl NetRule {
         let port = match port {
             None => None,
             Some(p) => match p.parse::<u16>() {
-                Ok(n) if n > 0 => Some(n),
+                Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => Some(n),
                 _ => return Err(bad("a port from 1 to 65535 after the `:`")),
             },
         };
