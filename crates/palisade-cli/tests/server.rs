@@ -3017,7 +3017,7 @@ fn stalled(s: &Server, method: &str, path: &str) -> (UnixStream, u16) {
 /// `a_sessions_file_streams_out_a_piece_at_a_time_with_ranges`.)
 #[test]
 fn replies_not_taken_hold_at_most_the_servers_budget_and_stalled_clients_are_cut() {
-    let s = Server::start(POLICY, &["--max-held", "16MiB", "--send-timeout", "3s"]);
+    let s = Server::start(POLICY, &["--max-held", "16MiB", "--send-timeout", "5s"]);
     let id = session_of_128_mib(&s);
     let paths = archives_of_16_mib(&s, &id);
     let rss0 = rss_of(s.pid());
@@ -3201,8 +3201,10 @@ fn queued_runs_large_replies_bodies_and_cells_stay_within_the_budget() {
             "16MiB",
             "--max-concurrency",
             "1",
+            // Past the first run's end by seconds: the stalled clients hold the budget until
+            // the queued run's turn and the list have been refused.
             "--send-timeout",
-            "3s",
+            "6s",
         ],
     );
     let labels: serde_json::Map<String, Value> = (0..64)
@@ -3227,7 +3229,7 @@ fn queued_runs_large_replies_bodies_and_cells_stay_within_the_budget() {
             "POST",
             "/v1/run",
             &[],
-            br#"{"command": ["sleep", "3"]}"#,
+            br#"{"command": ["sleep", "2"]}"#,
         )
         .status
     });
