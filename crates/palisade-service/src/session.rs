@@ -1508,8 +1508,8 @@ impl FileStream {
     }
 
     /// The next piece, each counted against the server's budget; `None` after the last. A file
-    /// replaced by another, or shrunk below what was promised, is an error: the bytes sent so far
-    /// were not all of one file as it was.
+    /// replaced by another, written in place, or shrunk below what was promised is an error: the
+    /// bytes still to send would not be of the file the first ones came from.
     pub async fn next(&mut self) -> Option<Result<Charged<Vec<u8>>, ServiceError>> {
         if let Some(first) = self.first.take() {
             let n = (first.len() as u64).min(self.end - self.pos);
