@@ -396,11 +396,11 @@ class AsyncClient(_Base):
 
 
 def _short(path: str, got: int, want: str | None, e: Exception) -> PalisadeError:
-    """A download that stopped: short of its length (the server cut it: the file was replaced or
-    shrank while read, or the session ended), or the server unreachable before it began."""
+    """A download that stopped: short of its length (the server cut it: the file was replaced,
+    written or shrunk while read, or the session ended), or the server unreachable before it began."""
     if want is not None:
         return PalisadeError(
-            f"GET {path}: the download stopped after {got} of {want} bytes (the file was replaced or "
-            f"shrank while it was read, the session ended, or the connection broke: {e})"
+            f"GET {path}: the download stopped after {got} of {want} bytes (the file was replaced, "
+            f"written or shrunk while it was read, the session ended, or the connection broke: {e})"
         )
     return ServerUnavailableError(f"GET {path}: the server cannot be reached ({e})")

@@ -240,7 +240,7 @@ class Files:
     def download(self, path: str, dest: str | os.PathLike[str]) -> int:
         """Streams the file into the local file ``dest``, whatever its size (the server reads it
         a piece at a time); the bytes written. ``dest`` is replaced only once the whole file has
-        come; a file replaced or shrunk inside while it is read raises ``PalisadeError``."""
+        come; a file replaced, written or shrunk inside while it is read raises ``PalisadeError``."""
         with _Landing(dest) as out:
             n = self._s._client.stream_to(f"{self._s._path}/files/{_url_path(path)}", out)
             out.done()
