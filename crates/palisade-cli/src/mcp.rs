@@ -1584,15 +1584,21 @@ impl ServerHandler for Server {
         let Some(_held) = self.svc.held().try_charge(size) else {
             let held = self.svc.held();
             let _ = held.refuse();
-            return Err(ErrorData::internal_error(
+            let uri = palisade_service_escape(&uri);
+            let why = if size > held.limit() {
+                // Waiting would not help: the server must be started with more.
                 format!(
-                    "the server's memory for answers is full ({} of {} bytes held): read `{}` again in a moment",
+                    "reading `{uri}` takes {size} bytes while it is answered, more than the server's --max-held {} allows at all",
+                    held.limit()
+                )
+            } else {
+                format!(
+                    "the server's memory for answers is full ({} of its --max-held {} bytes held): read `{uri}` again in a moment",
                     held.held(),
-                    held.limit(),
-                    palisade_service_escape(&uri)
-                ),
-                None,
-            ));
+                    held.limit()
+                )
+            };
+            return Err(ErrorData::internal_error(why, None));
         };
         let c = match text {
             Some(s) => ResourceContents::text(s, uri).with_mime_type("text/plain"),
