@@ -80,7 +80,9 @@ pub struct ServeArgs {
     #[arg(long = "max-sessions", value_name = "N", default_value_t = 64)]
     max_sessions: usize,
     /// Connections open at once through the egress proxies of all runs and sessions together
-    /// (1 to 65536; each holds a server thread). One past it is closed at once.
+    /// (1 to 65536; each holds a server thread). When all are open, a sandbox that holds fewer
+    /// takes a place from the one that holds the most (its longest-idle connection is cut);
+    /// past that, a connection is closed at once.
     #[arg(long = "max-proxy-connections", value_name = "N", default_value_t = palisade::MAX_CONNECTIONS_IN_PROCESS)]
     max_proxy_connections: usize,
     /// Keep N sandboxes started ahead for runs with the default policy (the ceiling's limits, no

@@ -2809,10 +2809,13 @@ fn concurrent_execs_of_a_session_count_their_own_oom_kills() {
 
 /// The egress proxies of all a server's sessions and runs together hold at most
 /// `--max-proxy-connections` connections (each a server thread, charged to no sandbox; found by an
-/// independent review): session A holds 6 of 8, so session B gets 2 and 4 are closed at once with
-/// the proxy's `503 too-many-connections`; once A's are closed, B gets all 6.
+/// independent review), shared out between the sandboxes when they are all open: session A holds
+/// 6 of 8 and keeps them idle, session B opens 6. B gets the 2 free places and takes 2 of A's
+/// (A's longest idle are cut, and A's report counts them), and its last 2 are closed at once
+/// with the proxy's `503 too-many-connections`, since A then holds no more than B. Once A's are
+/// closed, B gets all 6.
 #[test]
-fn the_servers_proxies_hold_at_most_max_proxy_connections_together() {
+fn the_servers_proxies_hold_at_most_max_proxy_connections_together_and_share_them_out() {
     let s = Server::start(
         "[network]\nallow = [\"pypi.org\"]\n",
         &["--max-proxy-connections", "8"],
@@ -2825,10 +2828,21 @@ fn the_servers_proxies_hold_at_most_max_proxy_connections_together() {
     };
     let (a, b) = (session(), session());
     let exec = |id: &str, body: Value| s.post(&format!("/v1/sandboxes/{id}/exec"), &body).json();
+    // Prints how many of its 6 connections the proxy closed while it held them.
     let hold = "import socket, os, time\n\
         cs = [socket.create_connection(('127.0.0.1', 3128), timeout=5) for _ in range(6)]\n\
         open('opened', 'w').close()\n\
-        while not os.path.exists('release'): time.sleep(0.02)\n";
+        while not os.path.exists('release'): time.sleep(0.02)\n\
+        closed = 0\n\
+        for c in cs:\n\
+        \x20   c.settimeout(0.2)\n\
+        \x20   try:\n\
+        \x20       closed += c.recv(1) == b''\n\
+        \x20   except socket.timeout:\n\
+        \x20       pass\n\
+        \x20   except ConnectionResetError:\n\
+        \x20       closed += 1\n\
+        print(closed)\n";
     let held = exec(
         &a,
         json!({"command": ["python3", "-c", hold], "mode": "background"}),
@@ -2854,11 +2868,22 @@ fn the_servers_proxies_hold_at_most_max_proxy_connections_together() {
         assert_eq!(r["status"], "ok", "{r}");
         r["stdout"]["data"].as_str().unwrap().trim().to_owned()
     };
-    assert_eq!(refused(&b), "4", "past 8 connections for the whole server");
+    assert_eq!(
+        refused(&b),
+        "2",
+        "B takes 2 of A's 6 places, and no more once they hold 4 each"
+    );
     exec(&a, json!({"command": ["touch", "release"]}));
+    let mut result = Value::Null;
     wait_until("A's holder ends", || {
-        !s.get(&format!("/v1/sandboxes/{a}/exec/{held}")).json()["result"].is_null()
+        result = s.get(&format!("/v1/sandboxes/{a}/exec/{held}")).json()["result"].clone();
+        !result.is_null()
     });
+    assert_eq!(
+        result["stdout"]["data"].as_str().map(str::trim),
+        Some("2"),
+        "A's connections the proxy cut for B: {result}"
+    );
     let mut last = String::new();
     let freed = within(
         "A's connections are given back",
@@ -2869,6 +2894,12 @@ fn the_servers_proxies_hold_at_most_max_proxy_connections_together() {
         },
     );
     assert!(freed, "{last} of 6 still refused once A's were closed");
+    let fin = s.req("DELETE", &format!("/v1/sandboxes/{a}"), b"").json();
+    assert_eq!(
+        fin["report"]["network"]["cut_connections"].as_u64(),
+        Some(2),
+        "{fin}"
+    );
 }
 
 /// Flags whose value would have the server hold unbounded memory, processes or cgroups for its

@@ -260,8 +260,8 @@ impl Exchange<'_> {
             if let Upstream::Ready(u) = up {
                 fds.push(u.poll_fd(rustix::event::PollFlags::IN));
             }
-            let woke = relay::wait(sh, &mut fds, deadline);
-            let upstream_said = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+            let (woke, seen) = relay::wait_seen(sh, &fds, deadline);
+            let upstream_said = seen & 2 != 0;
             drop(fds);
             meter.tick();
             match woke {
@@ -510,11 +510,11 @@ impl Exchange<'_> {
                 fds.push(c.poll_fd(ci));
             }
             fds.push(u.poll_fd(u.interest(true, sent < to_up.len())));
-            let woke = relay::wait(sh, &mut fds, None);
+            let woke = relay::wait(sh, &fds, None);
             drop(fds);
             meter.tick();
             if woke == Wake::Stop {
-                self.finish(r, None, "the run ended");
+                self.finish(r, None, crate::share::why_stopped());
                 return Next::End;
             }
         };
@@ -598,11 +598,11 @@ impl Exchange<'_> {
                 }
                 Ok(Some(n)) => leftover.extend_from_slice(&chunk[..n]),
                 Ok(None) => {
-                    let mut fds = [u.poll_fd(u.interest(true, false))];
-                    let woke = relay::wait(sh, &mut fds, None);
+                    let fds = [u.poll_fd(u.interest(true, false))];
+                    let woke = relay::wait(sh, &fds, None);
                     meter.tick();
                     if woke == Wake::Stop {
-                        self.finish(r, Some(response.code), "the run ended");
+                        self.finish(r, Some(response.code), crate::share::why_stopped());
                         return Next::End;
                     }
                 }
@@ -752,11 +752,11 @@ impl Exchange<'_> {
             if moved {
                 continue;
             }
-            let mut fds = [
+            let fds = [
                 c.poll_fd(c.interest(up_buf.is_empty() && !c_eof, !down_buf.is_empty())),
                 u.poll_fd(u.interest(down_buf.is_empty() && !u_eof, !up_buf.is_empty())),
             ];
-            let woke = relay::wait(sh, &mut fds, None);
+            let woke = relay::wait(sh, &fds, None);
             meter.tick();
             if woke == Wake::Stop {
                 return;

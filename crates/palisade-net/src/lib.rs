@@ -15,6 +15,8 @@
 //!   `palisade_linux::pool`), plus one per
 //!   open connection, at most [`MAX_CONNECTIONS`]; a
 //!   connection past that is closed at once (the HTTP listener answers `503`) and only counted;
+//!   all the proxies of a process together hold at most [`MAX_CONNECTIONS_IN_PROCESS`], shared
+//!   out fairly between their sandboxes when full (`share`);
 //! - time: a client has [`FIRST_BYTES`] in all (not per read) to send its request head, SOCKS
 //!   handshake or first bytes, and an upstream connection [`CONNECT_TIMEOUT`] for all of its
 //!   name's addresses together;
@@ -39,6 +41,7 @@ mod http;
 mod relay;
 mod secrets;
 mod serve;
+mod share;
 mod tls;
 mod wire;
 
@@ -279,8 +282,12 @@ pub struct NetLog {
     pub denied: u64,
     /// Events past [`MAX_EVENTS`] or [`MAX_EVENT_BYTES`], counted but not listed.
     pub dropped: u64,
-    /// Connections closed at once because [`MAX_CONNECTIONS`] were open.
+    /// Connections closed at once because [`MAX_CONNECTIONS`] were open, or because all the
+    /// process's were and this sandbox held its share of them.
     pub refused_connections: u64,
+    /// Open connections cut to give another sandbox its share of the process's connections
+    /// ([`set_max_connections_in_process`]), each the longest idle of this sandbox's.
+    pub cut_connections: u64,
     /// Upstream connections that waited for their turn ([`MAX_CONNECTS_PER_S`]).
     pub paced_connections: u64,
     /// Events the notify callback was not called for: past [`MAX_NOTIFY`], or not kept.
@@ -307,22 +314,25 @@ pub const MAX_CONNECTIONS: usize = 128;
 
 /// Most connections open at once through all the proxies of one process (a server's runs and
 /// sessions together), unless [`set_max_connections_in_process`] says otherwise: each holds a
-/// supervisor thread, up to six descriptors and its relay's buffers, which no sandbox's cgroup
+/// supervisor thread, up to seven descriptors and its relay's buffers, which no sandbox's cgroup
 /// is charged for, so that 64 sessions at [`MAX_CONNECTIONS`] each would hold 8,192 threads.
 pub const MAX_CONNECTIONS_IN_PROCESS: usize = 1024;
 
-/// Connections open through this process's proxies, and the most it allows.
-pub(crate) static PROCESS_OPEN: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-pub(crate) static PROCESS_CAP: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(MAX_CONNECTIONS_IN_PROCESS);
+/// The places of all the proxies of this process.
+static PROCESS: share::Share = share::Share::new(MAX_CONNECTIONS_IN_PROCESS);
 
 /// Sets the most connections open at once through all the proxies of this process (at least
-/// 1); a connection past it is closed at once, as one past [`MAX_CONNECTIONS`], and counted in
-/// [`NetLog::refused_connections`].
+/// 1). When they are all open, a sandbox that holds fewer than another takes a place from the
+/// sandbox that holds the most, whose longest-idle connection is cut (counted in its
+/// [`NetLog::cut_connections`]), so that each of `n` sandboxes can hold at least `n`th of them
+/// however long the others keep theirs open; a connection past that is closed at once, as one
+/// past [`MAX_CONNECTIONS`], and counted in [`NetLog::refused_connections`].
 pub fn set_max_connections_in_process(n: usize) {
-    PROCESS_CAP.store(n.max(1), std::sync::atomic::Ordering::SeqCst);
+    PROCESS.set_cap(n);
 }
+
+/// Each [`Egress`]'s number among the process's.
+static PROXY_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// The threads of every [`Egress`]'s DNS stub, and of its other listeners, kept for the next
 /// sandbox's (see `palisade_linux::pool`).
@@ -379,6 +389,8 @@ struct Limits {
     events: usize,
     event_bytes: usize,
     notify: u64,
+    /// The places this proxy's connections take ([`PROCESS`], or a unit test's own).
+    share: &'static share::Share,
 }
 
 impl Default for Limits {
@@ -391,6 +403,7 @@ impl Default for Limits {
             events: MAX_EVENTS,
             event_bytes: MAX_EVENT_BYTES,
             notify: MAX_NOTIFY,
+            share: &PROCESS,
         }
     }
 }
@@ -500,9 +513,13 @@ struct Shared {
     log: Mutex<Log>,
     /// Signalled once, by [`Egress::stop`]; every wait in the proxy also waits for it.
     stop: OwnedFd,
-    /// Connections open now, and refused for being past the cap.
+    /// This proxy's number among the process's ([`share`]).
+    id: u64,
+    /// Connections open now, refused for being past a cap, and cut to make room for another
+    /// proxy's ([`share`]).
     open: AtomicUsize,
     refused: AtomicU64,
+    cut: AtomicU64,
     /// The pace of upstream connections ([`MAX_CONNECTS_PER_S`]), and how many waited for it.
     pace: Mutex<Pace>,
     paced: AtomicU64,
@@ -635,8 +652,10 @@ impl Egress {
             names: Mutex::new(Names::default()),
             log: Mutex::new(Log::default()),
             stop: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            id: PROXY_IDS.fetch_add(1, Ordering::Relaxed),
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            cut: AtomicU64::new(0),
             pace: Mutex::new(Pace::new(limits_rate)),
             paced: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
@@ -693,6 +712,7 @@ impl Egress {
             denied: log.denied,
             dropped: log.dropped,
             refused_connections: sh.refused.load(Ordering::Relaxed),
+            cut_connections: sh.cut.load(Ordering::Relaxed),
             paced_connections: sh.paced.load(Ordering::Relaxed),
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: sh.cpu_ns.load(Ordering::Relaxed) / 1_000_000,

@@ -31,7 +31,7 @@ struct Stopping;
 
 impl std::fmt::Display for Stopping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the run ended")
+        f.write_str(crate::share::why_stopped())
     }
 }
 
@@ -48,11 +48,20 @@ pub(crate) fn is_stopping(e: &io::Error) -> bool {
 }
 
 /// Waits until one of `fds` is ready for its events, `deadline` passes, or the proxy stops (which
-/// wins over the other two). `revents` of each entry are left for the caller.
-pub(crate) fn wait<'a>(sh: &'a Shared, fds: &mut [PollFd<'a>], deadline: Option<Instant>) -> Wake {
-    let stop_at = fds.len();
-    let mut all: Vec<PollFd<'a>> = fds.to_vec();
+/// wins over the other two); in a connection's thread, the connection's cut
+/// ([`crate::share`]) counts as the proxy's stop.
+pub(crate) fn wait(sh: &Shared, fds: &[PollFd<'_>], deadline: Option<Instant>) -> Wake {
+    wait_seen(sh, fds, deadline).0
+}
+
+/// [`wait`], and which of `fds` had something to report (bit `i` for `fds[i]`, the first 32).
+pub(crate) fn wait_seen(sh: &Shared, fds: &[PollFd<'_>], deadline: Option<Instant>) -> (Wake, u32) {
+    let conn = crate::share::current();
+    let mut all: Vec<PollFd<'_>> = fds.to_vec();
     all.push(PollFd::new(&sh.stop, PollFlags::IN));
+    if let Some(c) = &conn {
+        all.push(PollFd::new(&c.cut, PollFlags::IN));
+    }
     loop {
         let timeout = match deadline {
             None => None,
@@ -66,20 +75,26 @@ pub(crate) fn wait<'a>(sh: &'a Shared, fds: &mut [PollFd<'a>], deadline: Option<
             }
         };
         match poll(&mut all, timeout.as_ref()) {
-            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return Wake::Deadline,
+            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return (Wake::Deadline, 0),
             Ok(0) => continue,
             Ok(_) => {
-                if !all[stop_at].revents().is_empty() {
-                    return Wake::Stop;
+                if all[fds.len()..].iter().any(|f| !f.revents().is_empty()) {
+                    return (Wake::Stop, 0);
                 }
-                for (f, a) in fds.iter_mut().zip(&all) {
-                    *f = a.clone();
+                if let Some(c) = &conn {
+                    c.touch();
                 }
-                return Wake::Ready;
+                let seen = all[..fds.len()]
+                    .iter()
+                    .take(32)
+                    .enumerate()
+                    .filter(|(_, f)| !f.revents().is_empty())
+                    .fold(0u32, |m, (i, _)| m | 1 << i);
+                return (Wake::Ready, seen);
             }
             Err(Errno::INTR) => continue,
             // poll fails only for bad arguments or no memory: stop waiting rather than spin.
-            Err(_) => return Wake::Stop,
+            Err(_) => return (Wake::Stop, 0),
         }
     }
 }
@@ -91,7 +106,7 @@ pub(crate) fn wait_one(
     events: PollFlags,
     deadline: Option<Instant>,
 ) -> Wake {
-    wait(sh, &mut [PollFd::from_borrowed_fd(fd, events)], deadline)
+    wait(sh, &[PollFd::from_borrowed_fd(fd, events)], deadline)
 }
 
 /// Reads what is there (at most `buf.len()`), waiting until `deadline`: `Ok(None)` when it passed.
@@ -472,13 +487,13 @@ pub(crate) fn relay(
         let (down_from, down_to) = down.wants();
         // A socket with nothing to wait for is left out: its hang-up or error would otherwise
         // wake the poll again and again while the other side is the one that must move.
-        let mut fds: Vec<PollFd<'_>> = [(client, up_from | down_to), (upstream, down_from | up_to)]
+        let fds: Vec<PollFd<'_>> = [(client, up_from | down_to), (upstream, down_from | up_to)]
             .into_iter()
             .filter(|(_, ev)| !ev.is_empty())
             .map(|(s, ev)| PollFd::new(s, ev))
             .collect();
         // After progress, only look (more may be ready, and the stop signal counts); else wait.
-        let woke = wait(sh, &mut fds, moved.then(Instant::now));
+        let woke = wait(sh, &fds, moved.then(Instant::now));
         meter.tick();
         if woke == Wake::Stop {
             return;

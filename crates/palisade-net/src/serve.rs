@@ -3,6 +3,7 @@
 
 use crate::http::{Exchange, Upstream};
 use crate::relay::{self, read_by, read_exact_by, write_all, CpuMeter, Wake};
+use crate::share::Place;
 use crate::tls::{HandshakeError, Peer};
 use crate::wire::{self, HostError, ProxyRequest, Sniffed};
 use crate::{
@@ -163,16 +164,6 @@ impl Shared {
     }
 }
 
-/// Takes one off the open connections when its thread ends.
-struct Open<'a>(&'a Shared);
-
-impl Drop for Open<'_> {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
-        crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// Serves one TCP listener until the proxy stops, then joins its connections' threads.
 pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
     let mut meter = CpuMeter::new(&sh.cpu_ns);
@@ -198,7 +189,7 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
             Err(e) if is_out_of_resources(&e) => {
                 // The connection stays queued; try again in a while rather than spin on it.
                 let pause = Instant::now() + Duration::from_millis(100);
-                if relay::wait(sh, &mut [], Some(pause)) == Wake::Stop {
+                if relay::wait(sh, &[], Some(pause)) == Wake::Stop {
                     break;
                 }
                 continue;
@@ -211,16 +202,21 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
         for t in ended {
             let _ = t.join();
         }
-        if let Err(why) = take_place(sh) {
-            refuse(&s, role, why);
-            sh.refused.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
+        let place = match Place::take(sh) {
+            Ok(p) => p,
+            Err(why) => {
+                refuse(&s, role, why);
+                sh.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
         let sh2 = sh.clone();
         let spawned = std::thread::Builder::new()
             .name("palisade-conn".into())
             .spawn(move || {
-                let _open = Open(&sh2);
+                // Its waits end when the connection is cut, too; given back when it ends.
+                place.enter();
+                let _place = place;
                 let mut meter = CpuMeter::new(&sh2.cpu_ns);
                 let accepted = Instant::now();
                 if s.set_nonblocking(true).is_err() {
@@ -236,9 +232,7 @@ pub(crate) fn accept_loop(sh: &Arc<Shared>, l: &TcpListener, role: Role) {
         match spawned {
             Ok(t) => threads.push(t),
             Err(_) => {
-                // No thread to be had: the connection was dropped with the closure.
-                sh.open.fetch_sub(1, Ordering::SeqCst);
-                crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
+                // No thread to be had: the connection and its place went with the closure.
                 sh.refused.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -312,22 +306,6 @@ pub(crate) fn interleave(addrs: Vec<IpAddr>) -> Vec<IpAddr> {
     out
 }
 
-/// Takes a new connection's place among the sandbox's open connections and the process's; why
-/// not, if either is full (nothing taken then).
-fn take_place(sh: &Shared) -> Result<(), &'static str> {
-    if sh.open.fetch_add(1, Ordering::SeqCst) >= sh.limits.connections {
-        sh.open.fetch_sub(1, Ordering::SeqCst);
-        return Err("the sandbox has too many connections open through the proxy");
-    }
-    let cap = crate::PROCESS_CAP.load(Ordering::SeqCst);
-    if crate::PROCESS_OPEN.fetch_add(1, Ordering::SeqCst) >= cap {
-        crate::PROCESS_OPEN.fetch_sub(1, Ordering::SeqCst);
-        sh.open.fetch_sub(1, Ordering::SeqCst);
-        return Err("the server's proxies have too many connections open");
-    }
-    Ok(())
-}
-
 /// A connection being decided.
 struct Pending<'a> {
     sh: &'a Shared,
@@ -371,10 +349,13 @@ impl<'a> Pending<'a> {
             .take(Instant::now());
         if !wait.is_zero() {
             self.sh.paced.fetch_add(1, Ordering::Relaxed);
-            if relay::wait(self.sh, &mut [], Some(Instant::now() + wait)) == Wake::Stop {
+            if relay::wait(self.sh, &[], Some(Instant::now() + wait)) == Wake::Stop {
                 return Err(Denial::new(
                     Reason::ConnectFailed,
-                    "the proxy stopped while the connection waited for its turn",
+                    format!(
+                        "stopped waiting for its turn: {}",
+                        crate::share::why_stopped()
+                    ),
                 ));
             }
         }

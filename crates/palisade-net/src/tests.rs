@@ -1047,3 +1047,97 @@ fn leaves_are_kept_per_host_up_to_the_cap() {
     assert!(ca.cert_pem().starts_with("-----BEGIN CERTIFICATE-----"));
     assert!(!ca.cert_pem().contains("PRIVATE"));
 }
+
+/// The connections of all a process's proxies together: when they are all open, a sandbox that
+/// holds fewer takes places from the one that holds the most, whose longest-idle connections
+/// (relays or not) are cut and counted, down to one more than the taker holds; past that the
+/// taker's connections are refused at once. (A private share of 9 places, as the process's 1,024
+/// would be for 8 sandboxes at their cap.)
+#[test]
+fn a_full_process_gives_a_sandbox_with_fewer_connections_the_longest_idle_of_the_largest() {
+    let share: &'static share::Share = Box::leak(Box::new(share::Share::new(9)));
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let _ = std::io::copy(&mut &c, &mut w);
+            });
+        }
+    });
+    let limits = Limits {
+        first_bytes: Duration::from_secs(3600),
+        share,
+        ..Limits::default()
+    };
+    let net = || network(&[format!("127.0.0.1:{port}")], &[]);
+    let (a, a_addr) = proxy(net(), limits, None);
+    let (b, b_addr) = proxy(net(), limits, None);
+    let through = |c: &mut TcpStream| {
+        c.write_all(b"\0").unwrap();
+        let mut byte = [1u8; 1];
+        c.read_exact(&mut byte).unwrap();
+        assert_eq!(byte, [0]);
+    };
+    // A: three relays, then four connections that have sent nothing; then the first relay
+    // moves a byte again, so that the other two relays have been idle longest.
+    let mut relays: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let (mut c, status) = connect(a_addr, &format!("127.0.0.1:{port}"));
+            assert_eq!(status, "HTTP/1.1 200 Connection established");
+            through(&mut c);
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    let silent: Vec<TcpStream> = (0..4).map(|_| client(a_addr)).collect();
+    wait_until("A holds 7 places", || share.total() == 7);
+    std::thread::sleep(Duration::from_millis(20));
+    through(&mut relays[0]);
+    // B: 2 free places, 2 taken from A (7 → 5, B 4), then 2 refused: A holds one more than B,
+    // which is no reason to take a place from it (they would take it back and forth).
+    let mut b_conns = Vec::new();
+    for i in 0..6 {
+        b_conns.push(client(b_addr));
+        wait_until("B's connection is taken or refused", || {
+            b.shared.open.load(Ordering::SeqCst) as u64 + b.shared.refused.load(Ordering::SeqCst)
+                == i + 1
+        });
+    }
+    assert_eq!(
+        (b.shared.open.load(Ordering::SeqCst), share.total()),
+        (4, 9)
+    );
+    for c in &mut b_conns[4..] {
+        let answer = read_to_close(c);
+        assert!(answer.contains("too-many-connections"), "{answer}");
+    }
+    // The two idle relays were cut; the relay that moved a byte last, and the four newer
+    // connections, are A's five.
+    for c in &mut relays[1..] {
+        assert_eq!(read_to_close(c), "");
+    }
+    wait_until("A's cut connections' threads end", || {
+        a.shared.open.load(Ordering::SeqCst) == 5
+    });
+    through(&mut relays[0]);
+    for mut c in silent {
+        c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut byte = [0u8; 1];
+        let e = c
+            .read(&mut byte)
+            .expect_err("a connection A still holds is open");
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        );
+    }
+    let (la, lb) = (a.finish(), b.finish());
+    assert_eq!((la.cut_connections, la.refused_connections), (2, 0));
+    assert_eq!((lb.cut_connections, lb.refused_connections), (0, 2));
+    assert_eq!(share.total(), 0, "every place is given back");
+}

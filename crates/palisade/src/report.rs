@@ -396,6 +396,7 @@ impl Report {
             denied: log.denied,
             dropped: log.dropped,
             refused_connections: log.refused_connections,
+            cut_connections: log.cut_connections,
             paced_connections: log.paced_connections,
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: log.supervisor_cpu_ms,
@@ -737,8 +738,12 @@ pub struct Network {
     pub denied: u64,
     /// Decisions past the kept maximum, counted only.
     pub dropped: u64,
-    /// Connections the proxy closed at once, past its cap on open connections.
+    /// Connections the proxy closed at once, past its cap on open connections (or, in a
+    /// process with many sandboxes, when all the process's were open and this one held its share).
     pub refused_connections: u64,
+    /// Open connections cut to give another sandbox of the same process its share of the
+    /// process's connections (`palisade serve --max-proxy-connections`), the longest idle first.
+    pub cut_connections: u64,
     /// Upstream connections that waited for their turn, past the proxy's pace
     /// (`palisade_net::MAX_CONNECTS_PER_S`).
     pub paced_connections: u64,
@@ -782,6 +787,7 @@ impl Default for Network {
             denied: 0,
             dropped: 0,
             refused_connections: 0,
+            cut_connections: 0,
             paced_connections: 0,
             notify_suppressed: 0,
             supervisor_cpu_ms: 0,
@@ -1200,7 +1206,8 @@ mod tests {
             "engine": null,
             "network": {
                 "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
-                "refused_connections": 0, "paced_connections": 0, "notify_suppressed": 0,
+                "refused_connections": 0, "cut_connections": 0, "paced_connections": 0,
+                "notify_suppressed": 0,
                 "supervisor_cpu_ms": 0,
             },
             "protected": {"read_only": [], "pinned": [], "watched": [], "derived": [], "not_followed": [], "blocked": []},
