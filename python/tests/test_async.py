@@ -47,6 +47,7 @@ def test_async_sandbox_and_batch(client: palisade.Client) -> None:
             with tempfile.TemporaryDirectory() as d:
                 assert await sbx.files.download("a", os.path.join(d, "a")) == 1
                 assert open(os.path.join(d, "a")).read() == "1"
+                assert await sbx.files.download_archive(".", os.path.join(d, "a.tar")) == 512 + 512 + 1024
             assert [e.name for e in await sbx.files.list()] == ["a"]
             await sbx.files.remove("a")
             assert (await sbx.run_code("z = 2\nz ** 10")).text == "1024"

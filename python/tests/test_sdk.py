@@ -169,6 +169,26 @@ def test_sandbox_download_streams_a_file_of_any_size(client: palisade.Client, tm
         assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
 
 
+def test_sandbox_download_archive_streams_a_directory_of_any_size(client: palisade.Client, tmp_path: Path) -> None:
+    import tarfile
+
+    want = "".join(f"{i}\n" for i in range(1, 3_000_001)).encode()
+    with Sandbox() as sbx:
+        # 23 MB: past the server's --max-fetch (16 MiB), so the archive streams.
+        sbx.commands.run("mkdir -p d/sub && seq 1 3000000 > d/sub/big && ln -s sub/big d/link")
+        dest = tmp_path / "d.tar"
+        n = sbx.files.download_archive("d", dest)
+        assert n == dest.stat().st_size > len(want)
+        with tarfile.open(dest) as t:
+            assert sorted(t.getnames()) == ["sub", "sub/big"]
+            f = t.extractfile("sub/big")
+            assert f is not None and f.read() == want
+        # Strict: the link fails the archive (whole or cut short), and nothing is left behind.
+        with pytest.raises(palisade.PalisadeError):
+            sbx.files.download_archive("d", tmp_path / "strict.tar", strict=True)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.tar"]
+
+
 def test_run_code_keeps_state_and_reports_errors(client: palisade.Client) -> None:
     with Sandbox() as sbx:
         ex = sbx.run_code("x = 41\nprint('hi')\nx + 1")

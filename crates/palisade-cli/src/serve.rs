@@ -1056,6 +1056,15 @@ struct ListQuery {
     path: String,
 }
 
+#[derive(serde::Deserialize)]
+struct ArchiveQuery {
+    #[serde(default)]
+    path: String,
+    /// Fail the archive at an entry that would be skipped.
+    #[serde(default)]
+    strict: bool,
+}
+
 async fn list_files(
     State(app): State<App>,
     Path(id): Path<String>,
@@ -1213,16 +1222,78 @@ async fn put_file(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// A session's directory as a tar, made inside a piece at a time ([`Service::open_archive`]).
+/// One of at most `--max-fetch` is answered whole, with `Content-Length` and the count of
+/// entries skipped in `X-Palisade-Skipped`; a larger one streams (chunked), each piece made when
+/// the client has taken the one before, and the count comes as a trailer of the same name (to
+/// a client that says it takes trailers, `TE: trailers`: HTTP/1.1 sends none to others).
+/// `strict=true` fails the archive at an entry that would be skipped.
 async fn get_archive(
     State(app): State<App>,
     Path(id): Path<String>,
-    Query(q): Query<ListQuery>,
+    Query(q): Query<ArchiveQuery>,
 ) -> Res<Response> {
-    let ((tar, skipped), charge) = app.svc.get_archive(&id, &q.path).await?.into_parts();
-    let mut r = held_body(&app, "application/x-tar", tar, charge);
-    if let Ok(v) = HeaderValue::from_str(&skipped.to_string()) {
-        r.headers_mut().insert("x-palisade-skipped", v);
+    use http_body::Frame;
+    let mut tar = app.svc.open_archive(&id, &q.path, q.strict).await?;
+    if tar.whole() {
+        let skipped = tar.skipped().unwrap_or(0);
+        let (bytes, charge) = match tar.next().await {
+            Some(Ok(c)) => c.into_parts(),
+            Some(Err(e)) => return Err(e.into()),
+            None => (Vec::new(), Charge::default()),
+        };
+        let mut r = held_body(&app, "application/x-tar", bytes, charge);
+        r.headers_mut()
+            .insert("x-palisade-skipped", HeaderValue::from(skipped));
+        return Ok(r);
     }
+    let send_timeout = app.send_timeout;
+    // Each piece is cut into the pieces of a held reply ([`Pieces`]): counted until handed over.
+    let stream = futures_util::stream::unfold((Some(tar), None::<Pieces>), move |(tar, pieces)| {
+        let id = id.clone();
+        async move {
+            let mut tar = tar?;
+            if let Some(p) = pieces {
+                let (piece, rest) = p.next();
+                let tar = piece.is_ok().then_some(tar);
+                return Some((piece.map(Frame::data), (tar, rest)));
+            }
+            loop {
+                match tar.next().await {
+                    None => {
+                        let mut t = HeaderMap::new();
+                        t.insert(
+                            "x-palisade-skipped",
+                            HeaderValue::from(tar.skipped().unwrap_or(0)),
+                        );
+                        return Some((Ok(Frame::trailers(t)), (None, None)));
+                    }
+                    Some(Ok(data)) if data.is_empty() => continue,
+                    Some(Ok(data)) => {
+                        let (data, charge) = data.into_parts();
+                        let (piece, rest) = Pieces::new(data, charge, send_timeout).next();
+                        let tar = piece.is_ok().then_some(tar);
+                        return Some((piece.map(Frame::data), (tar, rest)));
+                    }
+                    Some(Err(e)) => {
+                        // Headers and some bytes are out: the only way left to say it is
+                        // to end the body without its last chunk.
+                        tracing::warn!(session = %id, error = %e.message.escape_debug(), "an archive's download cut short");
+                        return Some((Err(std::io::Error::other(e.message)), (None, None)));
+                    }
+                }
+            }
+        }
+    });
+    let mut r = (
+        [(header::CONTENT_TYPE, "application/x-tar")],
+        Body::new(http_body_util::StreamBody::new(stream)),
+    )
+        .into_response();
+    r.headers_mut().insert(
+        header::TRAILER,
+        HeaderValue::from_static("x-palisade-skipped"),
+    );
     Ok(r)
 }
 
@@ -1447,7 +1518,7 @@ pub fn openapi() -> String {
             },
             "/v1/sandboxes/{id}/archive": {
                 "parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}],
-                "get": {"summary": "A tar of a directory, made inside: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed)", "responses": with(serde_json::json!({"200": {"description": "The archive", "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
+                "get": {"summary": "A tar of a directory, made inside a piece at a time: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed), as a header on an archive of at most --max-fetch (answered whole), as a trailer on a larger one (streamed)", "parameters": [{"name": "strict", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "Fail the archive at an entry that would be skipped"}], "responses": with(serde_json::json!({"200": {"description": "The archive", "headers": {"X-Palisade-Skipped": {"description": "Entries left out (an archive answered whole)", "schema": {"type": "integer"}}}, "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
                 "put": {"summary": "Unpack a tar under a directory, inside: regular files and directories with relative names only, checked whole first", "requestBody": {"content": {"application/x-tar": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Unpacked"}}))}
             },
             "/v1/sandboxes/{id}/contexts": {

@@ -928,14 +928,28 @@ fn file_transfers_cannot_leave_the_sandbox() {
     );
     // Archives: what comes out holds regular files and directories only (links skipped, never
     // followed); what goes in must be files and directories with relative names, checked whole.
-    let r = s.get(&format!("/v1/sandboxes/{id}/archive"));
-    assert_eq!(
-        r.status,
-        400,
-        "the huge file is over --max-fetch: {}",
-        String::from_utf8_lossy(&r.body)
+    // With the huge file, over --max-fetch, it streams; links and the fifo are counted in its
+    // trailer.
+    let mut c = send(
+        &s.sock,
+        "GET",
+        &format!("/v1/sandboxes/{id}/archive"),
+        &[("TE", "trailers")],
+        b"",
     );
-    assert_eq!(r.json()["error"]["value"], "too-large");
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let (head, body, trailers, ended) = chunked_answer(&raw);
+    assert!(ended && head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(
+        trailers,
+        vec![("x-palisade-skipped".to_owned(), "5".to_owned())]
+    );
+    let huge = tar_entries(&body)
+        .into_iter()
+        .find(|(n, _)| n == "huge")
+        .expect("the huge file");
+    assert!(huge.1 == vec![0u8; 2_000_000], "{} bytes", huge.1.len());
     assert_eq!(
         s.req("DELETE", &format!("/v1/sandboxes/{id}/files/huge"), b"")
             .status,
@@ -2385,12 +2399,26 @@ fn cells_and_huge_directories_cost_the_session_nothing_of_its_agent() {
         "the least names first: {}",
         names[0]
     );
-    let r = s.get(&format!("/v1/sandboxes/{id}/archive?path=d"));
-    assert!(
-        r.status == 200 || r.status == 400,
-        "{}",
-        String::from_utf8_lossy(&r.body[..r.body.len().min(300)])
+    // More than 100,000 entries: refused, before anything is sent or (past the first piece)
+    // by a body cut short.
+    let mut c = send(
+        &s.sock,
+        "GET",
+        &format!("/v1/sandboxes/{id}/archive?path=d"),
+        &[],
+        b"",
     );
+    let mut raw = Vec::new();
+    let _ = c.read_to_end(&mut raw);
+    let head = String::from_utf8_lossy(&raw[..raw.len().min(300)]).into_owned();
+    if head.starts_with("HTTP/1.1 200") {
+        assert!(
+            !chunked_answer(&raw).3,
+            "an archive of 100,001 entries came whole"
+        );
+    } else {
+        assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    }
     let r = s.req(
         "DELETE",
         &format!("/v1/sandboxes/{id}/files/d?recursive=true"),
@@ -3575,6 +3603,199 @@ fn a_sessions_file_streams_out_a_piece_at_a_time_with_ranges() {
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest);
     assert!(rest.len() < size, "a cut client got the whole file");
+    assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
+    assert_nothing_held(s.pid());
+}
+
+/// A chunked answer read from `raw` to its end: its head, its body, its trailers, and whether
+/// its last chunk came (a body cut short has none).
+fn chunked_answer(raw: &[u8]) -> (String, Vec<u8>, Vec<(String, String)>, bool) {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    let (mut rest, mut body) = (&raw[end + 4..], Vec::new());
+    loop {
+        let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") else {
+            return (head, body, Vec::new(), false);
+        };
+        let n = usize::from_str_radix(String::from_utf8_lossy(&rest[..nl]).trim(), 16).unwrap();
+        if n == 0 {
+            let trailers = String::from_utf8_lossy(&rest[nl + 2..])
+                .split("\r\n")
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_owned()))
+                .collect();
+            return (head, body, trailers, true);
+        }
+        if rest.len() < nl + 2 + n + 2 {
+            body.extend_from_slice(&rest[(nl + 2).min(rest.len())..rest.len().min(nl + 2 + n)]);
+            return (head, body, Vec::new(), false);
+        }
+        body.extend_from_slice(&rest[nl + 2..nl + 2 + n]);
+        rest = &rest[nl + 2 + n + 2..];
+    }
+}
+
+/// The names and contents of a tar's entries, in order.
+fn tar_entries(tar: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut ar = tar::Archive::new(tar);
+    ar.entries()
+        .unwrap()
+        .map(|e| {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+/// A session's directory larger than `--max-fetch` streams out as a tar a piece at a time
+/// (chunked, the count of entries skipped as a trailer to a client that takes trailers), made
+/// inside as it goes: a file over 100 bytes of name, a deep one, an empty one, links and fifos
+/// skipped. A directory no larger than `--max-fetch` is answered whole, as before, with
+/// `Content-Length` and `X-Palisade-Skipped`; `strict=true` refuses one with an entry it would
+/// skip. A file that shrinks after its header went out
+/// ends the body without its last chunk; downloads left half way close their walk in the agent
+/// (at most 4 are kept), and the session goes on.
+#[test]
+fn a_sessions_archive_past_max_fetch_streams_out_a_piece_at_a_time() {
+    let s = Server::start(POLICY, &["--max-fetch", "1MiB"]);
+    let id = session_of_128_mib(&s);
+    let long = "n".repeat(180);
+    assert_ok_with(
+        &sh(
+            &s,
+            &id,
+            &format!(
+                "mkdir -p d/a/b/c && head -c 5000000 /dev/urandom > d/big && \
+                 printf small > d/a/b/c/{long} && : > d/empty && ln -s /etc/passwd d/link && \
+                 mkfifo d/fifo && mkdir s && printf hi > s/f && echo done"
+            ),
+        ),
+        "done\n",
+    );
+    let big = s.get(&format!("/v1/sandboxes/{id}/files/d/big")).body;
+    assert_eq!(big.len(), 5_000_000);
+    let archive = |path: &str| {
+        let mut c = common::serve::send(
+            &s.sock,
+            "GET",
+            &format!("/v1/sandboxes/{id}/archive?path={path}"),
+            &[("TE", "trailers")],
+            b"",
+        );
+        let mut raw = Vec::new();
+        c.read_to_end(&mut raw).unwrap();
+        raw
+    };
+    let raw = archive("d");
+    let (head, body, trailers, ended) = chunked_answer(&raw);
+    assert!(ended, "no last chunk: {head}");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert_eq!(
+        trailers,
+        vec![("x-palisade-skipped".to_owned(), "2".to_owned())],
+        "{head}"
+    );
+    let mut entries = tar_entries(&body);
+    entries.sort();
+    let want: Vec<(String, Vec<u8>)> = vec![
+        ("a/".into(), vec![]),
+        ("a/b/".into(), vec![]),
+        ("a/b/c/".into(), vec![]),
+        (format!("a/b/c/{long}"), b"small".to_vec()),
+        ("big".into(), big),
+        ("empty".into(), vec![]),
+    ];
+    assert!(
+        entries == want,
+        "{:?}",
+        entries
+            .iter()
+            .map(|(n, d)| (n.clone(), d.len()))
+            .collect::<Vec<_>>()
+    );
+    // Small: whole, as before.
+    let small = s.get(&format!("/v1/sandboxes/{id}/archive?path=s"));
+    assert_eq!(small.status, 200);
+    assert_eq!(
+        small.header("content-length"),
+        Some(small.body.len().to_string().as_str())
+    );
+    assert_eq!(small.header("x-palisade-skipped"), Some("0"));
+    assert_eq!(
+        tar_entries(&small.body),
+        vec![("f".to_owned(), b"hi".to_vec())]
+    );
+    // Strict: an entry that would be skipped fails the archive, by name.
+    let strict = s.get(&format!("/v1/sandboxes/{id}/archive?path=s&strict=true"));
+    assert_eq!(strict.status, 200);
+    assert_ok_with(&sh(&s, &id, "ln -s f s/l && echo done"), "done\n");
+    let strict = s.get(&format!("/v1/sandboxes/{id}/archive?path=s&strict=true"));
+    assert_eq!(strict.status, 400, "{}", strict.text());
+    assert_eq!(strict.json()["error"]["value"], "not-regular");
+    assert!(strict.text().contains("`l`"), "{}", strict.text());
+
+    // A file that shrinks after its header is out: the client has stopped reading, so the
+    // walk waits inside the file; then it is cut to nothing, and the body ends short.
+    assert_ok_with(
+        &sh(
+            &s,
+            &id,
+            "mkdir d2 && head -c 8000000 /dev/urandom > d2/a && echo done",
+        ),
+        "done\n",
+    );
+    let mut c = common::serve::send(
+        &s.sock,
+        "GET",
+        &format!("/v1/sandboxes/{id}/archive?path=d2"),
+        &[],
+        b"",
+    );
+    let mut first = vec![0u8; 4096];
+    c.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"HTTP/1.1 200"));
+    assert_ok_with(&sh(&s, &id, ": > d2/a && echo done"), "done\n");
+    let mut raw = first;
+    c.set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .unwrap();
+    let _ = c.read_to_end(&mut raw);
+    let (_, body, _, ended) = chunked_answer(&raw);
+    assert!(!ended, "a body of {} bytes ended whole", body.len());
+    assert!(body.len() < 8_000_000, "{}", body.len());
+    wait_until("the server logs the cut", || {
+        s.log().contains("an archive's download cut short")
+    });
+    assert!(
+        s.log().contains("shrank while it was archived"),
+        "{}",
+        s.log()
+    );
+
+    // Downloads left after their first bytes, more than the agent keeps open: each later one
+    // still comes whole, and the session lives.
+    for _ in 0..6 {
+        let mut c = common::serve::send(
+            &s.sock,
+            "GET",
+            &format!("/v1/sandboxes/{id}/archive?path=d"),
+            &[],
+            b"",
+        );
+        let mut some = [0u8; 4096];
+        c.read_exact(&mut some).unwrap();
+    }
+    let (_, body, trailers, ended) = chunked_answer(&archive("d"));
+    assert!(ended && trailers.len() == 1, "{trailers:?}");
+    assert_eq!(tar_entries(&body).len(), 6);
+    assert_ok_with(&sh(&s, &id, "echo alive"), "alive\n");
     assert_eq!(s.delete(&format!("/v1/sandboxes/{id}")).status, 200);
     assert_nothing_held(s.pid());
 }

@@ -67,6 +67,7 @@ pub fn main() -> i32 {
         ))),
         cwd,
         execs: Arc::new(Mutex::new(HashMap::new())),
+        tars: Mutex::new(Vec::new()),
     };
     let mut input = UnixStream::from(sock);
     loop {
@@ -155,6 +156,9 @@ struct Agent {
     cwd: OwnedFd,
     /// Running execs: id → process group.
     execs: Arc<Mutex<HashMap<u64, i32>>>,
+    /// Archives between their pieces, by the id of the request that opened each, the one asked
+    /// for last at the end (at most [`MAX_TARS`]).
+    tars: Mutex<Vec<(u64, TarCursor)>>,
 }
 
 /// An error with its stable code.
@@ -281,25 +285,36 @@ impl Agent {
                 return;
             }
             Request::Signal { exec, signal, .. } => self.signal(exec, signal),
-            Request::TarOut { path, max, .. } => match self.tar_out(id, &path, max) {
-                Ok((bytes, skipped)) => {
-                    self.send(
-                        &Event::Ok {
-                            id,
-                            entries: Vec::new(),
-                            pid: None,
-                            skipped: Some(skipped),
-                            truncated: false,
-                            joined: None,
-                            file: None,
-                        },
-                        &bytes,
-                        &[],
-                    );
-                    return;
+            Request::TarOut {
+                path, len, strict, ..
+            } => {
+                match self
+                    .base_dir(&path, false)
+                    .and_then(|(d, _)| TarCursor::new(d, strict))
+                {
+                    Ok(c) => return self.tar_piece(id, id, c, len),
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
+            Request::TarMore { cursor, len, .. } => {
+                let mut tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
+                match tars.iter().position(|(c, _)| *c == cursor) {
+                    Some(i) => {
+                        let (_, c) = tars.remove(i);
+                        drop(tars);
+                        return self.tar_piece(id, cursor, c, len);
+                    }
+                    None => Err(Fail(
+                        "gone",
+                        "the archive is no longer open (more were opened since)".into(),
+                    )),
+                }
+            }
+            Request::TarDrop { cursor, .. } => {
+                let mut tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
+                tars.retain(|(c, _)| *c != cursor);
+                Ok(())
+            }
         };
         self.answer(id, r);
     }
@@ -768,26 +783,37 @@ impl Agent {
         ))
     }
 
-    /// Sends the archive of `path` as the data of request `id`'s answer (every piece but the last
-    /// in [`Event::Part`] frames; returns the last and the count of entries skipped), at most
-    /// `max` bytes whole (headers, padding and its end included: the server takes no larger
-    /// reply).
-    fn tar_out(&self, id: u64, path: &str, max: u64) -> Result<(Vec<u8>, u64), Fail> {
-        let (dir, _) = self.base_dir(path, false)?;
-        let mut w = TarWalk {
-            b: tar::Builder::new(Parts::new(self, id)),
-            max,
-            skipped: 0,
-            entries: 0,
-        };
-        w.walk(&dir, "", 0)?;
-        let too_large = w.too_large();
-        let skipped = w.skipped;
-        let parts = w.b.into_inner().map_err(|e| Fail("io", e.to_string()))?;
-        if parts.len() > max {
-            return Err(too_large);
+    /// Answers request `id` with the next `len` bytes at most of the archive `c` (every piece
+    /// of them but the last in [`Event::Part`] frames); the answer carries the count of entries
+    /// skipped once the archive's end is in it, and `c` is kept as `cursor` until then.
+    fn tar_piece(&self, id: u64, cursor: u64, mut c: TarCursor, len: u64) {
+        let mut parts = Parts::new(self, id);
+        match c.fill(&mut parts, len) {
+            Ok(done) => {
+                let skipped = done.then_some(c.skipped);
+                if !done {
+                    let mut tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
+                    if tars.len() >= MAX_TARS {
+                        tars.remove(0);
+                    }
+                    tars.push((cursor, c));
+                }
+                self.send(
+                    &Event::Ok {
+                        id,
+                        entries: Vec::new(),
+                        pid: None,
+                        skipped,
+                        truncated: false,
+                        joined: None,
+                        file: None,
+                    },
+                    &parts.buf,
+                    &[],
+                );
+            }
+            Err(e) => self.answer(id, Err(e)),
         }
-        Ok((parts.buf, skipped))
     }
 
     /// Unpacks the archive `src` gives under `path` (made), entry by entry as it is read: the
@@ -892,80 +918,102 @@ impl Write for Parts<'_> {
     }
 }
 
-/// `left` bytes of `r`, no fewer: a file that shrank while it was archived fails the archive
-/// rather than end it with a header that says more than follows.
-struct Exact<R> {
-    r: R,
-    left: u64,
-}
+/// Most archives a session's agent keeps open between their pieces; opening one more drops
+/// the one asked for longest ago (its download then ends short).
+const MAX_TARS: usize = 4;
 
-impl<R: Read> Read for Exact<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.left == 0 {
-            return Ok(0);
-        }
-        let cap = (buf.len() as u64).min(self.left) as usize;
-        let n = self.r.read(&mut buf[..cap])?;
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "a file shrank while it was archived",
-            ));
-        }
-        self.left -= n as u64;
-        Ok(n)
-    }
-}
-
-/// Builds an archive from inside, never following a link.
-struct TarWalk<'a> {
-    b: tar::Builder<Parts<'a>>,
-    /// The largest archive, whole.
-    max: u64,
-    skipped: u64,
+/// An archive made from inside a piece at a time, never following a link: where the walk is
+/// (one open directory per level), the file being sent, and the bytes made but not yet sent.
+struct TarCursor {
+    /// Each open directory with its path in the archive (`a/b/`, empty for the top).
+    levels: Vec<(rustix::fs::Dir, String)>,
+    /// Headers, padding or the end, made and not yet sent, from `at`.
+    made: Vec<u8>,
+    at: usize,
+    /// The file whose content is being sent, its name, and the bytes of it still to send; then
+    /// the zeros that pad it to a whole block.
+    file: Option<(std::fs::File, String, u64)>,
+    pad: usize,
     entries: usize,
+    skipped: u64,
+    /// The end's two empty blocks are made.
+    ended: bool,
+    /// An entry that would be skipped fails the archive.
+    strict: bool,
 }
 
-/// The end of an archive: two empty blocks.
-const TAR_END: u64 = 1024;
-/// Most an entry's headers take: its own block and, for a long name, a GNU long-name entry
-/// (a block and the name padded to blocks; a name is at most [`proto::MAX_PATH`] bytes).
-const TAR_HEADERS_MAX: u64 = 512 + 512 + (proto::MAX_PATH as u64 + 512);
+/// A tar block of zeros.
+const BLOCK: usize = 512;
 
-impl TarWalk<'_> {
-    fn too_large(&self) -> Fail {
-        Fail(
-            "too-large",
-            format!(
-                "the archive would have more than {} bytes (the server's --max-fetch, tar headers included)",
-                self.max
-            ),
-        )
+impl TarCursor {
+    fn new(dir: OwnedFd, strict: bool) -> Result<TarCursor, Fail> {
+        Ok(TarCursor {
+            levels: vec![(rustix::fs::Dir::new(dir)?, String::new())],
+            made: Vec::new(),
+            at: 0,
+            file: None,
+            pad: 0,
+            entries: 0,
+            skipped: 0,
+            ended: false,
+            strict,
+        })
     }
 
-    /// Bytes the archive may still take before its end.
-    fn room(&self) -> u64 {
-        self.max
-            .saturating_sub(self.b.get_ref().len())
-            .saturating_sub(TAR_END)
-    }
-
-    /// After an entry: the archive so far and its end must fit.
-    fn check(&self) -> Result<(), Fail> {
-        if self.b.get_ref().len() + TAR_END > self.max {
-            return Err(self.too_large());
+    /// Writes the archive's next `len` bytes at most to `w`; true once its end is written.
+    fn fill(&mut self, w: &mut impl Write, len: u64) -> Result<bool, Fail> {
+        let io = |e: std::io::Error| Fail("io", e.to_string());
+        let mut left = len;
+        loop {
+            if self.at < self.made.len() {
+                let n = ((self.made.len() - self.at) as u64).min(left) as usize;
+                w.write_all(&self.made[self.at..self.at + n]).map_err(io)?;
+                self.at += n;
+                left -= n as u64;
+                if self.at == self.made.len() {
+                    self.made.clear();
+                    self.at = 0;
+                }
+            } else if let Some((f, name, rest)) = &mut self.file {
+                let want = (*rest).min(left);
+                let got = std::io::copy(&mut f.take(want), w).map_err(io)?;
+                if got < want {
+                    return Err(Fail(
+                        "changed",
+                        format!("`{name}` shrank while it was archived"),
+                    ));
+                }
+                *rest -= got;
+                left -= got;
+                if *rest == 0 {
+                    self.file = None;
+                    self.made.resize(self.pad, 0);
+                }
+            } else if self.ended {
+                return Ok(true);
+            } else {
+                self.advance()?;
+                continue;
+            }
+            if left == 0 {
+                return Ok(self.ended && self.at == self.made.len() && self.file.is_none());
+            }
         }
-        Ok(())
     }
 
-    fn walk(&mut self, dir: &OwnedFd, prefix: &str, depth: usize) -> Result<(), Fail> {
-        if depth > proto::MAX_DEPTH {
-            return Err(Fail("invalid", "directory tree too deep".into()));
-        }
-        // In the directory's own order, as it is read: sorted, every name of a directory was
-        // held at once at every level (100,000 long names took the agent past its room, found
-        // by an independent attack).
-        for e in rustix::fs::Dir::read_from(dir)? {
+    /// Makes the next entry's headers (and opens its file or directory), or the end.
+    fn advance(&mut self) -> Result<(), Fail> {
+        loop {
+            let depth = self.levels.len();
+            let Some((dir, prefix)) = self.levels.last_mut() else {
+                self.made.extend_from_slice(&[0u8; 2 * BLOCK]);
+                self.ended = true;
+                return Ok(());
+            };
+            let Some(e) = dir.read() else {
+                self.levels.pop();
+                continue;
+            };
             let Ok(e) = e else {
                 continue;
             };
@@ -981,72 +1029,106 @@ impl TarWalk<'_> {
                 ));
             }
             let Ok(name) = n.to_str() else {
-                self.skipped += 1;
+                let shown = format!("{prefix}{}", n.to_string_lossy());
+                self.skip(&shown, "its name is not UTF-8")?;
                 continue;
             };
             let rel = format!("{prefix}{name}");
-            let st = match rustix::fs::statat(
-                dir,
-                n.as_c_str(),
-                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            ) {
-                Ok(s) => s,
-                Err(_) => {
-                    self.skipped += 1;
-                    continue;
-                }
+            let fd = dir.fd()?;
+            let Ok(st) =
+                rustix::fs::statat(fd, n.as_c_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            else {
+                self.skip(&rel, "it could not be looked at")?;
+                continue;
             };
             let mut h = tar::Header::new_gnu();
             h.set_mode(st.st_mode & 0o777);
-            h.set_mtime(st.st_mtime as u64);
+            h.set_mtime(st.st_mtime.max(0) as u64);
             match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory => {
+                    if depth > proto::MAX_DEPTH {
+                        return Err(Fail("invalid", "directory tree too deep".into()));
+                    }
                     let sub = rustix::fs::openat(
-                        dir,
+                        fd,
                         n.as_c_str(),
                         OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
                         Mode::empty(),
                     )?;
                     h.set_entry_type(tar::EntryType::Directory);
                     h.set_size(0);
-                    self.b
-                        .append_data(&mut h, format!("{rel}/"), std::io::empty())
-                        .map_err(|e| Fail("io", e.to_string()))?;
-                    self.check()?;
-                    self.walk(&sub, &format!("{rel}/"), depth + 1)?;
+                    let rel = format!("{rel}/");
+                    self.header(&mut h, &rel)?;
+                    self.levels.push((rustix::fs::Dir::new(sub)?, rel));
+                    return Ok(());
                 }
                 FileType::RegularFile => {
                     let f = rustix::fs::openat(
-                        dir,
+                        fd,
                         n.as_c_str(),
                         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
                         Mode::empty(),
                     )?;
                     let st = rustix::fs::fstat(&f)?;
                     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-                        self.skipped += 1;
+                        self.skip(&rel, "it is no longer a regular file")?;
                         continue;
                     }
-                    // Its content may take what is left after its headers at most; it goes
-                    // out as it is read, as large as it was when opened.
+                    // Its content goes out as it is read, as large as it was when opened.
                     let size = st.st_size as u64;
-                    if size > self.room().saturating_sub(TAR_HEADERS_MAX) {
-                        return Err(self.too_large());
-                    }
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(size);
-                    let content = Exact {
-                        r: std::fs::File::from(f),
-                        left: size,
-                    };
-                    self.b
-                        .append_data(&mut h, &rel, content)
-                        .map_err(|e| Fail("io", format!("`{rel}`: {e}")))?;
-                    self.check()?;
+                    self.header(&mut h, &rel)?;
+                    let pad = (BLOCK - (size % BLOCK as u64) as usize) % BLOCK;
+                    self.file = Some((std::fs::File::from(f), rel, size));
+                    self.pad = pad;
+                    return Ok(());
                 }
-                _ => self.skipped += 1,
+                _ => self.skip(&rel, "it is not a regular file or a directory")?,
             }
         }
+    }
+
+    /// Counts an entry left out of the archive, or, when `strict`, fails the archive there.
+    fn skip(&mut self, name: &str, why: &str) -> Result<(), Fail> {
+        if self.strict {
+            return Err(Fail(
+                "not-regular",
+                format!(
+                    "`{}`: {why} (the archive was asked for strict)",
+                    name.escape_debug()
+                ),
+            ));
+        }
+        self.skipped += 1;
+        Ok(())
+    }
+
+    /// Makes `h`'s block for `name`, after a GNU long-name entry when the name does not fit in
+    /// the header's 100 bytes.
+    fn header(&mut self, h: &mut tar::Header, name: &str) -> Result<(), Fail> {
+        let bytes = name.as_bytes();
+        if bytes.len() > 100 {
+            let mut long = tar::Header::new_gnu();
+            long.set_entry_type(tar::EntryType::GNULongName);
+            long.set_mode(0o644);
+            long.set_mtime(0);
+            long.set_size(bytes.len() as u64 + 1);
+            let old = long.as_old_mut();
+            old.name[..13].copy_from_slice(b"././@LongLink");
+            long.set_cksum();
+            self.made.extend_from_slice(long.as_bytes());
+            self.made.extend_from_slice(bytes);
+            self.made.push(0);
+            let pad = (BLOCK - (bytes.len() + 1) % BLOCK) % BLOCK;
+            self.made.resize(self.made.len() + pad, 0);
+            h.as_old_mut().name.copy_from_slice(&bytes[..100]);
+        } else {
+            h.set_path(name)
+                .map_err(|e| Fail("invalid", format!("`{name}`: {e}")))?;
+        }
+        h.set_cksum();
+        self.made.extend_from_slice(h.as_bytes());
         Ok(())
     }
 }

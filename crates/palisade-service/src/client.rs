@@ -113,7 +113,9 @@ fn allowance(req: &Request, data: usize) -> Duration {
     match req {
         Request::Exec { .. } | Request::Signal { .. } => CONTROL_DEADLINE,
         Request::Read { len: Some(n), .. } => FILE_DEADLINE + moving(*n),
-        Request::Read { max, .. } | Request::TarOut { max, .. } => FILE_DEADLINE + moving(*max),
+        Request::Read { max, .. } => FILE_DEADLINE + moving(*max),
+        Request::TarOut { len, .. } | Request::TarMore { len, .. } => FILE_DEADLINE + moving(*len),
+        Request::TarDrop { .. } => CONTROL_DEADLINE,
         Request::Write { .. }
         | Request::TarIn { .. }
         | Request::Mkdir { .. }
@@ -434,6 +436,8 @@ fn op_name(req: &Request) -> &'static str {
         Request::Exec { .. } => "exec",
         Request::Signal { .. } => "signal",
         Request::TarOut { .. } => "tar_out",
+        Request::TarMore { .. } => "tar_more",
+        Request::TarDrop { .. } => "tar_drop",
         Request::TarIn { .. } => "tar_in",
     }
 }

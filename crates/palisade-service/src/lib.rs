@@ -34,7 +34,7 @@ pub mod workspace;
 pub use ceiling::Ceiling;
 pub use error::{Class, ServiceError};
 pub use metrics::Gauges;
-pub use session::{ExecStream, FileRange, FileStream, STREAM_PIECE};
+pub use session::{ArchiveStream, ExecStream, FileRange, FileStream, STREAM_PIECE};
 pub use workspace::Workspaces;
 
 use palisade::RunKiller;

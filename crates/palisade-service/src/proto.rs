@@ -73,10 +73,23 @@ pub enum Request {
     },
     /// Send `signal` to the process group of the exec `exec`.
     Signal { id: u64, exec: u64, signal: i32 },
-    /// A tar archive of the directory `path` (empty: the working directory): its regular files
-    /// and directories, at most `max` bytes of file content; anything else is skipped and
-    /// counted, never followed.
-    TarOut { id: u64, path: String, max: u64 },
+    /// A tar archive of the directory `path` (empty: the working directory), made a piece at
+    /// a time: its regular files and directories; anything else is skipped and counted, never
+    /// followed. The answer carries the archive's first `len` bytes at most, and `skipped` once
+    /// its end is among them; until then the agent keeps the archive open as `id` for
+    /// [`Request::TarMore`] (a few at most: the one asked for longest ago is dropped first).
+    /// `strict`: an entry that would be skipped fails the archive instead.
+    TarOut {
+        id: u64,
+        path: String,
+        len: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        strict: bool,
+    },
+    /// The next `len` bytes at most of the archive `cursor` ([`Request::TarOut`]'s id).
+    TarMore { id: u64, cursor: u64, len: u64 },
+    /// Closes the archive `cursor` before its end.
+    TarDrop { id: u64, cursor: u64 },
     /// Unpacks the tar archive in the frame's data under `path` (created): regular files and
     /// directories only. The server checks the archive whole first (`crate::archive`); the
     /// agent unpacks it as it reads it from the socket, checking each entry again.
@@ -95,6 +108,8 @@ impl Request {
             | Request::Exec { id, .. }
             | Request::Signal { id, .. }
             | Request::TarOut { id, .. }
+            | Request::TarMore { id, .. }
+            | Request::TarDrop { id, .. }
             | Request::TarIn { id, .. } => *id,
         }
     }

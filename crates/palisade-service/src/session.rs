@@ -1359,21 +1359,33 @@ impl Service {
     }
 
     /// `GET /v1/sandboxes/{id}/archive?path=DIR`: a tar of the directory's regular files and
-    /// directories (at most `--max-fetch` bytes of content), made inside; the count of entries
-    /// skipped (links, fifos, sockets, devices) comes with it.
-    pub async fn get_archive(
+    /// directories, made inside a piece at a time ([`ArchiveStream`]); the count of entries
+    /// skipped (links, fifos, sockets, devices) comes with its last piece. The first piece, up to
+    /// `--max-fetch` bytes, is made here: a directory that cannot be archived is this call's
+    /// error, and an archive no larger than that is whole before anything is sent.
+    ///
+    /// `strict`: an entry that would be skipped fails the archive instead (`400` `not-regular`
+    /// before anything is sent, else the body cut short), for a caller to whom an archive
+    /// without them would be a silent loss.
+    pub async fn open_archive(
         &self,
         id: &str,
         path: &str,
-    ) -> Result<Charged<(Vec<u8>, u64)>, ServiceError> {
+        strict: bool,
+    ) -> Result<ArchiveStream, ServiceError> {
         self.inner.held.admit()?;
-        let max = self.inner.config.max_fetch_bytes;
-        let tar_out = |id| Request::TarOut {
-            id,
-            path: path.into(),
-            max,
+        let len = self.inner.config.max_fetch_bytes.max(1);
+        let cursor = std::sync::atomic::AtomicU64::new(0);
+        let tar_out = |rid| {
+            cursor.store(rid, std::sync::atomic::Ordering::Relaxed);
+            Request::TarOut {
+                id: rid,
+                path: path.into(),
+                len,
+                strict,
+            }
         };
-        match self
+        let (data, skipped, held) = match self
             .file_op(id, path, true, "path", tar_out, bytes::Bytes::new())
             .await?
         {
@@ -1382,9 +1394,22 @@ impl Service {
                 skipped,
                 held,
                 ..
-            } => Ok(Charged::new((data, skipped.unwrap_or(0)), held)),
-            Reply::Err { .. } | Reply::Full => Ok(Charged::new((Vec::new(), 0), Charge::default())),
-        }
+            } if data.len() as u64 <= len => (data, skipped, held),
+            _ => {
+                return Err(ServiceError::internal(format!(
+                    "the agent of {id} answered an archive of `{}` out of protocol",
+                    crate::shorten(path, 200)
+                )))
+            }
+        };
+        Ok(ArchiveStream {
+            svc: self.clone(),
+            id: id.to_owned(),
+            cursor: cursor.load(std::sync::atomic::Ordering::Relaxed),
+            piece: len.min(STREAM_PIECE),
+            first: Some(Charged::new(data, held)),
+            skipped,
+        })
     }
 
     /// `PUT /v1/sandboxes/{id}/archive?path=DIR`: unpacks a tar under the directory, inside;
@@ -1470,6 +1495,96 @@ async fn teardown(s: &Session) -> Option<serde_json::Value> {
 
 /// Most bytes of a streamed file read by the agent at once (fewer when `--max-fetch` is less).
 pub const STREAM_PIECE: u64 = 1 << 20;
+
+/// A session's directory on its way out as a tar archive ([`Service::open_archive`]): the agent
+/// keeps the walk between pieces, and makes the next when the one before it has been taken.
+pub struct ArchiveStream {
+    svc: Service,
+    id: String,
+    /// The agent's name for the walk.
+    cursor: u64,
+    piece: u64,
+    first: Option<Charged<Vec<u8>>>,
+    /// Set once the archive's end has come: the entries skipped.
+    skipped: Option<u64>,
+}
+
+impl ArchiveStream {
+    /// Whether the first piece is the whole archive (its end came with it).
+    pub fn whole(&self) -> bool {
+        self.skipped.is_some()
+    }
+
+    /// The entries skipped (links, fifos, sockets, devices, names that are not UTF-8), once the
+    /// archive's end has come.
+    pub fn skipped(&self) -> Option<u64> {
+        self.skipped
+    }
+
+    /// The next piece, counted against the server's budget; `None` after the last. A file that
+    /// shrank while it was read is an error (its header promised more), as is the walk dropped
+    /// by the agent for newer ones (see [`proto::Request::TarOut`]).
+    pub async fn next(&mut self) -> Option<Result<Charged<Vec<u8>>, ServiceError>> {
+        if let Some(first) = self.first.take() {
+            return Some(Ok(first));
+        }
+        if self.skipped.is_some() {
+            return None;
+        }
+        let (cursor, len) = (self.cursor, self.piece);
+        let more = |rid| Request::TarMore {
+            id: rid,
+            cursor,
+            len,
+        };
+        let r = self
+            .svc
+            .file_op(&self.id, "", true, "path", more, bytes::Bytes::new())
+            .await;
+        Some(match r {
+            Ok(Reply::Ok {
+                data,
+                skipped,
+                held,
+                ..
+            }) if data.len() as u64 <= len => {
+                self.skipped = skipped;
+                Ok(Charged::new(data, held))
+            }
+            Ok(_) => {
+                self.skipped = Some(0);
+                Err(ServiceError::internal(format!(
+                    "the agent of {} answered a piece of an archive out of protocol",
+                    self.id
+                )))
+            }
+            Err(e) => {
+                // The agent let the walk go with its error.
+                self.skipped = Some(0);
+                Err(e)
+            }
+        })
+    }
+}
+
+impl Drop for ArchiveStream {
+    /// An archive left before its end is closed in the agent, by a task of its own.
+    fn drop(&mut self) {
+        if self.skipped.is_some() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (svc, id, cursor) = (self.svc.clone(), self.id.clone(), self.cursor);
+        rt.spawn(async move {
+            let close = |rid| Request::TarDrop { id: rid, cursor };
+            let _ = svc
+                .file_op(&id, "", true, "path", close, bytes::Bytes::new())
+                .await;
+        });
+    }
+}
 
 /// Which bytes of a file to stream (HTTP's `Range: bytes=...`, one range).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -219,23 +219,26 @@ class Client(_Base):
         _raise_for(r)
         return r
 
-    def stream_to(self, path: str, out: BinaryIO, timeout: float | None = None) -> int:
+    def stream_to(
+        self, path: str, out: BinaryIO, timeout: float | None = None, params: dict[str, str] | None = None
+    ) -> int:
         """A GET whose body goes into ``out`` piece by piece; the bytes written. A body that ends
-        short of its ``Content-Length`` (the file changed while the server read it) raises."""
-        n, want = 0, None
+        short of its ``Content-Length`` (the file changed while the server read it), or a chunked
+        one without its last chunk (an archive cut short), raises."""
+        n, want, started = 0, None, False
         try:
-            with self.http.stream("GET", path, timeout=self._timeout(timeout)) as r:
+            with self.http.stream("GET", path, params=params, timeout=self._timeout(timeout)) as r:
                 if r.status_code >= 400:
                     r.read()
                     _raise_for(r)
-                want = r.headers.get("content-length")
+                want, started = r.headers.get("content-length"), True
                 for piece in r.iter_raw():
                     out.write(piece)
                     n += len(piece)
         except httpx.TimeoutException as e:
             raise RequestTimeoutError(f"GET {path}: no answer within the client's deadline ({e})") from e
         except httpx.TransportError as e:
-            raise _short(path, n, want, e) from e
+            raise _short(path, n, want, e, started) from e
         return n
 
     def stream_lines(
@@ -336,21 +339,23 @@ class AsyncClient(_Base):
         _raise_for(r)
         return r
 
-    async def stream_to(self, path: str, out: BinaryIO, timeout: float | None = None) -> int:
-        n, want = 0, None
+    async def stream_to(
+        self, path: str, out: BinaryIO, timeout: float | None = None, params: dict[str, str] | None = None
+    ) -> int:
+        n, want, started = 0, None, False
         try:
-            async with self.http.stream("GET", path, timeout=self._timeout(timeout)) as r:
+            async with self.http.stream("GET", path, params=params, timeout=self._timeout(timeout)) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     _raise_for(r)
-                want = r.headers.get("content-length")
+                want, started = r.headers.get("content-length"), True
                 async for piece in r.aiter_raw():
                     out.write(piece)
                     n += len(piece)
         except httpx.TimeoutException as e:
             raise RequestTimeoutError(f"GET {path}: no answer within the client's deadline ({e})") from e
         except httpx.TransportError as e:
-            raise _short(path, n, want, e) from e
+            raise _short(path, n, want, e, started) from e
         return n
 
     async def stream_lines(
@@ -395,12 +400,19 @@ class AsyncClient(_Base):
         return [r for r in out if r is not None]
 
 
-def _short(path: str, got: int, want: str | None, e: Exception) -> PalisadeError:
+def _short(path: str, got: int, want: str | None, e: Exception, started: bool = True) -> PalisadeError:
     """A download that stopped: short of its length (the server cut it: the file was replaced,
-    written or shrunk while read, or the session ended), or the server unreachable before it began."""
+    written or shrunk while read, or the session ended), an archive cut short, or the server
+    unreachable before it began."""
     if want is not None:
         return PalisadeError(
             f"GET {path}: the download stopped after {got} of {want} bytes (the file was replaced, "
             f"written or shrunk while it was read, the session ended, or the connection broke: {e})"
+        )
+    if started:
+        return PalisadeError(
+            f"GET {path}: the download stopped after {got} bytes, before its end (a file shrank while "
+            f"it was archived, an entry a strict archive cannot carry, the session ended, or the "
+            f"connection broke: {e})"
         )
     return ServerUnavailableError(f"GET {path}: the server cannot be reached ({e})")

@@ -284,7 +284,19 @@ class Files:
         self._s._client.request("PUT", f"{self._s._path}/archive", content=tar, params={"path": _rel(path)})
 
     def read_archive(self, path: str = ".") -> bytes:
+        """A tar of the directory, in memory (see :meth:`download_archive` for a large one)."""
         return self._s._client.request("GET", f"{self._s._path}/archive", params={"path": _rel(path)}).content
+
+    def download_archive(self, path: str, dest: str | os.PathLike[str], strict: bool = False) -> int:
+        """Streams a tar of the directory into the local file ``dest``, whatever its size (the
+        server makes it a piece at a time); the bytes written. ``strict``: an entry the archive
+        cannot carry (a symbolic link, fifo, socket or device) raises rather than being left out.
+        ``dest`` is replaced only once the whole archive has come."""
+        params = {"path": _rel(path), "strict": "true" if strict else "false"}
+        with _Landing(dest) as out:
+            n = self._s._client.stream_to(f"{self._s._path}/archive", out, params=params)
+            out.done()
+        return n
 
 
 class _Landing(io.FileIO):
@@ -711,6 +723,14 @@ class AsyncFiles:
         """As :meth:`Files.download`."""
         with _Landing(dest) as out:
             n = await self._s._client.stream_to(f"{self._s._path}/files/{_url_path(path)}", out)
+            out.done()
+        return n
+
+    async def download_archive(self, path: str, dest: str | os.PathLike[str], strict: bool = False) -> int:
+        """As :meth:`Files.download_archive`."""
+        params = {"path": _rel(path), "strict": "true" if strict else "false"}
+        with _Landing(dest) as out:
+            n = await self._s._client.stream_to(f"{self._s._path}/archive", out, params=params)
             out.done()
         return n
 

@@ -306,10 +306,33 @@ class PalisadeSandboxSession(BaseSandboxSession):
         root = Path(self.state.manifest.root)
         try:
             resp = await asyncio.to_thread(
-                self.sandbox._client.request, "GET", f"{self.sandbox._path}/archive", params={"path": self._root_rel()}
+                self.sandbox._client.request,
+                "GET",
+                f"{self.sandbox._path}/archive",
+                # Strict: an entry the archive cannot carry fails it, also past --max-fetch, where
+                # the count of skipped entries comes only as a trailer this client does not read.
+                params={"path": self._root_rel(), "strict": "true"},
             )
         except ServerError as e:
+            if e.value == "not-regular":
+                # Symbolic links, fifos, sockets, devices: a snapshot without them would not be
+                # the workspace. Refused rather than lost.
+                raise WorkspaceArchiveReadError(
+                    path=root,
+                    context={
+                        "reason": "palisade_archive_skipped_entries",
+                        "message": f"the workspace holds an entry that is not a regular file or directory "
+                        f"(symbolic link, fifo, socket, device): {e.message}; palisade archives do not "
+                        "carry them, so the workspace cannot be persisted whole",
+                    },
+                    cause=e,
+                    retryable=False,
+                ) from e
             raise WorkspaceArchiveReadError(path=root, context={"message": e.message}, cause=e) from e
+        except PalisadeError as e:
+            # A large archive streams: one cut short (an entry it cannot carry past its first
+            # piece, a file that shrank) ends the download with an error.
+            raise WorkspaceArchiveReadError(path=root, context={"message": str(e)}, cause=e) from e
         skipped = int(resp.headers.get("X-Palisade-Skipped", "0") or 0)
         if skipped:
             # Symbolic links, fifos, sockets, devices: a snapshot without them would not be the
