@@ -2838,27 +2838,57 @@ fn concurrent_execs_of_a_session_count_their_own_oom_kills() {
 /// The egress proxies of all a server's sessions and runs together hold at most
 /// `--max-proxy-connections` connections (each a server thread, charged to no sandbox; found by an
 /// independent review), shared out between the sandboxes when they are all open: session A holds
-/// 6 of 8 and keeps them idle, session B opens 6. B gets the 2 free places and takes 2 of A's
-/// (A's longest idle are cut, and A's report counts them), and its last 2 are closed at once
-/// with the proxy's `503 too-many-connections`, since A then holds no more than B. Once A's are
-/// closed, B gets all 6.
+/// 6 of 8 relays and keeps them idle, session B opens 6. B gets the 2 free places and takes 2 of
+/// A's for connections the rules allowed (A's longest idle are cut; A's report counts them, B's
+/// what it took), and its last 2 are answered `503 proxies-full`, since A then holds no more
+/// than B. Once A's are closed, B gets all 6.
 #[test]
 fn the_servers_proxies_hold_at_most_max_proxy_connections_together_and_share_them_out() {
+    // An upstream on the host's loopback that echoes, named by an IP rule.
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let _ = std::io::copy(&mut &c, &mut w);
+            });
+        }
+    });
+    let rule = format!("127.0.0.1:{port}");
     let s = Server::start(
-        "[network]\nallow = [\"pypi.org\"]\n",
+        &format!("[network]\nallow = [\"{rule}\"]\n"),
         &["--max-proxy-connections", "8"],
     );
     let session = || {
         let r = s
-            .post("/v1/sandboxes", &json!({"allow_net": ["pypi.org"]}))
+            .post("/v1/sandboxes", &json!({"allow_net": [rule.clone()]}))
             .json();
         r["id"].as_str().unwrap_or_else(|| panic!("{r}")).to_owned()
     };
     let (a, b) = (session(), session());
     let exec = |id: &str, body: Value| s.post(&format!("/v1/sandboxes/{id}/exec"), &body).json();
-    // Prints how many of its 6 connections the proxy closed while it held them.
-    let hold = "import socket, os, time\n\
-        cs = [socket.create_connection(('127.0.0.1', 3128), timeout=5) for _ in range(6)]\n\
+    // A CONNECT through the proxy: the socket and the proxy's status line.
+    let conn = format!(
+        "import socket, os, time\n\
+        def conn():\n\
+        \x20   c = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n\
+        \x20   c.sendall(b'CONNECT {rule} HTTP/1.1\\r\\n\\r\\n')\n\
+        \x20   head = b''\n\
+        \x20   while b'\\r\\n\\r\\n' not in head:\n\
+        \x20       b = c.recv(1)\n\
+        \x20       if not b: break\n\
+        \x20       head += b\n\
+        \x20   return c, head.split(b'\\r\\n')[0].decode()\n"
+    );
+    // Prints how many of its 6 relays the proxy closed while it held them.
+    let hold = format!(
+        "{conn}\
+        cs = []\n\
+        for _ in range(6):\n\
+        \x20   c, status = conn()\n\
+        \x20   assert status == 'HTTP/1.1 200 Connection established', status\n\
+        \x20   cs.append(c)\n\
         open('opened', 'w').close()\n\
         while not os.path.exists('release'): time.sleep(0.02)\n\
         closed = 0\n\
@@ -2870,7 +2900,8 @@ fn the_servers_proxies_hold_at_most_max_proxy_connections_together_and_share_the
         \x20       pass\n\
         \x20   except ConnectionResetError:\n\
         \x20       closed += 1\n\
-        print(closed)\n";
+        print(closed)\n"
+    );
     let held = exec(
         &a,
         json!({"command": ["python3", "-c", hold], "mode": "background"}),
@@ -2879,18 +2910,16 @@ fn the_servers_proxies_hold_at_most_max_proxy_connections_together_and_share_the
     wait_until("A's connections are open", || {
         exec(&a, json!({"command": ["cat", "opened"]}))["status"] == "ok"
     });
-    // How many of 6 connections the proxy closes at once with its 503.
-    let count = "import socket\n\
+    // How many of 6 CONNECTs the proxy answers 503 proxies-full.
+    let count = format!(
+        "{conn}\
         refused, cs = 0, []\n\
         for _ in range(6):\n\
-        \x20   c = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
-        \x20   c.settimeout(0.5)\n\
-        \x20   try:\n\
-        \x20       refused += b'too-many-connections' in c.recv(4096)\n\
-        \x20   except socket.timeout:\n\
-        \x20       pass\n\
+        \x20   c, status = conn()\n\
+        \x20   refused += status.startswith('HTTP/1.1 503')\n\
         \x20   cs.append(c)\n\
-        print(refused)\n";
+        print(refused)\n"
+    );
     let refused = |id: &str| {
         let r = exec(id, json!({"command": ["python3", "-c", count]}));
         assert_eq!(r["status"], "ok", "{r}");
@@ -2927,6 +2956,16 @@ fn the_servers_proxies_hold_at_most_max_proxy_connections_together_and_share_the
         fin["report"]["network"]["cut_connections"].as_u64(),
         Some(2),
         "{fin}"
+    );
+    let fin = s.req("DELETE", &format!("/v1/sandboxes/{b}"), b"").json();
+    let net = &fin["report"]["network"];
+    assert_eq!(
+        (
+            net["took_connections"].as_u64(),
+            net["cut_connections"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{net}"
     );
 }
 

@@ -139,6 +139,9 @@ pub enum Reason {
     TlsHandshake,
     /// Inside inspected TLS, something that is not an HTTP/1.x request.
     NotHttp,
+    /// All the connections of the process's proxies are open, and this sandbox may take none
+    /// from another (see [`set_max_connections_in_process`]).
+    ProxiesFull,
 }
 
 /// What the client sent first, once seen.
@@ -198,6 +201,7 @@ codes! {
         UpstreamTls => "upstream-tls",
         TlsHandshake => "tls-handshake",
         NotHttp => "not-http",
+        ProxiesFull => "proxies-full",
     }
     Protocol { Tls => "tls", Http => "http", Other => "other" }
 }
@@ -288,6 +292,8 @@ pub struct NetLog {
     /// Open connections cut to give another sandbox its share of the process's connections
     /// ([`set_max_connections_in_process`]), each the longest idle of this sandbox's.
     pub cut_connections: u64,
+    /// Places this sandbox's connections took from other sandboxes (each cut one of theirs).
+    pub took_connections: u64,
     /// Upstream connections that waited for their turn ([`MAX_CONNECTS_PER_S`]).
     pub paced_connections: u64,
     /// Events the notify callback was not called for: past [`MAX_NOTIFY`], or not kept.
@@ -520,6 +526,9 @@ struct Shared {
     open: AtomicUsize,
     refused: AtomicU64,
     cut: AtomicU64,
+    /// Places taken from other proxies, and the turns to take more ([`share::Cuts`]).
+    took: AtomicU64,
+    cuts: Mutex<share::Cuts>,
     /// The pace of upstream connections ([`MAX_CONNECTS_PER_S`]), and how many waited for it.
     pace: Mutex<Pace>,
     paced: AtomicU64,
@@ -656,6 +665,8 @@ impl Egress {
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             cut: AtomicU64::new(0),
+            took: AtomicU64::new(0),
+            cuts: Mutex::new(share::Cuts::new()),
             pace: Mutex::new(Pace::new(limits_rate)),
             paced: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
@@ -713,6 +724,7 @@ impl Egress {
             dropped: log.dropped,
             refused_connections: sh.refused.load(Ordering::Relaxed),
             cut_connections: sh.cut.load(Ordering::Relaxed),
+            took_connections: sh.took.load(Ordering::Relaxed),
             paced_connections: sh.paced.load(Ordering::Relaxed),
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: sh.cpu_ns.load(Ordering::Relaxed) / 1_000_000,

@@ -426,6 +426,10 @@ impl<'a> Pending<'a> {
             match relay::connect(self.sh, sa, share) {
                 Ok(s) => {
                     self.ev.address = Some(sa.to_string());
+                    // A connection that found the process's proxies full has earned a place
+                    // now (`share`), or is refused.
+                    crate::share::settle(self.sh)
+                        .map_err(|why| Denial::new(Reason::ProxiesFull, why))?;
                     return Ok(s);
                 }
                 Err(e) => last = Some(format!("{sa}: {e}")),
@@ -442,6 +446,7 @@ impl<'a> Pending<'a> {
             Err(d) => {
                 let status = match d.reason {
                     Reason::ConnectFailed | Reason::ResolveFailed => "502 Bad Gateway",
+                    Reason::ProxiesFull => "503 Service Unavailable",
                     _ => "403 Forbidden",
                 };
                 let sh = self.sh;

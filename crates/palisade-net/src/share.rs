@@ -14,8 +14,17 @@
 //! thread ends at its next wait, as at the end of a run). The shares converge on max-min
 //! fairness: each of `n` sandboxes that wants them gets at least `cap / n` places, whatever the
 //! others hold, and no sandbox can cut another's below its own count plus one, so two sandboxes
-//! at the same count do not take places from each other back and forth. A connection past that
-//! is refused at once, as one past the sandbox's own cap.
+//! at the same count do not take places from each other back and forth.
+//!
+//! A place is taken from another sandbox only for a connection that has earned it: one the rules
+//! allowed and whose upstream connection is made. Until then a connection that finds the process
+//! full waits *pending*, holding no place (at most [`MAX_PENDING`] of a sandbox at once; one
+//! more is refused at once), so a bare `connect` and `close` from inside cuts nobody (found by
+//! an independent attack: one that held nothing cut another sandbox's connections 2,000 times in
+//! 5 s). A sandbox also cuts at most [`CUTS_PER_S`] a second (after a burst of [`CUT_BURST`]),
+//! so one that opens and closes allowed connections as fast as its pace lets it cannot keep
+//! another's cut, and its report counts what it took (`took_connections`). A pending connection
+//! that finds no place it may take is refused, with an event that says so.
 //!
 //! A connection's thread finds its cut signal through [`Place::enter`], which [`wait`] polls
 //! beside the proxy's stop signal.
@@ -45,6 +54,42 @@ struct Held {
 struct Holder {
     proxy: u64,
     conns: Vec<Arc<Conn>>,
+    /// Connections of this proxy waiting, without a place, for their upstream connection.
+    pending: usize,
+}
+
+/// Most connections of one sandbox that wait, without a place, for the right to take one.
+pub(crate) const MAX_PENDING: usize = 4;
+/// Places a sandbox may take from others a second, sustained, and at once after a quiet while.
+pub(crate) const CUTS_PER_S: f64 = 8.0;
+pub(crate) const CUT_BURST: f64 = 32.0;
+
+/// A sandbox's turns to take places from others ([`CUTS_PER_S`], [`CUT_BURST`]).
+pub(crate) struct Cuts {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Cuts {
+    pub(crate) fn new() -> Cuts {
+        Cuts {
+            tokens: CUT_BURST,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn try_take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let since = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now.max(self.at);
+        self.tokens = (self.tokens + since * CUTS_PER_S).min(CUT_BURST);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// One connection's place: how it is cut, and when it last had something to move.
@@ -54,6 +99,8 @@ pub(crate) struct Conn {
     was_cut: AtomicBool,
     /// Milliseconds of the monotonic clock.
     active_ms: AtomicU64,
+    /// Waits without a place ([`Share::settle`]).
+    pending: AtomicBool,
 }
 
 impl Conn {
@@ -80,7 +127,7 @@ fn now_ms() -> u64 {
 /// Why a new connection gets no place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Full {
-    /// Every place is held, and this proxy holds at least as many as any other less one.
+    /// Every place is held, and this proxy may not wait for one or take one from another.
     Process,
     /// No descriptor for the cut signal.
     Descriptors,
@@ -109,23 +156,66 @@ impl Share {
         self.cap.store(cap.max(1), Ordering::SeqCst);
     }
 
-    /// A place for a new connection of `proxy`: a free one, or, when all are held, one taken from
-    /// the proxy that holds the most if it holds at least two more than `proxy` (its longest-idle
-    /// connection is cut).
+    /// A place for a new connection of `proxy`: a free one, or, when all are held, a pending
+    /// one (no place yet: [`Share::settle`] takes one once the connection has earned it).
     pub(crate) fn take(&self, proxy: u64) -> Result<Arc<Conn>, Full> {
         let conn = Arc::new(Conn {
             cut: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
                 .map_err(|_| Full::Descriptors)?,
             was_cut: AtomicBool::new(false),
             active_ms: AtomicU64::new(now_ms()),
+            pending: AtomicBool::new(false),
         });
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let cap = self.cap.load(Ordering::SeqCst).max(1);
-        let mine = held
-            .holders
-            .iter()
-            .position(|h| h.proxy == proxy)
-            .map_or(0, |i| held.holders[i].conns.len());
+        let free = held.total < cap;
+        let i = match held.holders.iter().position(|h| h.proxy == proxy) {
+            Some(i) => i,
+            None => {
+                held.holders.push(Holder {
+                    proxy,
+                    conns: Vec::new(),
+                    pending: 0,
+                });
+                held.holders.len() - 1
+            }
+        };
+        let h = &mut held.holders[i];
+        if free {
+            h.conns.push(conn.clone());
+            held.total += 1;
+        } else if h.pending < MAX_PENDING {
+            h.pending += 1;
+            conn.pending.store(true, Ordering::Release);
+        } else {
+            if h.conns.is_empty() && h.pending == 0 {
+                held.holders.swap_remove(i);
+            }
+            return Err(Full::Process);
+        }
+        Ok(conn)
+    }
+
+    /// Gives a pending `conn` of `proxy` a place, now that it has earned one: a free one, or one
+    /// taken from the sandbox that holds the most, if that one holds at least two more than
+    /// `proxy` and `cuts` has a turn (its longest-idle connection is cut). `Ok(true)` when a
+    /// place was taken from another. A connection with a place already has nothing to do.
+    pub(crate) fn settle(
+        &self,
+        proxy: u64,
+        conn: &Arc<Conn>,
+        cuts: &Mutex<Cuts>,
+    ) -> Result<bool, Full> {
+        if !conn.pending.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let cap = self.cap.load(Ordering::SeqCst).max(1);
+        let Some(me) = held.holders.iter().position(|h| h.proxy == proxy) else {
+            return Err(Full::Process);
+        };
+        let mine = held.holders[me].conns.len();
+        let mut took = false;
         if held.total >= cap {
             // The first of the largest holders: ties go to the one that came first.
             let most = held
@@ -135,46 +225,48 @@ impl Share {
                 .rev()
                 .max_by_key(|(_, h)| h.conns.len())
                 .map(|(i, h)| (i, h.conns.len()));
-            let Some((v, n)) = most.filter(|&(_, n)| n >= mine + 2) else {
+            let Some((v, _)) = most.filter(|&(_, n)| n >= mine + 2) else {
                 return Err(Full::Process);
             };
+            if !cuts.lock().unwrap_or_else(|e| e.into_inner()).try_take() {
+                return Err(Full::Process);
+            }
             // Its connection idle longest; among equals the one that came first.
             let victim = &mut held.holders[v].conns;
             let (at, _) = victim
                 .iter()
                 .enumerate()
                 .min_by_key(|(_, c)| c.active_ms.load(Ordering::Relaxed))
-                .expect("a holder holds at least one place");
-            let c = victim.remove(at);
-            c.cut();
-            debug_assert!(n >= 2);
+                .expect("a holder holds at least two places");
+            victim.remove(at).cut();
             held.total -= 1;
+            took = true;
         }
-        match held.holders.iter_mut().find(|h| h.proxy == proxy) {
-            Some(h) => h.conns.push(conn.clone()),
-            None => held.holders.push(Holder {
-                proxy,
-                conns: vec![conn.clone()],
-            }),
-        }
+        let h = &mut held.holders[me];
+        h.pending -= 1;
+        h.conns.push(conn.clone());
+        conn.pending.store(false, Ordering::Release);
         held.total += 1;
-        Ok(conn)
+        Ok(took)
     }
 
-    /// Gives `conn`'s place back (nothing if it was cut: its place went when it was).
+    /// Gives `conn`'s place back (nothing if it was cut: its place went when it was), or its
+    /// turn among the pending.
     pub(crate) fn give_back(&self, proxy: u64, conn: &Arc<Conn>) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let Some(i) = held.holders.iter().position(|h| h.proxy == proxy) else {
             return;
         };
-        let conns = &mut held.holders[i].conns;
-        if let Some(at) = conns.iter().position(|c| Arc::ptr_eq(c, conn)) {
-            conns.remove(at);
-            let empty = conns.is_empty();
+        let h = &mut held.holders[i];
+        if conn.pending.swap(false, Ordering::AcqRel) {
+            h.pending -= 1;
+        } else if let Some(at) = h.conns.iter().position(|c| Arc::ptr_eq(c, conn)) {
+            h.conns.remove(at);
             held.total -= 1;
-            if empty {
-                held.holders.swap_remove(i);
-            }
+        }
+        let h = &held.holders[i];
+        if h.conns.is_empty() && h.pending == 0 {
+            held.holders.swap_remove(i);
         }
     }
 
@@ -204,6 +296,26 @@ pub(crate) fn why_stopped() -> &'static str {
     }
 }
 
+/// Gives the calling thread's connection, if it waits without a place, the place it has now
+/// earned (its destination allowed, its upstream connected: [`Share::settle`]); why not, if
+/// there is none it may take.
+pub(crate) fn settle(sh: &Shared) -> Result<(), &'static str> {
+    let Some(conn) = current() else {
+        return Ok(());
+    };
+    match sh.limits.share.settle(sh.id, &conn, &sh.cuts) {
+        Ok(took) => {
+            if took {
+                sh.took.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        Err(_) => Err(
+            "the server's proxies have all their connections open, and no other sandbox holds two more than this one (or this sandbox took places from others faster than it may)",
+        ),
+    }
+}
+
 /// A connection's place among its proxy's and the process's; given back when dropped.
 pub(crate) struct Place {
     sh: Arc<Shared>,
@@ -227,7 +339,7 @@ impl Place {
                 sh.open.fetch_sub(1, Ordering::SeqCst);
                 Err(match full {
                     Full::Process => {
-                        "the server's proxies have all their connections open, this sandbox as many as any other"
+                        "the server's proxies have all their connections open, and this sandbox has as many waiting for one as it may"
                     }
                     Full::Descriptors => "the supervisor is out of file descriptors",
                 })
@@ -236,7 +348,7 @@ impl Place {
     }
 
     /// Makes this the connection the calling thread serves, so that its waits also end when it is
-    /// cut.
+    /// cut, and [`settle`] finds it.
     pub(crate) fn enter(&self) {
         CURRENT.with(|c| *c.borrow_mut() = Some(self.conn.clone()));
     }

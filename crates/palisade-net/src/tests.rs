@@ -1051,8 +1051,11 @@ fn leaves_are_kept_per_host_up_to_the_cap() {
 /// The connections of all a process's proxies together: when they are all open, a sandbox that
 /// holds fewer takes places from the one that holds the most, whose longest-idle connections
 /// (relays or not) are cut and counted, down to one more than the taker holds; past that the
-/// taker's connections are refused at once. (A private share of 9 places, as the process's 1,024
-/// would be for 8 sandboxes at their cap.)
+/// taker's connections are refused. A place is taken only for a connection that has earned it
+/// (allowed, its upstream connected): bare connections wait without one, a few at most, and
+/// cut nobody however many come and go (an independent attack cut 2,000 connections in 5 s
+/// with them). (A private share of 9 places, as the process's 1,024 would be for 8 sandboxes
+/// at their cap.)
 #[test]
 fn a_full_process_gives_a_sandbox_with_fewer_connections_the_longest_idle_of_the_largest() {
     let share: &'static share::Share = Box::leak(Box::new(share::Share::new(9)));
@@ -1080,39 +1083,53 @@ fn a_full_process_gives_a_sandbox_with_fewer_connections_the_longest_idle_of_the
         c.read_exact(&mut byte).unwrap();
         assert_eq!(byte, [0]);
     };
+    let relay = |addr: SocketAddr| {
+        let (mut c, status) = connect(addr, &format!("127.0.0.1:{port}"));
+        assert_eq!(status, "HTTP/1.1 200 Connection established");
+        through(&mut c);
+        c
+    };
     // A: three relays, then four connections that have sent nothing; then the first relay
     // moves a byte again, so that the other two relays have been idle longest.
-    let mut relays: Vec<TcpStream> = (0..3)
-        .map(|_| {
-            let (mut c, status) = connect(a_addr, &format!("127.0.0.1:{port}"));
-            assert_eq!(status, "HTTP/1.1 200 Connection established");
-            through(&mut c);
-            c
-        })
-        .collect();
+    let mut relays: Vec<TcpStream> = (0..3).map(|_| relay(a_addr)).collect();
     std::thread::sleep(Duration::from_millis(20));
     let silent: Vec<TcpStream> = (0..4).map(|_| client(a_addr)).collect();
     wait_until("A holds 7 places", || share.total() == 7);
     std::thread::sleep(Duration::from_millis(20));
     through(&mut relays[0]);
-    // B: 2 free places, 2 taken from A (7 → 5, B 4), then 2 refused: A holds one more than B,
-    // which is no reason to take a place from it (they would take it back and forth).
-    let mut b_conns = Vec::new();
-    for i in 0..6 {
-        b_conns.push(client(b_addr));
-        wait_until("B's connection is taken or refused", || {
-            b.shared.open.load(Ordering::SeqCst) as u64 + b.shared.refused.load(Ordering::SeqCst)
-                == i + 1
-        });
+    // B: two relays take the free places.
+    let mut b_relays: Vec<TcpStream> = (0..2).map(|_| relay(b_addr)).collect();
+    assert_eq!(share.total(), 9);
+    // Bare connections of B, now that all are held: a few wait without a place, one more is
+    // refused at once, and none cuts anything, however many come and go.
+    let bare: Vec<TcpStream> = (0..share::MAX_PENDING).map(|_| client(b_addr)).collect();
+    wait_until("B's bare connections wait", || {
+        b.shared.open.load(Ordering::SeqCst) == 2 + share::MAX_PENDING
+    });
+    let mut one_more = client(b_addr);
+    assert!(read_to_close(&mut one_more).contains("too-many-connections"));
+    drop(bare);
+    for _ in 0..50 {
+        drop(client(b_addr));
     }
+    wait_until("B's bare connections end", || {
+        b.shared.open.load(Ordering::SeqCst) == 2
+    });
     assert_eq!(
-        (b.shared.open.load(Ordering::SeqCst), share.total()),
-        (4, 9)
+        (a.shared.open.load(Ordering::SeqCst), share.total()),
+        (7, 9),
+        "bare connections cut nothing"
     );
-    for c in &mut b_conns[4..] {
-        let answer = read_to_close(c);
-        assert!(answer.contains("too-many-connections"), "{answer}");
+    // B's relays: 2 taken from A (7 → 5, B 4), then refused with 503: A holds one more than B,
+    // which is no reason to take a place from it (they would take it back and forth).
+    for _ in 0..2 {
+        b_relays.push(relay(b_addr));
     }
+    for _ in 0..2 {
+        let (_, status) = connect(b_addr, &format!("127.0.0.1:{port}"));
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable");
+    }
+    assert_eq!(share.total(), 9);
     // The two idle relays were cut; the relay that moved a byte last, and the four newer
     // connections, are A's five.
     for c in &mut relays[1..] {
@@ -1122,6 +1139,9 @@ fn a_full_process_gives_a_sandbox_with_fewer_connections_the_longest_idle_of_the
         a.shared.open.load(Ordering::SeqCst) == 5
     });
     through(&mut relays[0]);
+    for c in &mut b_relays {
+        through(c);
+    }
     for mut c in silent {
         c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let mut byte = [0u8; 1];
@@ -1137,7 +1157,38 @@ fn a_full_process_gives_a_sandbox_with_fewer_connections_the_longest_idle_of_the
         );
     }
     let (la, lb) = (a.finish(), b.finish());
-    assert_eq!((la.cut_connections, la.refused_connections), (2, 0));
-    assert_eq!((lb.cut_connections, lb.refused_connections), (0, 2));
+    assert_eq!(
+        (
+            la.cut_connections,
+            la.took_connections,
+            la.refused_connections
+        ),
+        (2, 0, 0)
+    );
+    assert_eq!((lb.cut_connections, lb.took_connections), (0, 2));
+    // (The one past the bare ones waiting, and those of the 50 that came while 4 still waited.)
+    assert!(lb.refused_connections >= 1);
+    let full: Vec<&Event> = lb
+        .events
+        .iter()
+        .filter(|e| e.reason == Reason::ProxiesFull)
+        .collect();
+    assert_eq!(full.len(), 2, "{:?}", lb.events);
     assert_eq!(share.total(), 0, "every place is given back");
+}
+
+/// A sandbox takes at most `CUT_BURST` places from others at once, then `CUTS_PER_S` a second:
+/// one that opens and closes allowed connections as fast as it can does not keep another's cut.
+#[test]
+fn a_sandbox_takes_places_from_others_at_a_bounded_rate() {
+    let mut cuts = share::Cuts::new();
+    let burst = (0..1000).take_while(|_| cuts.try_take()).count();
+    assert_eq!(burst as f64, share::CUT_BURST);
+    std::thread::sleep(Duration::from_millis(500));
+    let more = (0..1000).take_while(|_| cuts.try_take()).count();
+    // Half a second at 8 a second is 4 (a busy machine's longer sleep gives a few more).
+    assert!(
+        (4..=share::CUT_BURST as usize).contains(&more),
+        "{more} after half a second"
+    );
 }

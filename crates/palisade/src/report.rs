@@ -397,6 +397,7 @@ impl Report {
             dropped: log.dropped,
             refused_connections: log.refused_connections,
             cut_connections: log.cut_connections,
+            took_connections: log.took_connections,
             paced_connections: log.paced_connections,
             notify_suppressed: log.notify_suppressed,
             supervisor_cpu_ms: log.supervisor_cpu_ms,
@@ -744,6 +745,8 @@ pub struct Network {
     /// Open connections cut to give another sandbox of the same process its share of the
     /// process's connections (`palisade serve --max-proxy-connections`), the longest idle first.
     pub cut_connections: u64,
+    /// Places this sandbox's connections took from other sandboxes' (each cut one of theirs).
+    pub took_connections: u64,
     /// Upstream connections that waited for their turn, past the proxy's pace
     /// (`palisade_net::MAX_CONNECTS_PER_S`).
     pub paced_connections: u64,
@@ -788,6 +791,7 @@ impl Default for Network {
             dropped: 0,
             refused_connections: 0,
             cut_connections: 0,
+            took_connections: 0,
             paced_connections: 0,
             notify_suppressed: 0,
             supervisor_cpu_ms: 0,
@@ -1173,6 +1177,11 @@ mod tests {
 
     /// The fixture's run, ended `ok`, with the cgroup's accounting.
     fn ok() -> Value {
+        let network = json!({
+            "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
+            "refused_connections": 0, "cut_connections": 0, "took_connections": 0,
+            "paced_connections": 0, "notify_suppressed": 0, "supervisor_cpu_ms": 0,
+        });
         json!({
             "status": "ok",
             "exit_code": 0,
@@ -1204,12 +1213,7 @@ mod tests {
             "scratch": null,
             "layers": [["cgroup-limits", true], ["cpu-time-limit", true]],
             "engine": null,
-            "network": {
-                "mode": "none", "events": [], "allowed": 0, "denied": 0, "dropped": 0,
-                "refused_connections": 0, "cut_connections": 0, "paced_connections": 0,
-                "notify_suppressed": 0,
-                "supervisor_cpu_ms": 0,
-            },
+            "network": network,
             "protected": {"read_only": [], "pinned": [], "watched": [], "derived": [], "not_followed": [], "blocked": []},
         })
     }
