@@ -107,8 +107,34 @@ fn malformed(detail: &str) -> DnsError {
 ///
 /// Returns IPv4 addresses first, then IPv6, each in answer order, without duplicates; an empty
 /// list when the name exists but has no address. Each query is sent again once if it has no
-/// reply by half the timeout.
+/// reply by half the timeout. (The blocking form, for tests; the proxy's waits also end when it
+/// stops: [`resolve_waiting`].)
+#[cfg(test)]
 pub fn resolve(server: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<IpAddr>, DnsError> {
+    resolve_waiting(server, name, timeout, &mut |sock, until| {
+        let wait = until.saturating_duration_since(Instant::now());
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let mut fds = [rustix::event::PollFd::new(
+            sock,
+            rustix::event::PollFlags::IN,
+        )];
+        let t = rustix::event::Timespec {
+            tv_sec: i64::from(ms / 1000),
+            tv_nsec: i64::from(ms % 1000) * 1_000_000,
+        };
+        let _ = rustix::event::poll(&mut fds, Some(&t));
+        true
+    })
+}
+
+/// [`resolve`], each wait for a reply done by `wait(socket, until)`, which returns `false` to
+/// give up (the proxy stopped, or the connection was cut: the lookup ends with that error).
+pub(crate) fn resolve_waiting(
+    server: SocketAddr,
+    name: &str,
+    timeout: Duration,
+    wait: &mut dyn FnMut(&UdpSocket, Instant) -> bool,
+) -> Result<Vec<IpAddr>, DnsError> {
     let start = Instant::now();
     let (deadline, retry_at) = (start + timeout, start + timeout / 2);
     let id_a = random_id();
@@ -127,6 +153,7 @@ pub fn resolve(server: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<
     };
     let sock = UdpSocket::bind(local)?;
     sock.connect(server)?;
+    sock.set_nonblocking(true)?;
     for p in &packets {
         sock.send(p)?;
     }
@@ -148,11 +175,16 @@ pub fn resolve(server: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<
             retried = true;
         }
         let until = if retried { deadline } else { retry_at };
-        let wait = until.saturating_duration_since(now);
-        sock.set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
         let n = match sock.recv(&mut buf) {
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), WouldBlock | TimedOut | Interrupted) => continue,
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut | Interrupted) => {
+                if !wait(&sock, until) {
+                    return Err(DnsError::Io {
+                        source: crate::relay::stopping(),
+                    });
+                }
+                continue;
+            }
             Err(e) => return Err(e.into()),
         };
         for ((qtype, id), answer) in queries.iter().zip(answers.iter_mut()) {

@@ -30,9 +30,9 @@
 //!   sandbox whose proxy work goes past a budget.
 //!
 //! Every thread is joined by [`Egress::finish`], or by dropping the [`Egress`]: every wait in the
-//! proxy also waits for the stop signal, so stopping takes no longer than an upstream name lookup
-//! in progress (at most 5 s with a DNS server named in the policy, the system resolver's own
-//! timeouts otherwise).
+//! proxy (a lookup through the policy's DNS server too) also waits for the stop signal, so
+//! stopping takes no longer than a lookup by the system's resolver in progress, by its own
+//! timeouts.
 #![forbid(unsafe_code)]
 
 mod ca;

@@ -366,7 +366,12 @@ impl<'a> Pending<'a> {
                 if !pinned.is_empty() {
                     pinned
                 } else if let Some(server) = net.dns_server {
-                    dns::resolve(server, n, DNS_TIMEOUT).map_err(|e| {
+                    // Its waits end when the proxy stops or the connection is cut.
+                    let sh = self.sh;
+                    let mut wait = |sock: &UdpSocket, until: Instant| {
+                        relay::wait_one(sh, sock.as_fd(), PollFlags::IN, Some(until)) != Wake::Stop
+                    };
+                    dns::resolve_waiting(server, n, DNS_TIMEOUT, &mut wait).map_err(|e| {
                         Denial::new(Reason::ResolveFailed, format!("{n} (asked {server}): {e}"))
                     })?
                 } else {

@@ -1192,3 +1192,27 @@ fn a_sandbox_takes_places_from_others_at_a_bounded_rate() {
         "{more} after half a second"
     );
 }
+
+/// A lookup through `--dns-server` waits like everything else in the proxy: stopping (or a cut)
+/// ends it at once, not when the server's 5 s are up (found by an independent attack: a cut
+/// connection kept its thread for the whole lookup).
+#[test]
+fn stopping_ends_a_lookup_the_dns_server_never_answers() {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    silent.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut net = network(&["slow.test".into()], &[]);
+    net.dns_server = Some(silent.local_addr().unwrap());
+    let (e, addr) = proxy(net, Limits::default(), None);
+    let mut c = client(addr);
+    c.write_all(b"CONNECT slow.test:80 HTTP/1.1\r\n\r\n")
+        .unwrap();
+    let mut q = [0u8; 512];
+    silent.recv_from(&mut q).expect("the lookup's query");
+    let log = returns("finish", move || e.finish());
+    let ev = log
+        .events
+        .iter()
+        .find(|e| e.reason == Reason::ResolveFailed)
+        .unwrap_or_else(|| panic!("{:?}", log.events));
+    assert!(ev.detail.contains("the run ended"), "{}", ev.detail);
+}
