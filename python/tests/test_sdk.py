@@ -183,6 +183,15 @@ def test_sandbox_download_archive_streams_a_directory_of_any_size(client: palisa
             assert sorted(t.getnames()) == ["sub", "sub/big"]
             f = t.extractfile("sub/big")
             assert f is not None and f.read() == want
+        # Larger than max_bytes: refused (the file's size counts, sparse or not), nothing left.
+        sbx.commands.run("mkdir sp && truncate -s 1G sp/f")
+        for call in (
+            lambda: sbx.files.download_archive("sp", tmp_path / "sp.tar", max_bytes=100 << 20),
+            lambda: sbx.files.read_archive("d"),
+        ):
+            with pytest.raises(palisade.ServerError) as e:
+                call()
+            assert e.value.value == "too-large", e.value.message
         # Strict: the link fails the archive (whole or cut short), and nothing is left behind.
         with pytest.raises(palisade.PalisadeError):
             sbx.files.download_archive("d", tmp_path / "strict.tar", strict=True)

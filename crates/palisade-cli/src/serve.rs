@@ -1063,6 +1063,8 @@ struct ArchiveQuery {
     /// Fail the archive at an entry that would be skipped.
     #[serde(default)]
     strict: bool,
+    /// The most bytes the archive may have (else `too-large`); `--max-fetch` by default.
+    max_bytes: Option<u64>,
 }
 
 async fn list_files(
@@ -1222,7 +1224,9 @@ async fn put_file(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// A session's directory as a tar, made inside a piece at a time ([`Service::open_archive`]).
+/// A session's directory as a tar, made inside a piece at a time ([`Service::open_archive`]),
+/// of at most `max_bytes` (`--max-fetch` by default: the sandbox decides how large an archive
+/// is, sparse files and hard links included, and the client how much it takes).
 /// One of at most `--max-fetch` is answered whole, with `Content-Length` and the count of
 /// entries skipped in `X-Palisade-Skipped`; a larger one streams (chunked), each piece made when
 /// the client has taken the one before, and the count comes as a trailer of the same name (to
@@ -1234,7 +1238,17 @@ async fn get_archive(
     Query(q): Query<ArchiveQuery>,
 ) -> Res<Response> {
     use http_body::Frame;
-    let mut tar = app.svc.open_archive(&id, &q.path, q.strict).await?;
+    if q.max_bytes == Some(0) {
+        return Err(ApiError(ServiceError::invalid(
+            "max_bytes",
+            "0",
+            "the most bytes the archive may have, headers included: at least 1 (--max-fetch when not given)",
+        )));
+    }
+    let mut tar = app
+        .svc
+        .open_archive(&id, &q.path, q.strict, q.max_bytes)
+        .await?;
     if tar.whole() {
         let skipped = tar.skipped().unwrap_or(0);
         let (bytes, charge) = match tar.next().await {
@@ -1518,7 +1532,7 @@ pub fn openapi() -> String {
             },
             "/v1/sandboxes/{id}/archive": {
                 "parameters": [id, {"name": "path", "in": "query", "schema": {"type": "string"}}],
-                "get": {"summary": "A tar of a directory, made inside a piece at a time: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed), as a header on an archive of at most --max-fetch (answered whole), as a trailer on a larger one (streamed)", "parameters": [{"name": "strict", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "Fail the archive at an entry that would be skipped"}], "responses": with(serde_json::json!({"200": {"description": "The archive", "headers": {"X-Palisade-Skipped": {"description": "Entries left out (an archive answered whole)", "schema": {"type": "integer"}}}, "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
+                "get": {"summary": "A tar of a directory, made inside a piece at a time: regular files and directories; X-Palisade-Skipped counts the rest (links are never followed), as a header on an archive of at most --max-fetch (answered whole), as a trailer on a larger one (streamed)", "parameters": [{"name": "strict", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "Fail the archive at an entry that would be skipped"}, {"name": "max_bytes", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1}, "description": "The most bytes the archive may have, headers included (--max-fetch when not given); a larger one is refused too-large, or cut short past its first piece"}], "responses": with(serde_json::json!({"200": {"description": "The archive", "headers": {"X-Palisade-Skipped": {"description": "Entries left out (an archive answered whole)", "schema": {"type": "integer"}}}, "content": {"application/x-tar": {"schema": {"type": "string"}}}}}))},
                 "put": {"summary": "Unpack a tar under a directory, inside: regular files and directories with relative names only, checked whole first", "requestBody": {"content": {"application/x-tar": {"schema": {"type": "string"}}}}, "responses": with(serde_json::json!({"204": {"description": "Unpacked"}}))}
             },
             "/v1/sandboxes/{id}/contexts": {

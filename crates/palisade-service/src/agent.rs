@@ -68,6 +68,7 @@ pub fn main() -> i32 {
         cwd,
         execs: Arc::new(Mutex::new(HashMap::new())),
         tars: Mutex::new(Vec::new()),
+        walk_fds: walk_fds(),
     };
     let mut input = UnixStream::from(sock);
     loop {
@@ -156,9 +157,11 @@ struct Agent {
     cwd: OwnedFd,
     /// Running execs: id → process group.
     execs: Arc<Mutex<HashMap<u64, i32>>>,
-    /// Archives between their pieces, by the id of the request that opened each, the one asked
-    /// for last at the end (at most [`MAX_TARS`]).
-    tars: Mutex<Vec<(u64, TarCursor)>>,
+    /// Archives between their pieces, by the id of the request that opened each, with when each
+    /// was last asked for, the one asked for last at the end (at most [`MAX_TARS`]).
+    tars: Mutex<Vec<(u64, Instant, TarCursor)>>,
+    /// Most descriptors the archives' walks hold together: half the agent's own limit.
+    walk_fds: usize,
 }
 
 /// An error with its stable code.
@@ -286,11 +289,18 @@ impl Agent {
             }
             Request::Signal { exec, signal, .. } => self.signal(exec, signal),
             Request::TarOut {
-                path, len, strict, ..
+                path,
+                len,
+                strict,
+                max,
+                ..
             } => {
+                // Room first: a walk past its time or past the descriptors' share goes before
+                // this one opens its directory.
+                self.prune_tars(1);
                 match self
                     .base_dir(&path, false)
-                    .and_then(|(d, _)| TarCursor::new(d, strict))
+                    .and_then(|(d, _)| TarCursor::new(d, strict, max))
                 {
                     Ok(c) => return self.tar_piece(id, id, c, len),
                     Err(e) => Err(e),
@@ -298,21 +308,22 @@ impl Agent {
             }
             Request::TarMore { cursor, len, .. } => {
                 let mut tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
-                match tars.iter().position(|(c, _)| *c == cursor) {
+                match tars.iter().position(|(c, _, _)| *c == cursor) {
                     Some(i) => {
-                        let (_, c) = tars.remove(i);
+                        let (_, _, c) = tars.remove(i);
                         drop(tars);
+                        self.prune_tars(c.fds());
                         return self.tar_piece(id, cursor, c, len);
                     }
                     None => Err(Fail(
                         "gone",
-                        "the archive is no longer open (more were opened since)".into(),
+                        "the archive is no longer open (more were opened since, or it was left unasked for too long)".into(),
                     )),
                 }
             }
             Request::TarDrop { cursor, .. } => {
                 let mut tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
-                tars.retain(|(c, _)| *c != cursor);
+                tars.retain(|(c, _, _)| *c != cursor);
                 Ok(())
             }
         };
@@ -787,6 +798,12 @@ impl Agent {
     /// of them but the last in [`Event::Part`] frames); the answer carries the count of entries
     /// skipped once the archive's end is in it, and `c` is kept as `cursor` until then.
     fn tar_piece(&self, id: u64, cursor: u64, mut c: TarCursor, len: u64) {
+        // The descriptors this walk may hold: what the others kept leave of the agent's share.
+        let others: usize = {
+            let tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
+            tars.iter().map(|(_, _, t)| t.fds()).sum()
+        };
+        c.room = self.walk_fds.saturating_sub(others).max(2);
         let mut parts = Parts::new(self, id);
         match c.fill(&mut parts, len) {
             Ok(done) => {
@@ -796,7 +813,7 @@ impl Agent {
                     if tars.len() >= MAX_TARS {
                         tars.remove(0);
                     }
-                    tars.push((cursor, c));
+                    tars.push((cursor, Instant::now(), c));
                 }
                 self.send(
                     &Event::Ok {
@@ -813,6 +830,19 @@ impl Agent {
                 );
             }
             Err(e) => self.answer(id, Err(e)),
+        }
+    }
+
+    /// Drops the archives kept longer than [`TAR_IDLE`] without being asked for, then the ones
+    /// asked for longest ago while the rest and `more` descriptors would be past half of the
+    /// walks' share (so that the walk about to go on has the other half at least).
+    fn prune_tars(&self, more: usize) {
+        let mut tars = self.tars.lock().unwrap_or_else(|p| p.into_inner());
+        tars.retain(|(_, at, _)| at.elapsed() < TAR_IDLE);
+        while !tars.is_empty()
+            && tars.iter().map(|(_, _, t)| t.fds()).sum::<usize>() + more > self.walk_fds / 2
+        {
+            tars.remove(0);
         }
     }
 
@@ -921,6 +951,19 @@ impl Write for Parts<'_> {
 /// Most archives a session's agent keeps open between their pieces; opening one more drops
 /// the one asked for longest ago (its download then ends short).
 const MAX_TARS: usize = 4;
+/// An archive not asked for in this long is dropped (its client is long gone: the server cuts a
+/// client that takes nothing for `--send-timeout`).
+const TAR_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Half the agent's limit on open files (at least 8): what the archives' walks may hold
+/// together, so that walks left half way can never take the descriptors the agent's other work
+/// needs (found by an independent attack: four walks 50 deep took a session of 64 open files).
+fn walk_fds() -> usize {
+    let n = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1024);
+    (n.min(1 << 20) as usize / 2).max(8)
+}
 
 /// An archive made from inside a piece at a time, never following a link: where the walk is
 /// (one open directory per level), the file being sent, and the bytes made but not yet sent.
@@ -940,13 +983,34 @@ struct TarCursor {
     ended: bool,
     /// An entry that would be skipped fails the archive.
     strict: bool,
+    /// The most bytes the whole archive may have, end included, and those promised so far
+    /// (headers, contents as large as their files were when opened, padding).
+    max: u64,
+    promised: u64,
+    /// Most descriptors this walk may hold now (its directories and its file): set before each
+    /// piece from what the agent's other walks hold.
+    room: usize,
 }
 
 /// A tar block of zeros.
 const BLOCK: usize = 512;
 
+/// Whether an entry's open failed because it changed since it was looked at (replaced by a link,
+/// a fifo with no writer, removed, its directory swapped): skipped as what it became.
+fn changed(e: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    [
+        Errno::LOOP,
+        Errno::NOENT,
+        Errno::NXIO,
+        Errno::NOTDIR,
+        Errno::ISDIR,
+    ]
+    .contains(&e)
+}
+
 impl TarCursor {
-    fn new(dir: OwnedFd, strict: bool) -> Result<TarCursor, Fail> {
+    fn new(dir: OwnedFd, strict: bool, max: u64) -> Result<TarCursor, Fail> {
         Ok(TarCursor {
             levels: vec![(rustix::fs::Dir::new(dir)?, String::new())],
             made: Vec::new(),
@@ -957,7 +1021,32 @@ impl TarCursor {
             skipped: 0,
             ended: false,
             strict,
+            max,
+            promised: 0,
+            room: 2,
         })
+    }
+
+    /// Descriptors the walk holds: one per open directory, and its file.
+    fn fds(&self) -> usize {
+        self.levels.len() + usize::from(self.file.is_some())
+    }
+
+    /// Counts `n` more bytes promised; an archive that would then not end within `max` fails.
+    fn promise(&mut self, n: u64, name: &str) -> Result<(), Fail> {
+        let total = self.promised.saturating_add(n);
+        if total.saturating_add(2 * BLOCK as u64) > self.max {
+            return Err(Fail(
+                "too-large",
+                format!(
+                    "the archive would be larger than {} bytes at `{}` (its max_bytes; a file counts as large as it says it is, sparse or not, once per hard link)",
+                    self.max,
+                    name.escape_debug()
+                ),
+            ));
+        }
+        self.promised = total;
+        Ok(())
     }
 
     /// Writes the archive's next `len` bytes at most to `w`; true once its end is written.
@@ -1049,26 +1138,48 @@ impl TarCursor {
                     if depth > proto::MAX_DEPTH {
                         return Err(Fail("invalid", "directory tree too deep".into()));
                     }
-                    let sub = rustix::fs::openat(
+                    if depth + 1 > self.room {
+                        return Err(self.no_room(&rel));
+                    }
+                    let sub = match rustix::fs::openat(
                         fd,
                         n.as_c_str(),
                         OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
                         Mode::empty(),
-                    )?;
+                    ) {
+                        Ok(d) => d,
+                        Err(e) if changed(e) => {
+                            self.skip(&rel, "it changed while it was archived")?;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
                     h.set_entry_type(tar::EntryType::Directory);
                     h.set_size(0);
                     let rel = format!("{rel}/");
+                    let before = self.made.len();
                     self.header(&mut h, &rel)?;
+                    self.promise((self.made.len() - before) as u64, &rel)?;
                     self.levels.push((rustix::fs::Dir::new(sub)?, rel));
                     return Ok(());
                 }
                 FileType::RegularFile => {
-                    let f = rustix::fs::openat(
+                    if depth + 1 > self.room {
+                        return Err(self.no_room(&rel));
+                    }
+                    let f = match rustix::fs::openat(
                         fd,
                         n.as_c_str(),
                         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
                         Mode::empty(),
-                    )?;
+                    ) {
+                        Ok(f) => f,
+                        Err(e) if changed(e) => {
+                            self.skip(&rel, "it changed while it was archived")?;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
                     let st = rustix::fs::fstat(&f)?;
                     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
                         self.skip(&rel, "it is no longer a regular file")?;
@@ -1078,8 +1189,13 @@ impl TarCursor {
                     let size = st.st_size as u64;
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(size);
+                    let before = self.made.len();
                     self.header(&mut h, &rel)?;
                     let pad = (BLOCK - (size % BLOCK as u64) as usize) % BLOCK;
+                    let whole = ((self.made.len() - before) as u64)
+                        .saturating_add(size)
+                        .saturating_add(pad as u64);
+                    self.promise(whole, &rel)?;
                     self.file = Some((std::fs::File::from(f), rel, size));
                     self.pad = pad;
                     return Ok(());
@@ -1087,6 +1203,17 @@ impl TarCursor {
                 _ => self.skip(&rel, "it is not a regular file or a directory")?,
             }
         }
+    }
+
+    fn no_room(&self, name: &str) -> Fail {
+        Fail(
+            "too-large",
+            format!(
+                "`{}` is deeper than the agent's open files leave a walk room for ({} descriptors; raise the session's limits.open_files)",
+                name.escape_debug(),
+                self.room
+            ),
+        )
     }
 
     /// Counts an entry left out of the archive, or, when `strict`, fails the archive there.

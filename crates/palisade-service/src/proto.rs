@@ -78,13 +78,16 @@ pub enum Request {
     /// followed. The answer carries the archive's first `len` bytes at most, and `skipped` once
     /// its end is among them; until then the agent keeps the archive open as `id` for
     /// [`Request::TarMore`] (a few at most: the one asked for longest ago is dropped first).
-    /// `strict`: an entry that would be skipped fails the archive instead.
+    /// `strict`: an entry that would be skipped fails the archive instead. `max`: see below.
     TarOut {
         id: u64,
         path: String,
         len: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         strict: bool,
+        /// The most bytes the whole archive may have (headers and its end included): one that
+        /// would be larger fails `too-large`.
+        max: u64,
     },
     /// The next `len` bytes at most of the archive `cursor` ([`Request::TarOut`]'s id).
     TarMore { id: u64, cursor: u64, len: u64 },

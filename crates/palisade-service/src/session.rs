@@ -1372,10 +1372,19 @@ impl Service {
         id: &str,
         path: &str,
         strict: bool,
+        max_bytes: Option<u64>,
     ) -> Result<ArchiveStream, ServiceError> {
         self.inner.held.admit()?;
         let len = self.inner.config.max_fetch_bytes.max(1);
-        let cursor = std::sync::atomic::AtomicU64::new(0);
+        // Closed in the agent if this ends before the archive does, here or later: the walk
+        // holds descriptors of the session's.
+        let mut walk = Walk {
+            svc: self.clone(),
+            id: id.to_owned(),
+            cursor: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            open: true,
+        };
+        let cursor = walk.cursor.clone();
         let tar_out = |rid| {
             cursor.store(rid, std::sync::atomic::Ordering::Relaxed);
             Request::TarOut {
@@ -1383,6 +1392,7 @@ impl Service {
                 path: path.into(),
                 len,
                 strict,
+                max: max_bytes.unwrap_or(len),
             }
         };
         let (data, skipped, held) = match self
@@ -1394,7 +1404,9 @@ impl Service {
                 skipped,
                 held,
                 ..
-            } if data.len() as u64 <= len => (data, skipped, held),
+            } if data.len() as u64 <= len && (skipped.is_some() || !data.is_empty()) => {
+                (data, skipped, held)
+            }
             _ => {
                 return Err(ServiceError::internal(format!(
                     "the agent of {id} answered an archive of `{}` out of protocol",
@@ -1402,13 +1414,13 @@ impl Service {
                 )))
             }
         };
+        walk.open = skipped.is_none();
         Ok(ArchiveStream {
-            svc: self.clone(),
-            id: id.to_owned(),
-            cursor: cursor.load(std::sync::atomic::Ordering::Relaxed),
+            walk,
             piece: len.min(STREAM_PIECE),
             first: Some(Charged::new(data, held)),
             skipped,
+            failed: false,
         })
     }
 
@@ -1496,17 +1508,47 @@ async fn teardown(s: &Session) -> Option<serde_json::Value> {
 /// Most bytes of a streamed file read by the agent at once (fewer when `--max-fetch` is less).
 pub const STREAM_PIECE: u64 = 1 << 20;
 
+/// The agent's walk of an archive ([`Service::open_archive`]), closed there when dropped
+/// before the agent said the archive ended, whatever ended it here: its client gone (also while
+/// the first piece was made), a piece refused for the budget, an error. (Closing one the agent
+/// has let go already does nothing.)
+struct Walk {
+    svc: Service,
+    id: String,
+    /// The id of the request that opened it, once sent.
+    cursor: Arc<std::sync::atomic::AtomicU64>,
+    open: bool,
+}
+
+impl Drop for Walk {
+    fn drop(&mut self) {
+        let cursor = self.cursor.load(std::sync::atomic::Ordering::Relaxed);
+        if !self.open || cursor == 0 {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (svc, id) = (self.svc.clone(), std::mem::take(&mut self.id));
+        rt.spawn(async move {
+            let close = |rid| Request::TarDrop { id: rid, cursor };
+            let _ = svc
+                .file_op(&id, "", true, "path", close, bytes::Bytes::new())
+                .await;
+        });
+    }
+}
+
 /// A session's directory on its way out as a tar archive ([`Service::open_archive`]): the agent
 /// keeps the walk between pieces, and makes the next when the one before it has been taken.
 pub struct ArchiveStream {
-    svc: Service,
-    id: String,
-    /// The agent's name for the walk.
-    cursor: u64,
+    walk: Walk,
     piece: u64,
     first: Option<Charged<Vec<u8>>>,
-    /// Set once the archive's end has come: the entries skipped.
+    /// Set once the agent has said the archive ended: the entries skipped.
     skipped: Option<u64>,
+    /// A piece failed: nothing more comes.
+    failed: bool,
 }
 
 impl ArchiveStream {
@@ -1522,67 +1564,53 @@ impl ArchiveStream {
     }
 
     /// The next piece, counted against the server's budget; `None` after the last. A file that
-    /// shrank while it was read is an error (its header promised more), as is the walk dropped
-    /// by the agent for newer ones (see [`proto::Request::TarOut`]).
+    /// shrank while it was read is an error (its header promised more), as are an archive past
+    /// its `max_bytes` and the walk dropped by the agent (see [`proto::Request::TarOut`]).
     pub async fn next(&mut self) -> Option<Result<Charged<Vec<u8>>, ServiceError>> {
         if let Some(first) = self.first.take() {
             return Some(Ok(first));
         }
-        if self.skipped.is_some() {
+        if self.skipped.is_some() || self.failed {
             return None;
         }
-        let (cursor, len) = (self.cursor, self.piece);
+        let (cursor, len) = (
+            self.walk.cursor.load(std::sync::atomic::Ordering::Relaxed),
+            self.piece,
+        );
         let more = |rid| Request::TarMore {
             id: rid,
             cursor,
             len,
         };
         let r = self
+            .walk
             .svc
-            .file_op(&self.id, "", true, "path", more, bytes::Bytes::new())
+            .file_op(&self.walk.id, "", true, "path", more, bytes::Bytes::new())
             .await;
         Some(match r {
+            // A piece is never empty before the end: the agent makes at least a byte or ends.
             Ok(Reply::Ok {
                 data,
                 skipped,
                 held,
                 ..
-            }) if data.len() as u64 <= len => {
+            }) if data.len() as u64 <= len && (skipped.is_some() || !data.is_empty()) => {
                 self.skipped = skipped;
+                self.walk.open = skipped.is_none();
                 Ok(Charged::new(data, held))
             }
             Ok(_) => {
-                self.skipped = Some(0);
+                self.failed = true;
                 Err(ServiceError::internal(format!(
                     "the agent of {} answered a piece of an archive out of protocol",
-                    self.id
+                    self.walk.id
                 )))
             }
             Err(e) => {
-                // The agent let the walk go with its error.
-                self.skipped = Some(0);
+                self.failed = true;
                 Err(e)
             }
         })
-    }
-}
-
-impl Drop for ArchiveStream {
-    /// An archive left before its end is closed in the agent, by a task of its own.
-    fn drop(&mut self) {
-        if self.skipped.is_some() {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (svc, id, cursor) = (self.svc.clone(), self.id.clone(), self.cursor);
-        rt.spawn(async move {
-            let close = |rid| Request::TarDrop { id: rid, cursor };
-            let _ = svc
-                .file_op(&id, "", true, "path", close, bytes::Bytes::new())
-                .await;
-        });
     }
 }
 

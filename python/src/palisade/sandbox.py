@@ -283,16 +283,24 @@ class Files:
     def write_archive(self, tar: bytes, path: str = ".") -> None:
         self._s._client.request("PUT", f"{self._s._path}/archive", content=tar, params={"path": _rel(path)})
 
-    def read_archive(self, path: str = ".") -> bytes:
-        """A tar of the directory, in memory (see :meth:`download_archive` for a large one)."""
-        return self._s._client.request("GET", f"{self._s._path}/archive", params={"path": _rel(path)}).content
+    def read_archive(self, path: str = ".", max_bytes: int | None = None) -> bytes:
+        """A tar of the directory, in memory: at most ``max_bytes`` (the server's ``--max-fetch``
+        when not given), else a ``ServerError`` whose ``value`` is ``too-large``; see :meth:`download_archive` for a large one."""
+        params: dict[str, str] = {"path": _rel(path)}
+        if max_bytes is not None:
+            params["max_bytes"] = str(max_bytes)
+        return self._s._client.request("GET", f"{self._s._path}/archive", params=params).content
 
-    def download_archive(self, path: str, dest: str | os.PathLike[str], strict: bool = False) -> int:
-        """Streams a tar of the directory into the local file ``dest``, whatever its size (the
-        server makes it a piece at a time); the bytes written. ``strict``: an entry the archive
-        cannot carry (a symbolic link, fifo, socket or device) raises rather than being left out.
-        ``dest`` is replaced only once the whole archive has come."""
-        params = {"path": _rel(path), "strict": "true" if strict else "false"}
+    def download_archive(
+        self, path: str, dest: str | os.PathLike[str], strict: bool = False, max_bytes: int = 1 << 30
+    ) -> int:
+        """Streams a tar of the directory into the local file ``dest`` (the server makes it a
+        piece at a time); the bytes written. The code inside decides how large an archive is (a
+        sparse file counts whole, a hard link once per name), so it may have ``max_bytes`` at
+        most (1 GiB by default), else this raises. ``strict``: an entry the archive cannot carry
+        (a symbolic link, fifo, socket or device) raises rather than being left out. ``dest`` is
+        replaced only once the whole archive has come."""
+        params = {"path": _rel(path), "strict": "true" if strict else "false", "max_bytes": str(max_bytes)}
         with _Landing(dest) as out:
             n = self._s._client.stream_to(f"{self._s._path}/archive", out, params=params)
             out.done()
@@ -726,9 +734,11 @@ class AsyncFiles:
             out.done()
         return n
 
-    async def download_archive(self, path: str, dest: str | os.PathLike[str], strict: bool = False) -> int:
+    async def download_archive(
+        self, path: str, dest: str | os.PathLike[str], strict: bool = False, max_bytes: int = 1 << 30
+    ) -> int:
         """As :meth:`Files.download_archive`."""
-        params = {"path": _rel(path), "strict": "true" if strict else "false"}
+        params = {"path": _rel(path), "strict": "true" if strict else "false", "max_bytes": str(max_bytes)}
         with _Landing(dest) as out:
             n = await self._s._client.stream_to(f"{self._s._path}/archive", out, params=params)
             out.done()
