@@ -1039,7 +1039,7 @@ impl TarCursor {
             return Err(Fail(
                 "too-large",
                 format!(
-                    "the archive would be larger than {} bytes at `{}` (its max_bytes; a file counts as large as it says it is, sparse or not, once per hard link)",
+                    "the archive would be larger than {} bytes at `{}` (max_bytes: the server's --max-fetch unless the request names more; a file counts as large as it says it is, sparse or not, once per hard link)",
                     self.max,
                     name.escape_debug()
                 ),
