@@ -7,8 +7,11 @@ import platform
 import statistics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The build the benchmarks run: release, or debug for CI's --quick runs (bench/build.sh says why).
+PROFILE = os.environ.get("PALISADE_BENCH_PROFILE") or "release"
 # cargo's own rule: CARGO_TARGET_DIR if set (relative to where cargo ran, here the repository root).
-PALISADE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release", "palisade")
+BIN_DIR = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", PROFILE)
+PALISADE = os.path.join(BIN_DIR, "palisade")
 
 
 def quote(args):
@@ -57,14 +60,14 @@ def host_meta():
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     return {"date": now_utc(), "kernel": platform.release(), "cpus": os.cpu_count(),
-            "user": "root" if os.geteuid() == 0 else str(os.geteuid()), "loadavg_at_start": load}
+            "user": "root" if os.geteuid() == 0 else str(os.geteuid()), "loadavg_at_start": load, "build": PROFILE}
 
 
 # --- Rows measured from inside a long-running process (a library), not one process per run ---
 
 PEERS_DIR = os.environ.get("PALISADE_BENCH_PEERS", "/opt/palisade-bench-peers")
-# crates/palisade/examples/startup_bench.rs, built with `cargo build --release -p palisade --example startup_bench`.
-STARTUP_BENCH = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release", "examples", "startup_bench")
+# crates/palisade/examples/startup_bench.rs, which bench/startup.sh and bench/peers.sh build.
+STARTUP_BENCH = os.path.join(BIN_DIR, "examples", "startup_bench")
 # bench/setup-peers.sh installs sandlock (PyPI) into a virtual environment of its own.
 SANDLOCK_PY = os.path.join(PEERS_DIR, "sandlock-venv", "bin", "python")
 
@@ -87,7 +90,7 @@ def library_skip(kind):
     """Why a library row cannot run here, or None."""
     if kind == "palisade":
         if not os.access(STARTUP_BENCH, os.X_OK):
-            return f"{STARTUP_BENCH} not built (cargo build --release -p palisade --example startup_bench)"
+            return f"{STARTUP_BENCH} not built (bench/startup.sh and bench/peers.sh build it)"
         if not os.access(PALISADE, os.X_OK):
             return f"{PALISADE} not built"
         return None

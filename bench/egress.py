@@ -40,7 +40,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PALISADE = os.path.join(ROOT, "target", "release", "palisade")
+PALISADE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
+                        os.environ.get("PALISADE_BENCH_PROFILE") or "release", "palisade")
 CHUNK = b"\0" * (1 << 20)
 # Anthropic's sandbox-runtime, the one peer that filters egress by host (bench/setup-peers.sh).
 SRT = os.path.join(os.environ.get("PALISADE_BENCH_PEERS", "/opt/palisade-bench-peers"), "npm", "node_modules",

@@ -5,5 +5,6 @@
 # (--quick: prints only). Usage: bench/egress.sh [--quick] [--size BYTES] [--runs N] [--links RATES|none]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin palisade
+. bench/build.sh
+bench_build --bin palisade
 exec python3 bench/egress.py "$@"

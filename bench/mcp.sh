@@ -5,7 +5,8 @@
 # Needs scripts/mcp-venv.sh. Results: docs/benchmarks/mcp.{json,md} (not with --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/build.sh
 venv=${PALISADE_MCP_VENV:-/opt/palisade-ci/mcp-venv}
 [ -x "$venv/bin/python" ] || { echo "$venv is missing: run scripts/mcp-venv.sh" >&2; exit 1; }
-cargo build --release --quiet --bin palisade
+bench_build --bin palisade
 exec "$venv/bin/python" bench/mcp_driver.py "$@"

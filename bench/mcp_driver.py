@@ -84,7 +84,8 @@ async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
-    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "palisade"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
+                                                  os.environ.get("PALISADE_BENCH_PROFILE") or "release", "palisade"))
     a = ap.parse_args()
     n = 20 if a.quick else 300
     res = {

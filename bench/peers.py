@@ -115,7 +115,7 @@ def make_tools(scratch, state):
                              "nothing else, no filesystem view: the kernel's floor for namespaces",
                       version=version_of(["unshare", "--version"])))
 
-    pal_skip = None if os.access(PALISADE, os.X_OK) else f"{PALISADE} not built (cargo build --release --bin palisade)"
+    pal_skip = None if os.access(PALISADE, os.X_OK) else f"{PALISADE} not built (bench/peers.sh builds it)"
     tools.append(Tool("palisade", "palisade",
                       lambda p: [PALISADE, "run", "-q", "--no-tty", "--scratch", scratch, "--"] + p,
                       scratch_inside="/workspace",

@@ -9,11 +9,12 @@
 # Honors CARGO_TARGET_DIR (default target/), for cargo and for the palisade binary it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/build.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 bash bench/setup-peers.sh
-cargo build --release --quiet --bin palisade
+bench_build --bin palisade
 # The library rows (a template, the exec engine) are measured by this example program.
-cargo build --release --quiet -p palisade --example startup_bench
+bench_build -p palisade --example startup_bench
 # Debian's python3: the interpreter bench/setup-peers.sh installs matplotlib for (the chart).
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3

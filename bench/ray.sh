@@ -5,6 +5,7 @@
 # Usage: bench/ray.sh [--quick] [--out DIR]   Results: docs/benchmarks/ray.{json,md} (not with --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin palisade
+. bench/build.sh
+bench_build --bin palisade
 scripts/ray-venv.sh >/dev/null
 PYTHONPATH="$PWD/python/src${PYTHONPATH:+:$PYTHONPATH}" exec /opt/palisade-ci/ray-venv/bin/python bench/ray_bench.py "$@"

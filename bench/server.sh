@@ -10,6 +10,7 @@
 # server.{json,md} too. How the peer is set up by hand: docs/benchmarks.md, "SandboxFusion".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin palisade
-cargo build --release --quiet -p palisade-cli --example http_load
+. bench/build.sh
+bench_build --bin palisade
+bench_build -p palisade-cli --example http_load
 exec python3 bench/server.py "$@"

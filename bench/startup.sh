@@ -7,9 +7,10 @@
 # Needs root (for `unshare --map-root-user` parity) and hyperfine + bwrap (.ci/setup installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin palisade
+. bench/build.sh
+bench_build --bin palisade
 # The library rows (palisade's warm engine and exec engine) are measured by this example program.
-cargo build --release --quiet -p palisade --example startup_bench
+bench_build -p palisade --example startup_bench
 python3 bench/startup.py "$@"
 # Python print(1): bare loop, cold, template, warm Python (docs/engine.md); with --quick, one round
 # of half a second a row (the harness works; the figures mean little).

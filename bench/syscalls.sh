@@ -6,8 +6,9 @@
 # Usage: bench/syscalls.sh [--quick] [--out DIR]   (root; .ci/setup installs bwrap)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin palisade --bin palisade-probe
-exec python3 - "$@" <<'PY'
+. bench/build.sh
+bench_build --bin palisade --bin palisade-probe
+BENCH_BIN_DIR=$bench_bin_dir exec python3 - "$@" <<'PY'
 import argparse, datetime, json, os, platform, shlex, statistics, subprocess, sys, tempfile
 ap = argparse.ArgumentParser()
 ap.add_argument("--quick", action="store_true")
@@ -16,8 +17,8 @@ a = ap.parse_args()
 rounds, n = (2, 100_000) if a.quick else (7, 2_000_000)
 out = a.out or (tempfile.mkdtemp(prefix="palisade-bench-") if a.quick else "docs/benchmarks")
 root = os.getcwd()
-probe = os.path.join(root, "target/release/palisade-probe")
-pal = os.path.join(root, "target/release/palisade")
+probe = os.path.join(os.environ["BENCH_BIN_DIR"], "palisade-probe")
+pal = os.path.join(os.environ["BENCH_BIN_DIR"], "palisade")
 # An allow-everything classic BPF program: one `ret SECCOMP_RET_ALLOW`.
 allow = tempfile.NamedTemporaryFile(suffix=".bpf", delete=False)
 allow.write((0x06).to_bytes(2, "little") + b"\0\0" + (0x7fff0000).to_bytes(4, "little"))

@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PALISADE = os.path.join(ROOT, "target", "release", "palisade")
-EXAMPLE = os.path.join(ROOT, "target", "release", "examples", "startup_bench")
+BIN_DIR = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
+                       os.environ.get("PALISADE_BENCH_PROFILE") or "release")
+PALISADE = os.path.join(BIN_DIR, "palisade")
+EXAMPLE = os.path.join(BIN_DIR, "examples", "startup_bench")
 CODE = ["python3", "-c", "print(1)"]
 
 

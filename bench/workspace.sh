@@ -6,7 +6,8 @@
 # Usage: bench/workspace.sh [--out DIR]   (RUNS=N for the number of runs; default 15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/build.sh
 out=docs/benchmarks
 if [ "${1:-}" = "--out" ]; then out=$2; fi
-cargo build --release --quiet --bin palisade
-exec python3 bench/workspace.py "$PWD/target/release/palisade" "$out"
+bench_build --bin palisade
+exec python3 bench/workspace.py "$bench_bin_dir/palisade" "$out"

@@ -14,6 +14,7 @@
 #   --quick      a short run for CI: an unoptimized build (it compiles faster), 15 s per target
 #   --time N     seconds per target (default 300; --quick: 15)
 #   TARGET...    some targets only (default: all of them)
+# The targets run side by side, one per CPU (FUZZ_JOBS=N to change that).
 # A crash fails the script and leaves the input in fuzz/artifacts/TARGET/: fix the bug, then copy
 # the input into fuzz/regressions/TARGET/ and name it in the replay test
 # (crates/palisade-net/src/tests.rs, `the_fuzz_targets_hold_on_...`), which runs in every
@@ -62,27 +63,49 @@ flags=(-s "${FUZZ_SANITIZER:-none}" -a)
 echo "== building the fuzz targets (${flags[*]})"
 cargo fuzz build "${flags[@]}"
 
-for t in "${targets[@]}"; do
+# One target: its libFuzzer run's output in $logs/TARGET.log, its status in $logs/TARGET.rc.
+fuzz_one() {
+    local t=$1 d rc=0 corpus
     corpus=(fuzz/corpus/"$t")
     mkdir -p "${corpus[0]}"
     for d in fuzz/seeds/"$t" fuzz/regressions/"$t"; do
         [ -d "$d" ] && corpus+=("$d")
     done
-    echo "== $t: ${time_per}s from ${corpus[*]}"
+    echo "== $t: ${time_per}s from ${corpus[*]}" > "$logs/$t.log"
     # -max_len: the proxy reads at most 64 KiB before it decides; shorter inputs find the same
     # paths faster. -timeout: one input may take a second at most (a hang is a failure).
-    log=$(mktemp)
-    rc=0
     cargo fuzz run "${flags[@]}" "$t" "${corpus[@]}" -- \
         -max_total_time="$time_per" -max_len=8192 -timeout=1 -rss_limit_mb=1024 \
-        -print_final_stats=1 >"$log" 2>&1 || rc=$?
-    grep -E '^(Done |stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || true
-    if [ $rc != 0 ]; then
-        tail -n 40 "$log" >&2
-        rm -f "$log"
-        echo "scripts/fuzz.sh: $t failed (exit $rc); the input is in fuzz/artifacts/$t/ (see the top of this script)" >&2
-        exit 1
+        -print_final_stats=1 >>"$logs/$t.log" 2>&1 || rc=$?
+    echo "$rc" > "$logs/$t.rc"
+}
+
+# The targets run side by side, FUZZ_JOBS at a time (default: one per CPU; libFuzzer's run is one
+# thread), each for its full time; their reports are shown in order when all are done.
+jobs_max=${FUZZ_JOBS:-$(nproc)}
+[[ "$jobs_max" =~ ^[1-9][0-9]*$ ]] || { echo "scripts/fuzz.sh: FUZZ_JOBS must be a whole number, 1 or more, not '$jobs_max'" >&2; exit 2; }
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+running=0
+for t in "${targets[@]}"; do
+    if [ "$running" -ge "$jobs_max" ]; then
+        wait -n || true
+        running=$((running - 1))
     fi
-    rm -f "$log"
+    fuzz_one "$t" &
+    running=$((running + 1))
 done
+wait || true
+failed=0
+for t in "${targets[@]}"; do
+    head -n 1 "$logs/$t.log"
+    grep -E '^(Done |stat::number_of_executed_units|stat::peak_rss_mb)' "$logs/$t.log" || true
+    rc=$(cat "$logs/$t.rc" 2>/dev/null || echo "none (the run did not finish)")
+    if [ "$rc" != 0 ]; then
+        tail -n 40 "$logs/$t.log" >&2
+        echo "scripts/fuzz.sh: $t failed (exit $rc); the input is in fuzz/artifacts/$t/ (see the top of this script)" >&2
+        failed=1
+    fi
+done
+[ "$failed" = 0 ] || exit 1
 echo "== fuzz: ${#targets[@]} targets, ${time_per}s each, no crash"

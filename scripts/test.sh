@@ -12,9 +12,12 @@ if [ "$(id -u)" != 0 ]; then
 fi
 id "$TEST_USER" >/dev/null 2>&1 || { echo "scripts/test.sh: user $TEST_USER is missing; run .ci/setup" >&2; exit 1; }
 
-echo "== cargo fmt --check"
+# Each phase's start, in minutes and seconds since this script began.
+t0=$SECONDS
+phase() { printf '== [%02d:%02d] %s\n' $(((SECONDS - t0) / 60)) $(((SECONDS - t0) % 60)) "$*"; }
+phase "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 # The test internet (network namespaces with HTTP, TLS and DNS test servers) for the egress tests;
@@ -30,13 +33,14 @@ else
 fi
 trap "$testnet_down" EXIT
 
-echo "== tests as root"
+phase "tests as root"
 cargo build --workspace --quiet  # the binaries the tests spawn: palisade and palisade-probe
+phase "cargo test as root (built)"
 # Tests that need root are #[ignore]d with the reason (an unprivileged run lists them as ignored);
 # this pass includes them.
 cargo test --workspace --quiet -- --include-ignored 2>&1 | tee /tmp/palisade-root-tests.log
 
-echo "== tests as $TEST_USER (unprivileged)"
+phase "tests as $TEST_USER (unprivileged)"
 # The one-time delegation root gives a user so that their sandboxes get cgroup ceilings.
 target/debug/palisade cgroup-delegate --user "$TEST_USER"
 # Build once as root, then run the same test binaries as the test user from a directory it can read.
@@ -59,6 +63,7 @@ done < "$stage/tests.txt"
 chmod -R a+rX "$stage"
 [ "$n" -gt 0 ] || { echo "no test binaries found" >&2; exit 1; }
 home=$(getent passwd "$TEST_USER" | cut -d: -f6)
+phase "cargo test as $TEST_USER ($n test programs staged)"
 status=0
 while read -r exe; do
     b="$stage/$(basename "$exe")"
@@ -73,10 +78,10 @@ done < "$stage/tests.txt"
 venv=${PALISADE_PYTHON_VENV:-/opt/palisade-ci/python-venv}
 [ -x "$venv/bin/pytest" ] || { echo "no $venv/bin/pytest: run scripts/python-venv.sh (.ci/setup does)" >&2; exit 1; }
 scripts/python-venv.sh "$venv"
-echo "== mypy --strict python/src/palisade"
+phase "mypy --strict python/src/palisade"
 "$venv/bin/mypy" --strict --config-file python/pyproject.toml --cache-dir "$stage/mypy-cache" \
     python/src/palisade || status=1
-echo "== python/tests as root"
+phase "python/tests as root"
 PALISADE_BIN="$PWD/target/debug/palisade" "$venv/bin/pytest" -q -p no:cacheprovider python/tests --rootdir python \
     --ignore=python/tests/ray || status=1
 cp -r python/tests "$stage/python-tests"
@@ -85,7 +90,7 @@ cp -r python/src "$stage/python-src"
 mkdir -p "$stage/python"
 cp -r python/src python/tests python/examples "$stage/python/"
 chmod -R a+rX "$stage/python-tests" "$stage/python-src" "$stage/python"
-echo "== python/tests as $TEST_USER"
+phase "python/tests as $TEST_USER"
 (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
     PALISADE_BIN="$stage/palisade" "$venv/bin/pytest" -q -p no:cacheprovider "$stage/python-tests" --rootdir "$stage/python-tests" \
     --ignore="$stage/python-tests/ray") || status=1
@@ -94,10 +99,10 @@ echo "== python/tests as $TEST_USER"
 # makes (.ci/setup), with this checkout's python/src on the path, as root and as the test user.
 ray_venv=${PALISADE_RAY_VENV:-/opt/palisade-ci/ray-venv}
 [ -x "$ray_venv/bin/python" ] || { echo "no $ray_venv/bin/python: run scripts/ray-venv.sh (.ci/setup does)" >&2; exit 1; }
-echo "== python/tests/ray as root"
+phase "python/tests/ray as root"
 PALISADE_BIN="$PWD/target/debug/palisade" PYTHONPATH="$PWD/python/src" "$ray_venv/bin/python" -m pytest -q \
     -p no:cacheprovider python/tests/ray --rootdir python || status=1
-echo "== python/tests/ray as $TEST_USER"
+phase "python/tests/ray as $TEST_USER"
 (cd "$stage" && runuser -u "$TEST_USER" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR=/tmp \
     PALISADE_BIN="$stage/palisade" PYTHONPATH="$stage/python/src" "$ray_venv/bin/python" -m pytest -q \
     -p no:cacheprovider "$stage/python/tests/ray" --rootdir "$stage/python") || status=1

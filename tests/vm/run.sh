@@ -22,8 +22,8 @@ work=${PALISADE_VM_DIR:-$root/target/vm}
 # name | kernel package (Debian meta package) | extra kernel command line | what it shows
 CONFIGS=(
     "cgroup-v2|linux-image-6.12-cloud-amd64|cgroup_no_v1=all|cgroup v2 only (systemd hosts): every limits test on the v2 backend, as root and as a user with a delegated subtree"
-    "no-userns|linux-image-6.12-cloud-amd64|cgroup_no_v1=all|user.max_user_namespaces=0: palisade run refuses with the doctor's explanation, and palisade doctor says so"
     "debian12|linux-image-cloud-amd64||Debian 12's own 6.1 kernel: its Landlock ABI detected and reported, the boundary tests pass"
+    "no-userns|linux-image-6.12-cloud-amd64|cgroup_no_v1=all|user.max_user_namespaces=0: palisade run refuses with the doctor's explanation, and palisade doctor says so"
 )
 # For these the runner must fail the configuration, and for the reason given after the last |.
 SELFTESTS=(
@@ -224,12 +224,13 @@ sys.exit(0 if not problems else 3 if boot is None and rc != 124 else 1)
 EOF
 }
 
-for c in "${pick[@]}"; do
-    IFS='|' read -r name meta extra desc why <<< "$c"
-    # An emulated kernel now and then dies while it boots, before it runs our init (QEMU's
-    # multi-threaded emulator and the kernel patching its own code: an "int3" Oops in early boot).
-    # No test ran then, so the guest is booted again, at most twice, and the runner says so; a
-    # guest that reached our init is never booted again, whatever happened to it after that.
+# A configuration with its boots: an emulated kernel now and then dies while it boots, before it
+# runs our init (QEMU's multi-threaded emulator and the kernel patching its own code: an "int3"
+# Oops in early boot). No test ran then, so the guest is booted again, at most twice, and the
+# runner says so; a guest that reached our init is never booted again, whatever happened to it
+# after that. Its output goes to $work/NAME.out, its status and boot count to $work/NAME.rc.
+config_with_boots() {
+    local name=$1 meta=$2 extra=$3 attempt rc
     for attempt in 1 2 3; do
         rc=0
         run_config "$name" "$meta" "$extra" || rc=$?
@@ -237,9 +238,38 @@ for c in "${pick[@]}"; do
         mv "$work/$name/console.log" "$work/$name-console.attempt$attempt.log"
         echo "== $name: the guest's kernel died before it ran our init (no test ran; attempt $attempt of 3, its console is in $work/$name-console.attempt$attempt.log): booting it again"
     done
+    echo "$rc $attempt" > "$work/$name.rc"
+}
+
+# The guests run side by side, PALISADE_VM_JOBS at a time (default 2: each guest has 2 CPUs and
+# 4 GiB, and an emulated guest keeps about 1.6 host CPUs busy, so more than two gain little on a
+# small machine), in the order listed; their output is shown in that order once all are done.
+jobs_max=${PALISADE_VM_JOBS:-2}
+[[ "$jobs_max" =~ ^[1-9][0-9]*$ ]] || die "PALISADE_VM_JOBS must be a whole number of guests, 1 or more, not '$jobs_max'"
+echo "== running ${#pick[@]} configurations, $jobs_max at a time"
+running=0
+for c in "${pick[@]}"; do
+    IFS='|' read -r name meta extra _ <<< "$c"
+    rm -f "$work/$name.rc" "$work/$name.out"
+    if [ "$running" -ge "$jobs_max" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+    echo "== $name: started ($(date +%T))"
+    config_with_boots "$name" "$meta" "$extra" > "$work/$name.out" 2>&1 &
+    running=$((running + 1))
+done
+wait || true
+for c in "${pick[@]}"; do
+    IFS='|' read -r name meta extra desc why <<< "$c"
+    cat "$work/$name.out"
+    rc=1 attempt=0
+    [ -s "$work/$name.rc" ] && read -r rc attempt < "$work/$name.rc"
     if [ "$rc" = 0 ]; then r=PASS; else r=FAIL; fi
     results+=("$name $r")
-    if [ -n "$why" ]; then
+    if [ ! -f "$work/$name/summary.txt" ]; then
+        echo "$name: the runner's job for it ended without a summary (status $rc)"; failed=1
+    elif [ -n "$why" ]; then
         # The runner is right only if it failed each of these, after a boot, for the named reason.
         if [ "$r" = PASS ]; then
             echo "SELFTEST: configuration $name passed but must fail"; failed=1
@@ -260,7 +290,8 @@ done
     echo "|---|---|---|---|---|"
     for c in "${pick[@]}"; do
         IFS='|' read -r name meta extra desc <<< "$c"
-        IFS=$'\t' read -r _ r secs boot < <(head -1 "$work/$name/summary.txt")
+        r=FAIL secs=- boot=-
+        [ -f "$work/$name/summary.txt" ] && IFS=$'\t' read -r _ r secs boot < "$work/$name/summary.txt"
         echo "| $name | ${boot%% config=*} | $([ "$accel" = kvm ] && echo KVM || echo emulated) | $r | $secs |"
     done
 } > "$work/results.md"
