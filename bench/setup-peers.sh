@@ -6,9 +6,7 @@
 # hyperfine and (from PyPI, into a directory of its own) matplotlib for the harness itself. Idempotent and non-interactive (CI
 # runs it as root with no stdin). A peer that cannot be installed is reported with the reason and
 # left out; it never fails the script, and bench/peers.py then records that peer as skipped.
-# Usage: bench/setup-peers.sh [--only sandlock-cli]   (root; PALISADE_BENCH_PEERS=DIR moves the prefix)
-#   --only sandlock-cli   only sandlock's command line, the one peer that compiles (minutes): CI
-#                         starts it beside the tests at the lowest priority (.ci/run)
+# Usage: bench/setup-peers.sh   (root; PALISADE_BENCH_PEERS=DIR moves the npm and matplotlib prefix)
 # On a fresh machine the Debian packages take about a minute (podman brings its container stack),
 # matplotlib about 15 s and the npm packages about 20 s (codex is ~170 MiB packed).
 set -uo pipefail
@@ -23,35 +21,8 @@ exec </dev/null
 
 say() { echo "setup-peers: $*"; }
 
-only=
-case "${1:-}" in
-"") ;;
---only)
-    [ "${2:-}" = sandlock-cli ] || { echo "bench/setup-peers.sh: --only takes sandlock-cli, not '${2:-}'" >&2; exit 2; }
-    only=$2 ;;
-*) echo "bench/setup-peers.sh: unknown option '$1' (accepted: --only sandlock-cli)" >&2; exit 2 ;;
-esac
-
 if [ "$(id -u)" -ne 0 ]; then
     say "not root: nothing installed (run as root, as CI does); bench/peers.py skips what is missing"
-    exit 0
-fi
-
-# sandlock's command line, from crates.io (compiled: ~4 minutes on 2 cores) into $PEERS_DIR/cargo.
-install_sandlock_cli() {
-    if [ "$("$PEERS_DIR/cargo/bin/sandlock" --version 2>/dev/null)" = "sandlock $SANDLOCK_VERSION" ]; then
-        say "sandlock-cli $SANDLOCK_VERSION already installed"
-    elif command -v cargo >/dev/null 2>&1; then
-        say "installing sandlock-cli $SANDLOCK_VERSION from crates.io into $PEERS_DIR/cargo (compiles)"
-        cargo install --quiet --locked --root "$PEERS_DIR/cargo" sandlock-cli --version "$SANDLOCK_VERSION" \
-            >/tmp/palisade-setup-peers-cargo.log 2>&1 \
-            || say "SKIP sandlock (CLI): cargo install failed (see /tmp/palisade-setup-peers-cargo.log)"
-    else
-        say "SKIP sandlock (CLI): no cargo to build it with"
-    fi
-}
-if [ "$only" = sandlock-cli ]; then
-    install_sandlock_cli
     exit 0
 fi
 
@@ -94,9 +65,18 @@ else
 fi
 
 # --- sandlock ------------------------------------------------------------------------------------
-# Its command line (install_sandlock_cli, above), and its
+# Its command line from crates.io (compiled: ~5 minutes on 2 cores) into $PEERS_DIR/cargo, and its
 # Python package (the Python API and the fork API) into a virtual environment of its own.
-install_sandlock_cli
+if [ "$("$PEERS_DIR/cargo/bin/sandlock" --version 2>/dev/null)" = "sandlock $SANDLOCK_VERSION" ]; then
+    say "sandlock-cli $SANDLOCK_VERSION already installed"
+elif command -v cargo >/dev/null 2>&1; then
+    say "installing sandlock-cli $SANDLOCK_VERSION from crates.io into $PEERS_DIR/cargo (compiles)"
+    cargo install --quiet --locked --root "$PEERS_DIR/cargo" sandlock-cli --version "$SANDLOCK_VERSION" \
+        >/tmp/palisade-setup-peers-cargo.log 2>&1 \
+        || say "SKIP sandlock (CLI): cargo install failed (see /tmp/palisade-setup-peers-cargo.log)"
+else
+    say "SKIP sandlock (CLI): no cargo to build it with"
+fi
 if "$PEERS_DIR/sandlock-venv/bin/python" -c "import sandlock, sys; sys.exit(sandlock.__version__ != '$SANDLOCK_VERSION')" 2>/dev/null; then
     say "sandlock $SANDLOCK_VERSION (PyPI) already installed"
 else

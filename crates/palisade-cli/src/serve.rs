@@ -1078,6 +1078,92 @@ async fn list_files(
 /// A session's file, streamed ([`Service::open_file`]): one piece read by the agent at a time,
 /// the next when the client has taken the one before; `Range: bytes=A-B` (one range, `A-`,
 /// `-N`) answers `206` with those bytes, or `416` when the file has none of them.
+/// What a streamed download's pieces come from: a session's file or archive, read a piece at a
+/// time from its agent.
+trait Download: Send + 'static {
+    /// What the log names when a download is cut short.
+    const WHAT: &'static str;
+    /// The next piece, `None` after the last.
+    fn piece(
+        &mut self,
+    ) -> impl std::future::Future<Output = Option<Result<Charged<Vec<u8>>, ServiceError>>> + Send;
+    /// What follows the last piece as trailers, if anything does.
+    fn trailers(&self) -> Option<HeaderMap> {
+        None
+    }
+}
+
+impl Download for palisade_service::FileStream {
+    const WHAT: &'static str = "a file's download";
+    fn piece(
+        &mut self,
+    ) -> impl std::future::Future<Output = Option<Result<Charged<Vec<u8>>, ServiceError>>> + Send
+    {
+        self.next()
+    }
+}
+
+impl Download for palisade_service::ArchiveStream {
+    const WHAT: &'static str = "an archive's download";
+    fn piece(
+        &mut self,
+    ) -> impl std::future::Future<Output = Option<Result<Charged<Vec<u8>>, ServiceError>>> + Send
+    {
+        self.next()
+    }
+    /// The count of entries skipped, known only at the end.
+    fn trailers(&self) -> Option<HeaderMap> {
+        let mut t = HeaderMap::new();
+        t.insert(
+            "x-palisade-skipped",
+            HeaderValue::from(self.skipped().unwrap_or(0)),
+        );
+        Some(t)
+    }
+}
+
+/// A download's body. Each piece from the agent is asked for once the client has taken the one
+/// before, and cut into the pieces of a held reply ([`Pieces`]), counted until handed over. An
+/// error after the headers are out ends the body short (of its `Content-Length`, or without its
+/// last chunk): the only way left to say it.
+fn download_body<D: Download>(source: D, id: String, send_timeout: Duration) -> Body {
+    use http_body::Frame;
+    let stream = futures_util::stream::unfold(
+        (Some(source), None::<Pieces>),
+        move |(source, pieces)| {
+            let id = id.clone();
+            async move {
+                let mut source = source?;
+                if let Some(p) = pieces {
+                    let (piece, rest) = p.next();
+                    let source = piece.is_ok().then_some(source);
+                    return Some((piece.map(Frame::data), (source, rest)));
+                }
+                loop {
+                    match source.piece().await {
+                        None => {
+                            let t = source.trailers()?;
+                            return Some((Ok(Frame::trailers(t)), (None, None)));
+                        }
+                        Some(Ok(data)) if data.is_empty() => continue,
+                        Some(Ok(data)) => {
+                            let (data, charge) = data.into_parts();
+                            let (piece, rest) = Pieces::new(data, charge, send_timeout).next();
+                            let source = piece.is_ok().then_some(source);
+                            return Some((piece.map(Frame::data), (source, rest)));
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(session = %id, error = %e.message.escape_debug(), "{} cut short", D::WHAT);
+                            return Some((Err(std::io::Error::other(e.message)), (None, None)));
+                        }
+                    }
+                }
+            }
+        },
+    );
+    Body::new(http_body_util::StreamBody::new(stream))
+}
+
 async fn get_file(
     State(app): State<App>,
     Path((id, path)): Path<(String, String)>,
@@ -1116,36 +1202,6 @@ async fn get_file(
         return Ok(r);
     }
     let etag = HeaderValue::from_str(&file.etag()).ok();
-    let send_timeout = app.send_timeout;
-    // Each piece is cut into the pieces of a held reply ([`Pieces`]): counted until handed over.
-    let stream = futures_util::stream::unfold(
-        (Some(file), None::<Pieces>),
-        move |(file, pieces)| {
-            let id = id.clone();
-            async move {
-                let mut file = file?;
-                if let Some(p) = pieces {
-                    let (piece, rest) = p.next();
-                    let file = piece.is_ok().then_some(file);
-                    return Some((piece, (file, rest)));
-                }
-                match file.next().await? {
-                    Ok(data) => {
-                        let (data, charge) = data.into_parts();
-                        let (piece, rest) = Pieces::new(data, charge, send_timeout).next();
-                        let file = piece.is_ok().then_some(file);
-                        Some((piece, (file, rest)))
-                    }
-                    Err(e) => {
-                        // Headers and some bytes are out: the only way left to say it is to cut the
-                        // body short of its Content-Length.
-                        tracing::warn!(session = %id, error = %e.message.escape_debug(), "a file's download cut short");
-                        Some((Err(std::io::Error::other(e.message)), (None, None)))
-                    }
-                }
-            }
-        },
-    );
     let status = if range == palisade_service::FileRange::All {
         StatusCode::OK
     } else {
@@ -1157,7 +1213,7 @@ async fn get_file(
             (header::CONTENT_TYPE, "application/octet-stream"),
             (header::ACCEPT_RANGES, "bytes"),
         ],
-        Body::from_stream(stream),
+        download_body(file, id, app.send_timeout),
     )
         .into_response();
     r.headers_mut()
@@ -1237,7 +1293,6 @@ async fn get_archive(
     Path(id): Path<String>,
     Query(q): Query<ArchiveQuery>,
 ) -> Res<Response> {
-    use http_body::Frame;
     if q.max_bytes == Some(0) {
         return Err(ApiError(ServiceError::invalid(
             "max_bytes",
@@ -1261,47 +1316,9 @@ async fn get_archive(
             .insert("x-palisade-skipped", HeaderValue::from(skipped));
         return Ok(r);
     }
-    let send_timeout = app.send_timeout;
-    // Each piece is cut into the pieces of a held reply ([`Pieces`]): counted until handed over.
-    let stream = futures_util::stream::unfold((Some(tar), None::<Pieces>), move |(tar, pieces)| {
-        let id = id.clone();
-        async move {
-            let mut tar = tar?;
-            if let Some(p) = pieces {
-                let (piece, rest) = p.next();
-                let tar = piece.is_ok().then_some(tar);
-                return Some((piece.map(Frame::data), (tar, rest)));
-            }
-            loop {
-                match tar.next().await {
-                    None => {
-                        let mut t = HeaderMap::new();
-                        t.insert(
-                            "x-palisade-skipped",
-                            HeaderValue::from(tar.skipped().unwrap_or(0)),
-                        );
-                        return Some((Ok(Frame::trailers(t)), (None, None)));
-                    }
-                    Some(Ok(data)) if data.is_empty() => continue,
-                    Some(Ok(data)) => {
-                        let (data, charge) = data.into_parts();
-                        let (piece, rest) = Pieces::new(data, charge, send_timeout).next();
-                        let tar = piece.is_ok().then_some(tar);
-                        return Some((piece.map(Frame::data), (tar, rest)));
-                    }
-                    Some(Err(e)) => {
-                        // Headers and some bytes are out: the only way left to say it is
-                        // to end the body without its last chunk.
-                        tracing::warn!(session = %id, error = %e.message.escape_debug(), "an archive's download cut short");
-                        return Some((Err(std::io::Error::other(e.message)), (None, None)));
-                    }
-                }
-            }
-        }
-    });
     let mut r = (
         [(header::CONTENT_TYPE, "application/x-tar")],
-        Body::new(http_body_util::StreamBody::new(stream)),
+        download_body(tar, id, app.send_timeout),
     )
         .into_response();
     r.headers_mut().insert(

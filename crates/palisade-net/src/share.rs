@@ -47,7 +47,8 @@ pub(crate) struct Share {
 struct Held {
     /// Places held, all holders together.
     total: usize,
-    /// Each proxy with at least one place, and its connections in the order they came.
+    /// Each proxy with at least one place or one pending connection, and its connections in the
+    /// order they came.
     holders: Vec<Holder>,
 }
 
