@@ -14,6 +14,16 @@ BIN_DIR = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", PRO
 PALISADE = os.path.join(BIN_DIR, "palisade")
 
 
+def check_profile(quick):
+    """Refuses a build other than release unless the run is a --quick one, which publishes
+    nothing: a debug build's figures are not palisade's."""
+    if PROFILE not in ("release", "debug"):
+        raise SystemExit(f"PALISADE_BENCH_PROFILE must be release or debug, not {PROFILE!r}")
+    if PROFILE != "release" and not quick:
+        raise SystemExit(f"PALISADE_BENCH_PROFILE={PROFILE} is accepted only with --quick (a {PROFILE} build's "
+                         "figures are not palisade's); unset it, or set it to release")
+
+
 def quote(args):
     """One shell-style string for an argv, as hyperfine -N splits it and as the results show it."""
     safe = "/-_.=:,+@"

@@ -405,6 +405,8 @@ def main():
     ap.add_argument("--serve", metavar="ADDR:PORT", help=argparse.SUPPRESS)
     ap.add_argument("--serve-tls", metavar="CERTDIR", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if (os.environ.get("PALISADE_BENCH_PROFILE") or "release") != "release" and not a.quick:
+        raise SystemExit("PALISADE_BENCH_PROFILE other than release is accepted only with --quick (its figures are not palisade's)")
     if a.serve:
         addr, port = a.serve.rsplit(":", 1)
         return serve(addr, int(port), a.serve_tls)
@@ -456,6 +458,7 @@ def main():
     finally:
         shutil.rmtree(a.state, ignore_errors=True)
     doc = {"date": datetime.date.today().isoformat(), "kernel": platform.release(), "cpus": os.cpu_count(),
+           "build": os.environ.get("PALISADE_BENCH_PROFILE") or "release",
            "size_bytes": a.size, "runs": a.runs, "quick": a.quick, "results": summary, "raw": raw,
            "links": link_rows, "srt": SRT_SKIP or "measured",
            "tls": {"results": tls_summary, "raw": tls_raw, "links": tls_links, "ttfb": ttfb},

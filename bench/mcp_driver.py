@@ -87,9 +87,12 @@ async def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
                                                   os.environ.get("PALISADE_BENCH_PROFILE") or "release", "palisade"))
     a = ap.parse_args()
+    if (os.environ.get("PALISADE_BENCH_PROFILE") or "release") != "release" and not a.quick:
+        raise SystemExit("PALISADE_BENCH_PROFILE other than release is accepted only with --quick (its figures are not palisade's)")
     n = 20 if a.quick else 300
     res = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "load_at_start": os.getloadavg()[0]},
+        "build": os.environ.get("PALISADE_BENCH_PROFILE") or "release",
         "calls_per_case": n,
         "palisade": {},
     }

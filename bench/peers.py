@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    LIBRARY_ROWS, PALISADE, PEERS_DIR, ROOT, bwrap_cmd, host_meta, library_loop, library_skip, quote, summary)
+    LIBRARY_ROWS, PALISADE, PEERS_DIR, ROOT, bwrap_cmd, check_profile, host_meta, library_loop, library_skip, quote, summary)
 
 NPM = os.path.join(PEERS_DIR, "npm", "node_modules")
 IMAGE = "localhost/palisade-bench-host:latest"
@@ -568,6 +568,7 @@ def main():
     ap.add_argument("--throughput-rounds", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated tool names to keep (debugging)")
     a = ap.parse_args()
+    check_profile(a.quick)
     if a.quick:
         a.rounds, a.budget, a.seconds, a.throughput_rounds = 2, 0.0, 0.4, 1
     min_runs, max_runs, warmup = (3, 3, 0) if a.quick else (5, 40, 2)

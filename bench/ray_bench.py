@@ -113,6 +113,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "benchmarks"))
     ap.add_argument("--slots", type=int, default=2, help="sandboxes at once per node")
     a = ap.parse_args()
+    benchlib.check_profile(a.quick)
     binary = os.environ.get("PALISADE_BIN") or benchlib.PALISADE
     os.environ["PALISADE_BIN"] = binary
     n = 40 if a.quick else 600

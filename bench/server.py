@@ -466,6 +466,7 @@ def main():
     ap.add_argument("--row-seconds", type=float, default=15.0, help="longest a /run_code row may take")
     ap.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "benchmarks"))
     a = ap.parse_args()
+    benchlib.check_profile(a.quick)
     if a.engines:
         engines(a)
         return

@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    LIBRARY_ROWS, PALISADE, PEERS_DIR, ROOT, bwrap_cmd, library_loop, library_skip, quote)
+    LIBRARY_ROWS, PALISADE, PEERS_DIR, ROOT, bwrap_cmd, library_loop, check_profile, library_skip, quote)
 from peers import build_launcher, launch_loop  # noqa: E402
 
 SANDLOCK = os.path.join(PEERS_DIR, "cargo", "bin", "sandlock")
@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--throughput-rounds", type=int, default=2)
     ap.add_argument("--no-throughput", action="store_true", help="start-up only")
     a = ap.parse_args()
+    check_profile(a.quick)
     if a.quick:
         a.rounds, a.runs, a.seconds, a.throughput_rounds = 2, 5, 0.4, 1
     out = a.out or (tempfile.mkdtemp(prefix="palisade-bench-") if a.quick else os.path.join(ROOT, "docs", "benchmarks"))
@@ -99,6 +100,7 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
+        "build": os.environ.get("PALISADE_BENCH_PROFILE") or "release",
         "rounds": a.rounds,
         "runs_per_round": a.runs,
         "user": "root",

@@ -44,7 +44,8 @@ tools["bwrap + allow-all filter"] = bw + ["--seccomp", "3", probe, "syscall-loop
 med = {k: statistics.median(v) for k, v in res.items()}
 base = med["palisade (full filter)"]
 meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "kernel": platform.release(), "cpus": os.cpu_count(), "rounds": rounds, "calls_per_run": 2 * n}
+        "kernel": platform.release(), "cpus": os.cpu_count(), "rounds": rounds, "calls_per_run": 2 * n,
+        "build": os.environ.get("PALISADE_BENCH_PROFILE") or "release"}
 os.makedirs(out, exist_ok=True)
 json.dump({"meta": meta, "ns_per_call": res, "median_ns": med,
            "commands": {k: " ".join(v) for k, v in tools.items()}},

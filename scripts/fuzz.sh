@@ -10,8 +10,10 @@
 # sanitizer by default (the fuzzed crates forbid unsafe code; FUZZ_SANITIZER=address adds ASan).
 # Overflow checks and debug assertions are on.
 #
-# Usage: scripts/fuzz.sh [--quick] [--time SECONDS] [TARGET...]
+# Usage: scripts/fuzz.sh [--quick] [--build-only] [--time SECONDS] [TARGET...]
 #   --quick      a short run for CI: an unoptimized build (it compiles faster), 15 s per target
+#   --build-only build the targets (and install cargo-fuzz if missing), run none: CI builds them
+#                beside the tests (.ci/run)
 #   --time N     seconds per target (default 300; --quick: 15)
 #   TARGET...    some targets only (default: all of them)
 # The targets run side by side, one per CPU (FUZZ_JOBS=N to change that).
@@ -22,19 +24,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0
+quick=0 build_only=0
 time_per=
 targets=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
+        --build-only) build_only=1 ;;
         --time)
             [ $# -ge 2 ] && [[ "$2" =~ ^[0-9]+$ ]] || { echo "scripts/fuzz.sh: --time needs a number of seconds, got '${2:-}'" >&2; exit 2; }
             time_per=$2
             shift
             ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        -*) echo "scripts/fuzz.sh: unknown option '$1' (accepted: --quick, --time SECONDS, target names)" >&2; exit 2 ;;
+        -*) echo "scripts/fuzz.sh: unknown option '$1' (accepted: --quick, --build-only, --time SECONDS, target names)" >&2; exit 2 ;;
         *) targets+=("$1") ;;
     esac
     shift
@@ -47,6 +50,8 @@ all=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^palisade-fuz
 if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets <<<"$all"
 fi
+# Once each: two runs of one target would share its corpus and its log.
+mapfile -t targets < <(printf '%s\n' "${targets[@]}" | awk '!seen[$0]++')
 for t in "${targets[@]}"; do
     grep -qx "$t" <<<"$all" || { echo "scripts/fuzz.sh: no fuzz target '$t'; the targets are:" $all >&2; exit 2; }
 done
@@ -62,6 +67,7 @@ flags=(-s "${FUZZ_SANITIZER:-none}" -a)
 
 echo "== building the fuzz targets (${flags[*]})"
 cargo fuzz build "${flags[@]}"
+[ $build_only = 0 ] || exit 0
 
 # One target: its libFuzzer run's output in $logs/TARGET.log, its status in $logs/TARGET.rc.
 fuzz_one() {
@@ -85,7 +91,8 @@ fuzz_one() {
 jobs_max=${FUZZ_JOBS:-$(nproc)}
 [[ "$jobs_max" =~ ^[1-9][0-9]*$ ]] || { echo "scripts/fuzz.sh: FUZZ_JOBS must be a whole number, 1 or more, not '$jobs_max'" >&2; exit 2; }
 logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
+# Stopped early (a signal): no run goes on writing into the logs it removes.
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$logs"' EXIT
 running=0
 for t in "${targets[@]}"; do
     if [ "$running" -ge "$jobs_max" ]; then

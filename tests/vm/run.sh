@@ -62,6 +62,8 @@ else
         found=
         for c in "${CONFIGS[@]}" "${SELFTESTS[@]}"; do [ "${c%%|*}" = "$w" ] && found=$c; done
         [ -n "$found" ] || die "unknown configuration '$w' (accepted: $(for c in "${CONFIGS[@]}" "${SELFTESTS[@]}"; do printf '%s ' "${c%%|*}"; done))"
+        # Once each: two guests of one name would share its directory.
+        for c in "${pick[@]}"; do [ "$c" = "$found" ] && continue 2; done
         pick+=("$found")
     done
 fi
@@ -89,6 +91,7 @@ id palisade-test >/dev/null 2>&1 || die "user palisade-test is missing: run .ci/
 mkdir -p "$work/kernels"
 
 # Kernel: the newest version a Debian meta package depends on, unpacked once into the cache.
+# Called in the main shell only (below, into `vmlinuz_of`), never by the guests' parallel jobs.
 kernel() {
     local meta=$1 pkg dir
     pkg=$(apt-cache depends --no-recommends --no-suggests "$meta" 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
@@ -123,9 +126,14 @@ while read -r name exe; do
 done < "$work/tests.txt"
 chmod -R a+rX "$tree/opt"
 # The loop driver (a module in Debian's kernels), for the configurations whose /tmp is ext4.
+declare -A vmlinuz_of=()
 for c in "${pick[@]}"; do
     IFS='|' read -r _ meta _ <<< "$c"
-    kdir=$(dirname "$(dirname "$(kernel "$meta")")")
+    if [ -z "${vmlinuz_of[$meta]:-}" ]; then
+        vmlinuz_of[$meta]=$(kernel "$meta") || die "no kernel for $meta"
+        [ -f "${vmlinuz_of[$meta]}" ] || die "no kernel for $meta: '${vmlinuz_of[$meta]}' is not a file"
+    fi
+    kdir=$(dirname "$(dirname "${vmlinuz_of[$meta]}")")
     for ko in "$kdir"/lib/modules/*/kernel/drivers/block/loop.ko*; do
         [ -e "$ko" ] || continue
         ver=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$ko")")")")")
@@ -154,7 +162,7 @@ results=()
 failed=0
 run_config() {
     local name=$1 meta=$2 extra=$3 vmlinuz dir rc=0 t0
-    vmlinuz=$(kernel "$meta")
+    vmlinuz=${vmlinuz_of[$meta]}
     dir=$work/$name && rm -rf "$dir" && mkdir -p "$dir"
     echo "== $name: $(basename "$vmlinuz") ($accel)"
     t0=$SECONDS
@@ -250,7 +258,8 @@ echo "== running ${#pick[@]} configurations, $jobs_max at a time"
 running=0
 for c in "${pick[@]}"; do
     IFS='|' read -r name meta extra _ <<< "$c"
-    rm -f "$work/$name.rc" "$work/$name.out"
+    # Nothing of an earlier run of it may stand in for this one's results.
+    rm -rf "$work/$name" "$work/$name.rc" "$work/$name.out"
     if [ "$running" -ge "$jobs_max" ]; then
         wait -n || true
         running=$((running - 1))

@@ -1075,9 +1075,6 @@ async fn list_files(
     Ok(json(&app, &app.svc.list_files(&id, &q.path).await?))
 }
 
-/// A session's file, streamed ([`Service::open_file`]): one piece read by the agent at a time,
-/// the next when the client has taken the one before; `Range: bytes=A-B` (one range, `A-`,
-/// `-N`) answers `206` with those bytes, or `416` when the file has none of them.
 /// What a streamed download's pieces come from: a session's file or archive, read a piece at a
 /// time from its agent.
 trait Download: Send + 'static {
@@ -1164,6 +1161,9 @@ fn download_body<D: Download>(source: D, id: String, send_timeout: Duration) -> 
     Body::new(http_body_util::StreamBody::new(stream))
 }
 
+/// A session's file, streamed ([`Service::open_file`]): one piece read by the agent at a time,
+/// the next when the client has taken the one before; `Range: bytes=A-B` (one range, `A-`,
+/// `-N`) answers `206` with those bytes, or `416` when the file has none of them.
 async fn get_file(
     State(app): State<App>,
     Path((id, path)): Path<(String, String)>,

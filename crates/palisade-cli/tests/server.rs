@@ -2196,20 +2196,42 @@ fn a_file_written_into_a_full_session_is_refused_and_the_session_lives() {
     // before it and goes on after it.
     let j = exec("rm a");
     assert_eq!(j["status"], "ok", "{j}");
-    let bg = s
-        .post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            &json!({"command": ["sh", "-c", "sleep 1; exec dd if=/dev/zero of=b bs=1M count=100 2>/dev/null"], "mode": "background"}),
-        )
-        .json();
-    let n = bg["id"].as_u64().unwrap_or_else(|| panic!("{bg}"));
-    let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/f"), &data);
-    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
-    let mut done = Value::Null;
-    wait_until("the background exec ends", || {
-        done = s.get(&format!("/v1/sandboxes/{id}/exec/{n}")).json();
-        !done["result"].is_null()
-    });
+    // The exec waits a moment before it fills scratch, so that the write's room is taken first.
+    // On a slow machine (an emulated guest beside another) the 40 MiB body can take longer than
+    // that to reach the server: then the exec fills scratch first and the write is refused for
+    // want of room, which is right, and the exec is waited for, its file removed, and the two
+    // tried again with a longer wait. A write that was let in and then lost its room to the exec
+    // is what the test is for, and it fails below, at any wait.
+    let mut waits = [1, 4, 16].into_iter();
+    let done = loop {
+        let wait = waits
+            .next()
+            .expect("the write was refused for want of room at every wait");
+        let bg = s
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                &json!({"command": ["sh", "-c", format!("sleep {wait}; exec dd if=/dev/zero of=b bs=1M count=100 2>/dev/null")], "mode": "background"}),
+            )
+            .json();
+        let n = bg["id"].as_u64().unwrap_or_else(|| panic!("{bg}"));
+        let r = s.req("PUT", &format!("/v1/sandboxes/{id}/files/f"), &data);
+        let mut done = Value::Null;
+        wait_until("the background exec ends", || {
+            done = s.get(&format!("/v1/sandboxes/{id}/exec/{n}")).json();
+            !done["result"].is_null()
+        });
+        if r.status == 204 {
+            break done;
+        }
+        let e = r.json();
+        assert_eq!(
+            (r.status, e["error"]["value"].as_str()),
+            (400, Some("no-space")),
+            "{e}"
+        );
+        let j = exec("rm -f b f");
+        assert_eq!(j["status"], "ok", "{j}");
+    };
     assert_eq!(
         (
             done["result"]["status"].as_str(),
