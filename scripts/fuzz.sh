@@ -92,7 +92,8 @@ jobs_max=${FUZZ_JOBS:-$(nproc)}
 [[ "$jobs_max" =~ ^[1-9][0-9]*$ ]] || { echo "scripts/fuzz.sh: FUZZ_JOBS must be a whole number, 1 or more, not '$jobs_max'" >&2; exit 2; }
 logs=$(mktemp -d)
 # Stopped early (a signal): no run goes on writing into the logs it removes.
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$logs"' EXIT
+# (No job left is the common case: `kill` with no pid would fail, and under `set -e` fail the run.)
+trap 'left=$(jobs -p); [ -z "$left" ] || kill $left 2>/dev/null || true; rm -rf "$logs"' EXIT
 running=0
 for t in "${targets[@]}"; do
     if [ "$running" -ge "$jobs_max" ]; then

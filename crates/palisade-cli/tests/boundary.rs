@@ -698,8 +698,11 @@ fn sigkill_of_the_supervisor_kills_the_payload() {
     let mut child = command(&[], &["/probe", "linger", &marker])
         .spawn()
         .unwrap();
+    // Each wait below ends as soon as its condition holds, and gives up after a minute (a slow
+    // host, an emulated guest, may take seconds to start or reap a sandbox).
+    let t0 = std::time::Instant::now();
     let mut pids = Vec::new();
-    for _ in 0..400 {
+    while t0.elapsed() < std::time::Duration::from_secs(60) {
         pids = host_pids_starting(&payload);
         if !pids.is_empty() {
             break;
@@ -709,7 +712,8 @@ fn sigkill_of_the_supervisor_kills_the_payload() {
     assert!(!pids.is_empty(), "the payload never started");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    for _ in 0..400 {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_secs(60) {
         if host_pids_starting(&payload).is_empty() {
             return;
         }

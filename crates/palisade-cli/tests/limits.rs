@@ -152,9 +152,10 @@ fn timeout_kills_everything_including_processes_that_ignore_sigterm() {
     let wall = j["wall_time_ms"].as_f64().unwrap();
     assert!(wall >= 1000.0, "wall time {wall} ms for a 1 s timeout");
     // Processes that sleep leave the CPUs idle: the run's CPU time is what starting the shell and
-    // the two probes took, well under its wall time (about 10 ms here; 500 ms in an emulated
-    // guest beside another, where each exec costs a hundred times more).
-    assert!(cpu_ms(&j) < wall, "{j}");
+    // the two probes took, about what a run of the same shape that sleeps not at all takes (a
+    // few ms here; 500 ms was seen in an emulated guest beside another, where each exec costs a
+    // hundred times more).
+    assert!(cpu_ms(&j) < 2.0 * overhead_ms(), "{j}");
     assert_eq!(
         host_pids_with(&marker),
         Vec::<u32>::new(),
