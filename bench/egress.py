@@ -39,9 +39,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PALISADE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
-                        os.environ.get("PALISADE_BENCH_PROFILE") or "release", "palisade")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import PALISADE, PROFILE, ROOT, check_profile  # noqa: E402
+
 CHUNK = b"\0" * (1 << 20)
 # Anthropic's sandbox-runtime, the one peer that filters egress by host (bench/setup-peers.sh).
 SRT = os.path.join(os.environ.get("PALISADE_BENCH_PEERS", "/opt/palisade-bench-peers"), "npm", "node_modules",
@@ -408,8 +408,7 @@ def main():
     if a.serve:
         addr, port = a.serve.rsplit(":", 1)
         return serve(addr, int(port), a.serve_tls)
-    if (os.environ.get("PALISADE_BENCH_PROFILE") or "release") != "release" and not a.quick:
-        raise SystemExit("PALISADE_BENCH_PROFILE other than release is accepted only with --quick (its figures are not palisade's)")
+    check_profile(a.quick)
     if a.quick:
         a.size, a.runs = 8 << 20, 2
         if a.links == ap.get_default("links"):
@@ -458,7 +457,7 @@ def main():
     finally:
         shutil.rmtree(a.state, ignore_errors=True)
     doc = {"date": datetime.date.today().isoformat(), "kernel": platform.release(), "cpus": os.cpu_count(),
-           "build": os.environ.get("PALISADE_BENCH_PROFILE") or "release",
+           "build": PROFILE,
            "size_bytes": a.size, "runs": a.runs, "quick": a.quick, "results": summary, "raw": raw,
            "links": link_rows, "srt": SRT_SKIP or "measured",
            "tls": {"results": tls_summary, "raw": tls_raw, "links": tls_links, "ttfb": ttfb},

@@ -20,7 +20,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+ROOT = benchlib.ROOT
 
 
 def pct(xs, p):
@@ -84,15 +87,13 @@ async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
-    ap.add_argument("--bin", default=os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
-                                                  os.environ.get("PALISADE_BENCH_PROFILE") or "release", "palisade"))
+    ap.add_argument("--bin", default=benchlib.PALISADE)
     a = ap.parse_args()
-    if (os.environ.get("PALISADE_BENCH_PROFILE") or "release") != "release" and not a.quick:
-        raise SystemExit("PALISADE_BENCH_PROFILE other than release is accepted only with --quick (its figures are not palisade's)")
+    benchlib.check_profile(a.quick)
     n = 20 if a.quick else 300
     res = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "load_at_start": os.getloadavg()[0]},
-        "build": os.environ.get("PALISADE_BENCH_PROFILE") or "release",
+        "build": benchlib.PROFILE,
         "calls_per_case": n,
         "palisade": {},
     }

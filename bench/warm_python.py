@@ -9,11 +9,9 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN_DIR = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target",
-                       os.environ.get("PALISADE_BENCH_PROFILE") or "release")
-PALISADE = os.path.join(BIN_DIR, "palisade")
-EXAMPLE = os.path.join(BIN_DIR, "examples", "startup_bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import PALISADE, STARTUP_BENCH as EXAMPLE, check_profile  # noqa: E402
+
 CODE = ["python3", "-c", "print(1)"]
 
 
@@ -24,6 +22,9 @@ def library(engine, threads, seconds, command=CODE):
 
 
 def main():
+    # The build's name is checked here; whether a debug build may run is bench/startup.sh's to
+    # say (it runs this script, and refuses one without --quick).
+    check_profile(quick=True)
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     nproc = os.cpu_count() or 1
