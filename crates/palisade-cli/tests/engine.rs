@@ -1346,6 +1346,59 @@ print('rand', random.random())
     assert_eq!(out.stdout, b"plain\n");
 }
 
+/// A warm run starts as `python3 -c` does: every signal's disposition as Python's own start sets
+/// it (set through the C module `_signal` in a warm run, not through `signal.signal`), the names
+/// of `__main__` with what they hold, and the buffering of the standard streams (not a
+/// terminal: standard output is not line-buffered, standard error is, as since Python 3.9). The
+/// same code in a cold `python3 -c` is the control. (Which modules are imported differs by
+/// design: the template's are; docs/engine.md.)
+#[test]
+fn a_warm_run_starts_as_python_does() {
+    let _one = serial();
+    let t = warm_template(Policy::new(["true"]).unwrap());
+    let code = r#"import signal, sys
+main = sys.modules['__main__']
+for n in range(1, signal.NSIG):
+    try:
+        h = signal.getsignal(n)
+    except ValueError:
+        continue
+    kind = 'default_int_handler' if h is signal.default_int_handler else (int(h) if isinstance(h, int) else type(h).__name__)
+    print('sig', n, kind)
+for k in sorted(vars(main)):
+    v = vars(main)[k]
+    print('main', k, type(v).__name__, v if isinstance(v, (str, type(None))) else '')
+print('buffering', sys.stdout.line_buffering, sys.stderr.line_buffering)
+print('main', main.__name__, main is sys.modules['__main__'])
+"#;
+    let cold = Sandbox::from_policy(Policy::new(["python3", "-c", code]).unwrap())
+        .unwrap()
+        .output();
+    assert_eq!(
+        cold.report.status,
+        Status::Ok,
+        "{}",
+        String::from_utf8_lossy(&cold.stderr)
+    );
+    let cold = String::from_utf8_lossy(&cold.stdout).into_owned();
+    // The control is meaningful: Python's start set the three it sets, and main has its names.
+    for want in [
+        "sig 2 default_int_handler\n",
+        "sig 13 1\n",
+        "sig 25 1\n",
+        "sig 15 0\n",
+        "main __name__ str __main__\n",
+        "main __builtins__ module \n",
+        "buffering False True\n",
+        "main __main__ True\n",
+    ] {
+        assert!(cold.contains(want), "control: {want:?} not in {cold}");
+    }
+    let (warm, rep) = pyrun(&t, code, &[], &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?} {}", warm.stderr);
+    assert_eq!(warm.stdout, cold, "{}", warm.stderr);
+}
+
 /// A warm run ends as `python3 -c` does (docs/engine.md, "How a warm run ends"): it waits for
 /// its non-daemon threads, runs its `atexit` handlers, and what its own objects hold is
 /// finalized: a file left open in `__main__` or in a module the run imported is flushed, a

@@ -174,8 +174,7 @@ pub(crate) fn start(
         .map_err(|(index, e)| (Step::WarmPython, index, e))?;
     // What every run's start and end use (see `END`), then the configured modules. A failure
     // names a configured module by its index; one of the first five, none. `atexit` is for the
-    // end; imported by each run instead, it took ~0.2 ms of a ~2.5 ms `print(1)` (and `python3 -c`
-    // has it imported before the code too).
+    // end; imported by each run instead, it took ~0.2 ms of a ~2.5 ms `print(1)`.
     let first = [c"os", c"signal", c"types", c"weakref", c"atexit"];
     for (i, m) in first
         .into_iter()
@@ -228,7 +227,16 @@ const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
 /// `environ` is already the run's), `''` first on `sys.path` (as for `python3 -c`), Python's
 /// usual signal dispositions (the payload steps reset every signal to its default), line
 /// buffering on a terminal. The modules it and the end use (`os`, `signal`, `types`, `weakref`,
-/// `atexit`) are the template's, imported before this: a run imports none of them itself.
+/// `atexit`) are the template's, imported before this: a run imports none of them itself. The
+/// dispositions are set through `_signal`, the C module under `signal`: `signal.signal` turns
+/// its numbers into and out of `enum` members, which took ~0.2 ms of a run's ~2.5 ms (timed
+/// inside a `print(1)` run, 2026-12-06), and `_signal.signal` 0.02. What `__main__` takes of the
+/// template's is listed once, here (`main_items`), not looked for in each run.
+///
+/// A signal whose handler was not Python's when the interpreter started (palisade's runtime
+/// handles `SIGSEGV` and `SIGBUS` to report a stack overflow) is set to its default here, in the
+/// zygote: the payload steps reset every disposition to the default, and Python, which had
+/// recorded a handler of another's, then said `None` for it where `python3 -c` says `SIG_DFL`.
 ///
 /// The end: what `Py_FinalizeEx` does that a program can see, for the run's own objects, without
 /// tearing down the whole interpreter (which writes to every object the template imported, and so
@@ -254,16 +262,21 @@ const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
 const END: &CStr = c"import sys
 _palisade_ns = {'__builtins__': __builtins__}
 exec('''
-import atexit, gc, io, os, signal, sys, types, weakref
+import _signal, atexit, gc, io, os, signal, sys, types, weakref
 before = frozenset(sys.modules)
 files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair)
+main_items = tuple((k, v) for k, v in sys.modules['__main__'].__dict__.items()
+                   if k[:2] == '__' and k != '__annotations__')
+for n in signal.valid_signals():
+    try:
+        if signal.getsignal(n) is None:
+            _signal.signal(n, _signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
 def bootstrap():
     del sys._palisade_bootstrap
-    old = sys.modules['__main__']
     main = types.ModuleType('__main__')
-    for k, v in old.__dict__.items():
-        if k[:2] == '__' and k != '__annotations__':
-            main.__dict__[k] = v
+    main.__dict__.update(main_items)
     main.__annotations__ = {}
     sys.modules['__main__'] = main
     env = sys._palisade_env
@@ -275,11 +288,11 @@ def bootstrap():
         if eq:
             data[k] = v
     sys.path.insert(0, '')
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    for s in (sys.stdout, sys.stderr):
-        if s is not None and s.isatty():
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
+    for fd, s in ((1, sys.stdout), (2, sys.stderr)):
+        if s is not None and os.isatty(fd):
             s.reconfigure(line_buffering=True)
 def flush():
     ok = True
