@@ -1346,32 +1346,36 @@ print('rand', random.random())
     assert_eq!(out.stdout, b"plain\n");
 }
 
-/// A warm run starts as `python3 -c` does: every signal's disposition as Python's own start sets
-/// it (set through the C module `_signal` in a warm run, not through `signal.signal`), the names
-/// of `__main__` with what they hold, and the buffering of the standard streams (not a
-/// terminal: standard output is not line-buffered, standard error is, as since Python 3.9). The
-/// same code in a cold `python3 -c` is the control. (Which modules are imported differs by
-/// design: the template's are; docs/engine.md.)
+/// A warm run starts as `python3 -c` does: every signal's disposition, as Python records it and
+/// as the kernel has it (set through the C module `_signal` in a warm run, not through
+/// `signal.signal`; palisade's own `SIGSEGV` and `SIGBUS` handlers, which Python saw in the
+/// zygote, are defaults again), the names of `__main__` with what they hold, and the buffering
+/// of the standard streams (not a terminal: standard output is not line-buffered, standard error
+/// is, as since Python 3.9). The same code in a cold run of the same `python3` is the control.
+/// (Which modules are imported differs by design: the template's are; docs/engine.md.) And what
+/// a template's module printed at its import in the zygote is not in any run's output.
 #[test]
 fn a_warm_run_starts_as_python_does() {
     let _one = serial();
     let t = warm_template(Policy::new(["true"]).unwrap());
     let code = r#"import signal, sys
 main = sys.modules['__main__']
-for n in range(1, signal.NSIG):
-    try:
-        h = signal.getsignal(n)
-    except ValueError:
-        continue
+for n in sorted(signal.valid_signals()):
+    h = signal.getsignal(n)
     kind = 'default_int_handler' if h is signal.default_int_handler else (int(h) if isinstance(h, int) else type(h).__name__)
-    print('sig', n, kind)
+    try:
+        name = signal.Signals(n).name
+    except ValueError:
+        name = str(n)
+    print('sig', name, kind)
+print('\n'.join(l.strip() for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn', 'SigCgt'))))
 for k in sorted(vars(main)):
     v = vars(main)[k]
     print('main', k, type(v).__name__, v if isinstance(v, (str, type(None))) else '')
 print('buffering', sys.stdout.line_buffering, sys.stderr.line_buffering)
 print('main', main.__name__, main is sys.modules['__main__'])
 "#;
-    let cold = Sandbox::from_policy(Policy::new(["python3", "-c", code]).unwrap())
+    let cold = Sandbox::from_policy(Policy::new(["/usr/bin/python3", "-c", code]).unwrap())
         .unwrap()
         .output();
     assert_eq!(
@@ -1383,10 +1387,12 @@ print('main', main.__name__, main is sys.modules['__main__'])
     let cold = String::from_utf8_lossy(&cold.stdout).into_owned();
     // The control is meaningful: Python's start set the three it sets, and main has its names.
     for want in [
-        "sig 2 default_int_handler\n",
-        "sig 13 1\n",
-        "sig 25 1\n",
-        "sig 15 0\n",
+        "sig SIGINT default_int_handler\n",
+        "sig SIGPIPE 1\n",
+        "sig SIGXFSZ 1\n",
+        "sig SIGSEGV 0\n",
+        "sig SIGTERM 0\n",
+        "SigCgt:\t0000000000000002\n",
         "main __name__ str __main__\n",
         "main __builtins__ module \n",
         "buffering False True\n",
@@ -1397,6 +1403,20 @@ print('main', main.__name__, main is sys.modules['__main__'])
     let (warm, rep) = pyrun(&t, code, &[], &[]);
     assert_eq!(rep.status, Status::Ok, "{rep:?} {}", warm.stderr);
     assert_eq!(warm.stdout, cold, "{}", warm.stderr);
+    // `this` prints the Zen of Python when it is imported: in the zygote, not in a run.
+    let mut p = Policy::new(["true"]).unwrap();
+    p.binds
+        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
+    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &["this".into()])
+        .expect("python3 with its shared library");
+    let zen = Sandbox::from_policy(p)
+        .unwrap()
+        .engine(exec_engine())
+        .prepare_warm_python(warm)
+        .expect("a warm template importing `this`");
+    let (r, rep) = pyrun(&zen, "print('mine')", &[], &[]);
+    assert_eq!(rep.status, Status::Ok, "{rep:?} {}", r.stderr);
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("mine\n", ""));
 }
 
 /// A warm run ends as `python3 -c` does (docs/engine.md, "How a warm run ends"): it waits for

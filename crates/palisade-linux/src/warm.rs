@@ -188,8 +188,8 @@ pub(crate) fn start(
     }
     // A run's start and end (END), and every object made so far frozen out of the collector's
     // reach: a collection in a run then never touches (and so never copies) the template's pages.
-    // END collects first, here, which also empties the interpreter's free lists: a run's first
-    // full collection otherwise freed the template's, copying their pages (~0.08 ms a run).
+    // END collects first, which also empties the interpreter's free lists: a run's first full
+    // collection otherwise freed the template's, copying their pages (~0.08 ms a run).
     if !py.run(END) {
         return Err((Step::WarmPython, END_FAILED, libc::EINVAL));
     }
@@ -233,10 +233,17 @@ const BOOTSTRAP: &CStr = c"_palisade_bootstrap";
 /// inside a `print(1)` run, 2026-12-06), and `_signal.signal` 0.02. What `__main__` takes of the
 /// template's is listed once, here (`main_items`), not looked for in each run.
 ///
-/// A signal whose handler was not Python's when the interpreter started (palisade's runtime
-/// handles `SIGSEGV` and `SIGBUS` to report a stack overflow) is set to its default here, in the
-/// zygote: the payload steps reset every disposition to the default, and Python, which had
-/// recorded a handler of another's, then said `None` for it where `python3 -c` says `SIG_DFL`.
+/// A signal whose handler was not Python's when `signal` was imported in the zygote (palisade's
+/// runtime handles `SIGSEGV` and `SIGBUS` to report a stack overflow) is listed (`foreign`) and
+/// set to its default by each run's start: the payload steps reset every disposition to the
+/// default, and Python, which had recorded a handler of another's, said `None` for it where
+/// `python3 -c` says `SIG_DFL`. The zygote and the runs' inits keep the runtime's handlers.
+///
+/// The zygote collects once before anything else here (before `before` is taken: a finalizer
+/// that imports lists its module as the template's), which also empties the interpreter's free
+/// lists: a run's first full collection otherwise freed the template's, copying their pages. It
+/// flushes its standard streams (to `/dev/null`) before it freezes: what an import printed stayed
+/// in the buffer, and came out at the top of every run's output.
 ///
 /// The end: what `Py_FinalizeEx` does that a program can see, for the run's own objects, without
 /// tearing down the whole interpreter (which writes to every object the template imported, and so
@@ -263,16 +270,12 @@ const END: &CStr = c"import sys
 _palisade_ns = {'__builtins__': __builtins__}
 exec('''
 import _signal, atexit, gc, io, os, signal, sys, types, weakref
+gc.collect()
 before = frozenset(sys.modules)
 files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair)
 main_items = tuple((k, v) for k, v in sys.modules['__main__'].__dict__.items()
                    if k[:2] == '__' and k != '__annotations__')
-for n in signal.valid_signals():
-    try:
-        if signal.getsignal(n) is None:
-            _signal.signal(n, _signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass
+foreign = tuple(n for n in signal.valid_signals() if signal.getsignal(n) is None)
 def bootstrap():
     del sys._palisade_bootstrap
     main = types.ModuleType('__main__')
@@ -288,11 +291,16 @@ def bootstrap():
         if eq:
             data[k] = v
     sys.path.insert(0, '')
+    for n in foreign:
+        try:
+            _signal.signal(n, _signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
-    for fd, s in ((1, sys.stdout), (2, sys.stderr)):
-        if s is not None and os.isatty(fd):
+    for s in (sys.stdout, sys.stderr):
+        if s is not None and s.isatty():
             s.reconfigure(line_buffering=True)
 def flush():
     ok = True
@@ -353,9 +361,13 @@ def end_failed():
 sys._palisade_bootstrap = _palisade_ns['bootstrap']
 sys._palisade_end_ok = _palisade_ns['end_ok']
 sys._palisade_end_failed = _palisade_ns['end_failed']
-del _palisade_ns, sys
+for _f in (sys.stdout, sys.stderr):
+    try:
+        _f.flush()
+    except BaseException:
+        pass
+del _palisade_ns, sys, _f
 import gc
-gc.collect()
 gc.freeze()
 del gc
 ";
