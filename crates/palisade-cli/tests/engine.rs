@@ -1240,16 +1240,37 @@ fn a_templates_runs_reach_an_allowed_host_through_their_own_proxy() {
 // ---- Warm Python ----
 
 /// A warm-Python template of `p` (the probe bound at `/probe`), `random` imported in the zygote.
-fn warm_template(mut p: Policy) -> Template {
+fn warm_template(p: Policy) -> Template {
+    warm_template_with(p, &["random"])
+}
+
+/// A warm-Python template of `p` (the probe bound at `/probe`), `modules` imported in the zygote.
+fn warm_template_with(mut p: Policy, modules: &[&str]) -> Template {
     p.binds
         .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &["random".into()])
+    let modules: Vec<String> = modules.iter().map(|m| m.to_string()).collect();
+    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &modules)
         .expect("python3 with its shared library");
     Sandbox::from_policy(p)
         .unwrap()
         .engine(exec_engine())
         .prepare_warm_python(warm)
         .expect("a warm template")
+}
+
+/// The control of a warm run: `code` in a cold `python3 -c` of the same `/usr/bin/python3`,
+/// which must end well; its standard output.
+fn cold_python(code: &str) -> String {
+    let cold = Sandbox::from_policy(Policy::new(["/usr/bin/python3", "-c", code]).unwrap())
+        .unwrap()
+        .output();
+    assert_eq!(
+        cold.report.status,
+        Status::Ok,
+        "{}",
+        String::from_utf8_lossy(&cold.stderr)
+    );
+    String::from_utf8_lossy(&cold.stdout).into_owned()
 }
 
 /// Runs `code` in `t`'s warm interpreter with `args`.
@@ -1375,16 +1396,7 @@ for k in sorted(vars(main)):
 print('buffering', sys.stdout.line_buffering, sys.stderr.line_buffering)
 print('main', main.__name__, main is sys.modules['__main__'])
 "#;
-    let cold = Sandbox::from_policy(Policy::new(["/usr/bin/python3", "-c", code]).unwrap())
-        .unwrap()
-        .output();
-    assert_eq!(
-        cold.report.status,
-        Status::Ok,
-        "{}",
-        String::from_utf8_lossy(&cold.stderr)
-    );
-    let cold = String::from_utf8_lossy(&cold.stdout).into_owned();
+    let cold = cold_python(code);
     // The control is meaningful: Python's start set the three it sets, and main has its names.
     for want in [
         "sig SIGINT default_int_handler\n",
@@ -1404,16 +1416,7 @@ print('main', main.__name__, main is sys.modules['__main__'])
     assert_eq!(rep.status, Status::Ok, "{rep:?} {}", warm.stderr);
     assert_eq!(warm.stdout, cold, "{}", warm.stderr);
     // `this` prints the Zen of Python when it is imported: in the zygote, not in a run.
-    let mut p = Policy::new(["true"]).unwrap();
-    p.binds
-        .push(Bind::parse(&format!("{}:/probe", probe_bin().display()), false).unwrap());
-    let warm = palisade::WarmPython::find("/usr/bin/python3".as_ref(), &["this".into()])
-        .expect("python3 with its shared library");
-    let zen = Sandbox::from_policy(p)
-        .unwrap()
-        .engine(exec_engine())
-        .prepare_warm_python(warm)
-        .expect("a warm template importing `this`");
+    let zen = warm_template_with(Policy::new(["true"]).unwrap(), &["this"]);
     let (r, rep) = pyrun(&zen, "print('mine')", &[], &[]);
     assert_eq!(rep.status, Status::Ok, "{rep:?} {}", r.stderr);
     assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("mine\n", ""));
@@ -1445,15 +1448,7 @@ sys.path.insert(0, '/tmp')
 import palisade_mod
 print('printed', end=';')
 "#;
-    let cold = Sandbox::from_policy(Policy::new(["python3", "-c", code]).unwrap())
-        .unwrap()
-        .output();
-    assert_eq!(
-        cold.report.status,
-        Status::Ok,
-        "{}",
-        String::from_utf8_lossy(&cold.stderr)
-    );
+    let cold = cold_python(code);
     let (warm, rep) = pyrun(&t, code, &[], &[]);
     assert_eq!(rep.status, Status::Ok, "{rep:?} {}", warm.stderr);
     assert_eq!(rep.engine, Some("template-warm"));
@@ -1467,11 +1462,7 @@ print('printed', end=';')
         v
     };
     let want = parts("main-unflushed;del-ran;thread-done;atexit-ran;module-unflushed;printed;");
-    assert_eq!(
-        parts(&String::from_utf8_lossy(&cold.stdout)),
-        want,
-        "control: python3 -c"
-    );
+    assert_eq!(parts(&cold), want, "control: python3 -c");
     assert_eq!(parts(&warm.stdout), want, "{}", warm.stderr);
     // What went to the original standard output before the run replaced it is written, as by
     // python3 -c (which flushes sys.__stdout__ at its end too).
