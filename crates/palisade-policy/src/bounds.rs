@@ -406,7 +406,7 @@ impl Policy {
                 "none: a test-only field",
             ));
         }
-        if let Some(x) = b.protected.iter().find(|x| !self.protected.contains(x)) {
+        if let Some(x) = missing(&b.protected, &self.protected).next() {
             return Err(beyond("filesystem.unprotect", x, "kept protected"));
         }
         if let Some(n) = self.env_pass.iter().find(|n| !b.env_pass.contains(n)) {
@@ -611,12 +611,17 @@ impl Policy {
         self.allow_ptrace &= b.allow_ptrace;
         self.tty &= b.tty;
         self.allow_degraded.retain(|d| b.allow_degraded.contains(d));
-        for x in &b.protected {
-            if !self.protected.contains(x) {
-                self.protected.push(x.clone());
-            }
-        }
+        let add: Vec<String> = missing(&b.protected, &self.protected).cloned().collect();
+        self.protected.extend(add);
     }
+}
+
+/// The paths of `want` that `have` does not list. Both usually start with the same ~60 default
+/// paths, in the same order, and a server checks every request against its ceiling: the common
+/// start is passed over pairwise; only the rest is looked for in all of `have`.
+fn missing<'a>(want: &'a [String], have: &'a [String]) -> impl Iterator<Item = &'a String> {
+    let same = want.iter().zip(have).take_while(|(w, h)| w == h).count();
+    want[same..].iter().filter(move |w| !have.contains(w))
 }
 
 #[cfg(test)]
@@ -625,6 +630,21 @@ mod tests {
     use crate::net::Pin;
     use crate::protect::ProtectedPath;
     use crate::{EnvVar, LimitsOverlay, Scratch};
+
+    #[test]
+    fn missing_paths_are_found_past_a_common_start_and_anywhere_else() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let got = |w: &[&str], h: &[&str]| {
+            let (w, h) = (v(w), v(h));
+            missing(&w, &h).cloned().collect::<Vec<_>>()
+        };
+        assert!(got(&["a", "b", "c"], &["a", "b", "c", "d"]).is_empty());
+        assert!(got(&["a", "b", "c"], &["c", "a", "b"]).is_empty());
+        assert_eq!(got(&["a", "b", "c"], &["a", "c"]), ["b"]);
+        assert_eq!(got(&["a", "b", "c"], &["a", "b"]), ["c"]);
+        assert_eq!(got(&["a", "b", "c"], &[]), ["a", "b", "c"]);
+        assert_eq!(got(&["a", "x", "c"], &["a", "b", "c"]), ["x"]);
+    }
 
     fn rule(s: &str) -> NetRule {
         NetRule::parse("t", s).unwrap()

@@ -197,21 +197,26 @@ impl ProtectedPath {
     /// assert!(ProtectedPath::new("../x").is_err());
     /// ```
     pub fn new(s: &str) -> Result<ProtectedPath, PolicyError> {
+        Self::check(s).map(|t| ProtectedPath(t.to_owned()))
+    }
+
+    /// [`ProtectedPath::new`] without the copy: the path as it would be kept (without a trailing
+    /// `/`), or why it is refused.
+    pub fn check(s: &str) -> Result<&str, PolicyError> {
         const EXPECTED: &str =
             "a path relative to the scratch directory, e.g. `.git/hooks` (no leading `/`, no `.` or `..`)";
         let t = s.trim_end_matches('/');
-        let comps: Vec<&str> = t.split('/').collect();
-        if t.is_empty()
-            || s.starts_with('/')
-            || t.contains('\0')
-            || comps.len() > 16
-            || comps
-                .iter()
-                .any(|c| c.is_empty() || *c == "." || *c == "..")
-        {
+        // Counted as they come, without a list: every policy check runs this for each of the
+        // ~60 default paths.
+        let mut depth = 0;
+        let bad_component = t.split('/').any(|c| {
+            depth += 1;
+            depth > 16 || c.is_empty() || c == "." || c == ".."
+        });
+        if t.is_empty() || s.starts_with('/') || t.contains('\0') || bad_component {
             return Err(PolicyError::invalid("protect", s, EXPECTED));
         }
-        Ok(ProtectedPath(t.to_owned()))
+        Ok(t)
     }
 
     pub fn as_str(&self) -> &str {
