@@ -356,8 +356,10 @@ def render_main(doc):
              "the 2 CPUs spent). `(files)` and `python code`: the sandbox's init writes the files (the code "
              "to `main.py`) before the program starts, which is the sandbox's payload; `(agent)`: the same "
              "with a file to fetch back, which goes through the in-sandbox agent; the others start the "
-             "command directly. `+pool`: with `--pool 8`. Compare rows of one run: the load average "
-             "says how busy the machine was.", "",
+             "command directly. `+pool`: with `--pool 8`. "
+             + (f"Each row ran for {meta['row_seconds']:g} s. "
+                if meta.get("row_seconds") else "")
+             + "Compare rows of one run: the load average says how busy the machine was.", "",
              "| via | payload | clients | requests | req/s | p50 ms | p99 ms | client CPU ms/req |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -464,6 +466,8 @@ def main():
                          "isolation mode (lite, none; default lite); repeatable; default from "
                          "$PALISADE_BENCH_SANDBOXFUSION (space-separated)")
     ap.add_argument("--row-seconds", type=float, default=15.0, help="longest a /run_code row may take")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="how long each row of the main table runs")
     ap.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "benchmarks"))
     a = ap.parse_args()
     benchlib.check_profile(a.quick)
@@ -476,6 +480,10 @@ def main():
     clients_list = [1, 4] if a.quick else [1, 4, 16, 32, 64]
     per_client = 3 if a.quick else 60
     cap = 20 if a.quick else 60
+    # A full row runs for `--seconds`: a fixed count of requests was
+    # 60 requests with one client, a tenth of a second of `true`, short enough for one slow
+    # moment of the machine to set the row's rate.
+    seconds = None if a.quick else a.seconds
     cpus = os.cpu_count() or 1
     concurrency = 2 * cpus
     meta = benchlib.host_meta()  # the load average before the run, not after it
@@ -491,7 +499,10 @@ def main():
             for c in clients_list:
                 total = max(30 if not a.quick else 4, per_client * c if c < 16 else 20 * c)
                 gen = []
-                lat, wall, st = load(port, body, c, total, cap, cpu=gen)
+                if seconds is None:
+                    lat, wall, st = load(port, body, c, total, cap, cpu=gen)
+                else:
+                    lat, wall, st = load(port, body, c, 10**9, seconds, cpu=gen)
                 r = row(name, c, lat, wall, st)
                 r["client_cpu_ms_per_req"] = gen[0] / max(1, len(lat)) * 1000
                 rows.append(r)
@@ -507,7 +518,7 @@ def main():
         rows.append(r)
         print(f"run    {name:<20} sequential : {r['rps']:7.1f} runs/s p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms", flush=True)
     if not a.quick:
-        meta.update({"date": benchlib.now_utc(), "max_concurrency": concurrency})
+        meta.update({"date": benchlib.now_utc(), "max_concurrency": concurrency, "row_seconds": seconds})
         write_results(a.out, main={"meta": meta, "rows": rows})
     # With a peer, the /run_code comparison runs in the same invocation; without one, as before.
     if a.peer_sandboxfusion:
