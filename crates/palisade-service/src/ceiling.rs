@@ -306,13 +306,13 @@ impl Ceiling {
         // The whole policy against the bounds, as the policy crate decides it. A run through the
         // agent has a backstop deadline and output cap of the server's own (each stage's are
         // the request's, kept by the server): those two are checked as the request's.
-        let mut probe = p.clone();
-        probe.limits.timeout_ms = probe.limits.timeout_ms.min(self.bounds.limits.timeout_ms);
-        probe.limits.output_bytes = probe
-            .limits
-            .output_bytes
-            .min(self.bounds.limits.output_bytes);
-        probe.check_within(&self.bounds).map_err(|e| {
+        // Those two lowered for the check only, and put back (not a copy of the whole policy).
+        let (timeout_ms, output_bytes) = (p.limits.timeout_ms, p.limits.output_bytes);
+        p.limits.timeout_ms = timeout_ms.min(self.bounds.limits.timeout_ms);
+        p.limits.output_bytes = output_bytes.min(self.bounds.limits.output_bytes);
+        let within = p.check_within(&self.bounds);
+        (p.limits.timeout_ms, p.limits.output_bytes) = (timeout_ms, output_bytes);
+        within.map_err(|e| {
             let mut err = ServiceError::ceiling(request_field(e.field), &e.asked, &e.allowed);
             err.message = e.to_string();
             err.accepted = Some(format!("{} (the server's bounds)", e.allowed));
@@ -349,6 +349,41 @@ mod tests {
             .allow
             .push(NetRule::parse("t", "pypi.org").unwrap());
         Ceiling::new(p).unwrap()
+    }
+
+    #[test]
+    fn an_agents_backstop_is_checked_as_the_ceiling_and_kept_as_asked() {
+        // A run through the agent: a deadline and an output cap of the server's own, above the
+        // ceiling's (each stage keeps the request's). Checked as the ceiling's, returned as given.
+        let c = ceiling();
+        let mut limits = c.limits(&api::Limits::default(), "limits").unwrap();
+        limits.timeout_ms = 2 * limits.timeout_ms + 30_000;
+        limits.output_bytes *= 4;
+        let asked = limits;
+        let p = c
+            .policy_for(
+                vec!["true".into()],
+                limits,
+                palisade::policy::net::Network::default(),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(
+            (p.limits.timeout_ms, p.limits.output_bytes),
+            (asked.timeout_ms, asked.output_bytes)
+        );
+        // Anything else above the ceiling is still refused.
+        let mut more = asked;
+        more.memory_bytes = 1 << 30;
+        let e = c
+            .policy_for(
+                vec!["true".into()],
+                more,
+                palisade::policy::net::Network::default(),
+                Vec::new(),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("memory"), "{e}");
     }
 
     #[test]

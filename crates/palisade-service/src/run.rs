@@ -576,14 +576,17 @@ impl Service {
     /// Its result holds the bytes it carries (output, files) against the server's budget.
     pub(crate) async fn execute(&self, plan: Plan) -> Charged<RunResult> {
         let none = |r| Charged::new(r, Charge::default());
-        let sandbox = match Sandbox::from_policy(plan.policy.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                return none(sandbox_error(
-                    ServiceError::internal(format!("policy: {e}")),
-                    None,
-                ))
-            }
+        // Checked here for every run; the sandbox of its own (a copy of the whole policy) is made
+        // only for a run that no template makes, below.
+        if let Err(e) = plan.policy.validate() {
+            return none(sandbox_error(
+                ServiceError::internal(format!("policy: {e}")),
+                None,
+            ));
+        }
+        let own = |policy: &Policy| {
+            Sandbox::from_policy(policy.clone())
+                .map_err(|e| sandbox_error(ServiceError::internal(format!("policy: {e}")), None))
         };
         if plan.direct {
             let io = Io {
@@ -605,7 +608,10 @@ impl Service {
                     Held::start_template(self, t, plan.policy.command.clone(), plan.run_env, io)
                         .await
                 }
-                None => Held::start(self, sandbox, io).await,
+                None => match own(&plan.policy) {
+                    Ok(sandbox) => Held::start(self, sandbox, io).await,
+                    Err(r) => return none(r),
+                },
             };
             let out = held.finish().await;
             return self.direct_result(out);
@@ -629,7 +635,10 @@ impl Service {
                         let argv = plan.policy.command.clone();
                         Held::start_template(self, t, argv, plan.run_env.clone(), io).await
                     }
-                    None => Held::start(self, sandbox, io).await,
+                    None => match own(&plan.policy) {
+                        Ok(sandbox) => Held::start(self, sandbox, io).await,
+                        Err(r) => return none(r),
+                    },
                 };
                 let Some(sock) = held.run_mut().take_stdin() else {
                     let out = held.finish().await;

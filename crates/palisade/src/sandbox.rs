@@ -30,7 +30,9 @@ static RUN_THREADS: palisade_linux::pool::Pool = palisade_linux::pool::Pool::new
 /// clone, `Send` and `Sync`: one `Sandbox` can start any number of runs from any threads.
 #[derive(Clone)]
 pub struct Sandbox {
-    pub(crate) policy: Policy,
+    /// Shared by clones: a run's thread holds one (a policy holds ~60 strings of protected paths
+    /// alone), and a server clones its sandboxes for every request.
+    pub(crate) policy: Arc<Policy>,
     pub(crate) keep: bool,
     pub(crate) stdin: Stdin,
     pub(crate) cgroup_root: PathBuf,
@@ -441,7 +443,7 @@ impl Sandbox {
     pub(crate) fn assemble(policy: Policy, stdin: Stdin, cgroup_root: PathBuf) -> Sandbox {
         Sandbox {
             keep: policy.keep_scratch,
-            policy,
+            policy: Arc::new(policy),
             stdin,
             cgroup_root,
             net_notify: None,
@@ -622,7 +624,7 @@ impl Sandbox {
             });
         };
         let t0 = Instant::now();
-        let mut policy = policy.unwrap_or_else(|| self.policy.clone());
+        let mut policy = policy.unwrap_or_else(|| (*self.policy).clone());
         let mut kept: Option<PathBuf> = None;
         // The scratch size caps the ephemeral tmpfs only: a host directory (--scratch, --keep)
         // lives on the host's disk, where palisade has no size to enforce. Refused rather than
@@ -1342,7 +1344,7 @@ impl Template {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let mut policy = self.sandbox.policy.clone();
+        let mut policy = (*self.sandbox.policy).clone();
         policy.command = command.into_iter().map(Into::into).collect();
         if let Err(e) = run_values(&mut policy, env) {
             let e = SetupError::Policy(e);
