@@ -1024,7 +1024,7 @@ impl Server {
             t.files.insert(p, s);
         }
         if let Some(rep) = &r.report {
-            report_summary(rep, &mut t);
+            report_summary(&rep.to_value(), &mut t);
         }
         if let Some(e) = r.error {
             t.error = Some(tool_error(&e));

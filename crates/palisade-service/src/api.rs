@@ -262,6 +262,34 @@ pub struct Stage {
     pub cut_by_server: bool,
 }
 
+/// palisade's report of a run, kept as the run made it and written out once, with the answer.
+/// A server answers every request with one: made into a tree of JSON values first, then written
+/// and dropped, it cost more instructions than the rest of the request's handling.
+#[derive(Debug, Clone)]
+pub struct RunReport(std::sync::Arc<palisade::Report>);
+
+impl RunReport {
+    pub fn new(report: palisade::Report) -> RunReport {
+        RunReport(std::sync::Arc::new(report))
+    }
+
+    /// The report itself.
+    pub fn get(&self) -> &palisade::Report {
+        &self.0
+    }
+
+    /// The report as JSON values, for a reader that looks its fields up by name.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(&*self.0).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl Serialize for RunReport {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
 /// The answer to `POST /v1/run` (and one line of a batch).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct RunResult {
@@ -295,7 +323,7 @@ pub struct RunResult {
     /// palisade's full report of the sandbox (docs/report): layers, resources, denied calls and
     /// connections.
     #[schemars(with = "Option<BTreeMap<String, serde_json::Value>>")]
-    pub report: Option<serde_json::Value>,
+    pub report: Option<RunReport>,
     /// The output was cut (`output-limit`) because the server held its budget of bytes for
     /// replies (`--max-held`), not at the run's own cap; retry later.
     #[serde(skip_serializing_if = "std::ops::Not::not")]

@@ -58,13 +58,13 @@ pub struct Gauges {
 
 impl Metrics {
     /// One run ended: its status, its latency (admission to answer), its report's counters.
-    pub fn run(&self, status: RunStatus, secs: f64, report: Option<&serde_json::Value>) {
+    pub fn run(&self, status: RunStatus, secs: f64, report: Option<&palisade::Report>) {
         let i = RunStatus::ALL
             .iter()
             .position(|s| *s == status)
             .expect("every status is listed");
         let engine = report
-            .and_then(|r| r["engine"].as_str())
+            .and_then(|r| r.engine)
             .and_then(|e| ENGINES.iter().position(|k| *k == e))
             .unwrap_or(ENGINES.len() - 1);
         self.by_status[i][engine].fetch_add(1, Ordering::Relaxed);
@@ -77,17 +77,20 @@ impl Metrics {
         self.latency_sum_us
             .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
         if let Some(r) = report {
-            self.report(r);
+            self.counts(r.network.denied, r.oom_kills);
         }
     }
 
     /// A report's egress denials and OOM kills (runs and sessions).
     pub fn report(&self, r: &serde_json::Value) {
         let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-        self.denied_egress
-            .fetch_add(n(&r["network"]["denied"]), Ordering::Relaxed);
-        self.oom_kills
-            .fetch_add(n(&r["oom_kills"]), Ordering::Relaxed);
+        self.counts(n(&r["network"]["denied"]), n(&r["oom_kills"]));
+    }
+
+    /// Egress denials and OOM kills of one report.
+    fn counts(&self, denied: u64, oom_kills: u64) {
+        self.denied_egress.fetch_add(denied, Ordering::Relaxed);
+        self.oom_kills.fetch_add(oom_kills, Ordering::Relaxed);
     }
 
     /// A request turned away with 429.

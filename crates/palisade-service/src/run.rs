@@ -8,7 +8,7 @@
 //! payload is `palisade __agent`, which writes the files, runs each stage with fresh pipes whose
 //! ends the server reads directly, and reads files back, all from inside the boundary.
 
-use crate::api::{self, Data, RunRequest, RunResult, RunStatus, Stage};
+use crate::api::{self, Data, RunReport, RunRequest, RunResult, RunStatus, Stage};
 use crate::budget::{Charge, Charged};
 use crate::client::{AgentConn, Exec, Exit};
 use crate::proto::{self, Request};
@@ -566,9 +566,11 @@ impl Service {
         let t0 = Instant::now();
         t.ready().await?;
         let r = self.execute(plan).await;
-        self.inner
-            .metrics
-            .run(r.status, t0.elapsed().as_secs_f64(), r.report.as_ref());
+        self.inner.metrics.run(
+            r.status,
+            t0.elapsed().as_secs_f64(),
+            r.report.as_ref().map(RunReport::get),
+        );
         Ok(r)
     }
 
@@ -684,7 +686,6 @@ impl Service {
             ms = t0.elapsed().as_secs_f64() * 1000.0,
             "agent sandbox ended"
         );
-        let report = serde_json::to_value(&out.report).ok();
         // What the sandbox's own report says overrides a stage left unfinished: it was killed
         // for the sandbox's deadline, CPU time or memory, or palisade failed.
         let ended = matches!(
@@ -757,7 +758,7 @@ impl Service {
                 }
             }
         }
-        result.report = report;
+        result.report = Some(RunReport::new(out.report));
         result
     }
 
@@ -846,7 +847,7 @@ impl Service {
                     svc.inner.metrics.run(
                         result.status,
                         t0.elapsed().as_secs_f64(),
-                        result.report.as_ref(),
+                        result.report.as_ref().map(RunReport::get),
                     );
                     // The server's slot goes back at once; the batch's own place only once the
                     // result is handed on, so that a client that stops reading stops the batch
@@ -1247,7 +1248,7 @@ fn empty_result(status: RunStatus) -> RunResult {
     }
 }
 
-pub(crate) fn sandbox_error(e: ServiceError, report: Option<serde_json::Value>) -> RunResult {
+pub(crate) fn sandbox_error(e: ServiceError, report: Option<RunReport>) -> RunResult {
     RunResult {
         error: Some(e),
         report,
@@ -1288,7 +1289,7 @@ fn direct_result(out: palisade::Output) -> RunResult {
     let r = &out.report;
     let status = status_of(r);
     let truncated = r.output_truncated;
-    RunResult {
+    let mut result = RunResult {
         status,
         exit_code: r
             .exit_code
@@ -1308,7 +1309,9 @@ fn direct_result(out: palisade::Output) -> RunResult {
             e.value = r.error_kind.map(str::to_owned);
             e
         }),
-        report: serde_json::to_value(r).ok(),
+        report: None,
         cut_by_server: false,
-    }
+    };
+    result.report = Some(RunReport::new(out.report));
+    result
 }
