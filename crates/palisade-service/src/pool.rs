@@ -112,9 +112,9 @@ impl Service {
         }
         let svc = self.clone();
         tokio::spawn(async move {
-            let policy = svc.pool_policy();
+            let mut policy = svc.pool_policy();
             let mut failures: u32 = 0;
-            while let Ok(p) = &policy {
+            while let Ok(p) = &mut policy {
                 if svc.inner.stopping.load(Ordering::SeqCst)
                     || svc.inner.pool.len() >= svc.inner.config.pool_size
                 {
@@ -237,9 +237,19 @@ impl Templates {
 
 /// The key of a template: the policy it is prepared with, as text (the whole policy but the
 /// command and the request's own variables, which each run sets), and whether it is warm.
-pub(crate) fn template_key(policy: &Policy, warm: bool) -> Option<String> {
-    let j = serde_json::to_string(policy).ok()?;
-    Some(format!("{}{j}", if warm { "warm:" } else { "plain:" }))
+/// `policy` is written with `true` as its command and `env` as its variables, then given back
+/// as it was: a copy of the whole policy for every request cost more than the text itself.
+pub(crate) fn template_key(
+    policy: &mut Policy,
+    env: &[palisade::policy::EnvVar],
+    warm: bool,
+) -> Option<String> {
+    let command = std::mem::replace(&mut policy.command, vec!["true".into()]);
+    let own = std::mem::replace(&mut policy.env, env.to_vec());
+    let j = serde_json::to_string(policy).ok();
+    policy.command = command;
+    policy.env = own;
+    Some(format!("{}{}", if warm { "warm:" } else { "plain:" }, j?))
 }
 
 /// Whether a template can make `policy`'s sandbox: not a workspace (one run's own from the first
@@ -264,8 +274,9 @@ impl Service {
             code: Some("pass".into()),
             ..Default::default()
         };
-        let plan = self.plan(&req, "")?;
-        let got = self.template_for(plan.policy(), plan.is_warm()).await;
+        let mut plan = self.plan(&req, "")?;
+        let warm = plan.is_warm();
+        let got = self.template_for(plan.policy_mut(), warm).await;
         if got.is_none() && c.warm_python.is_some() {
             return Err(ServiceError::invalid(
                 "warm_python",
@@ -279,15 +290,12 @@ impl Service {
     /// The template for `policy` (its command and variables are ignored: each run gives its own),
     /// prepared now if there is none; `None` when templates are off, the policy cannot take one,
     /// or one is being prepared by another run (the caller then starts cold).
-    pub(crate) async fn template_for(&self, policy: &Policy, warm: bool) -> Option<Template> {
+    pub(crate) async fn template_for(&self, policy: &mut Policy, warm: bool) -> Option<Template> {
         let c = &self.inner.config;
         if c.templates == 0 || !template_takes(policy) || (warm && c.warm_python.is_none()) {
             return None;
         }
-        let mut base = policy.clone();
-        base.command = vec!["true".into()];
-        base.env = c.ceiling.policy().env.clone();
-        let key = template_key(&base, warm)?;
+        let key = template_key(policy, &c.ceiling.policy().env, warm)?;
         let t = &self.inner.templates;
         let dead: Vec<Prepared>;
         let mut failed = false;
@@ -344,6 +352,9 @@ impl Service {
             return None;
         }
         let warm_python = if warm { c.warm_python.clone() } else { None };
+        let mut base = policy.clone();
+        base.command = vec!["true".into()];
+        base.env = c.ceiling.policy().env.clone();
         let made = tokio::task::spawn_blocking(move || -> Result<Template, String> {
             let sandbox = Sandbox::from_policy(base).map_err(|e| e.to_string())?;
             match warm_python {
@@ -402,5 +413,32 @@ impl Service {
             tokio::task::spawn_blocking(move || drop(evicted));
         }
         got
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::template_key;
+    use palisade::policy::{EnvVar, Policy};
+
+    #[test]
+    fn a_templates_key_leaves_out_the_command_and_variables_and_the_policy_as_it_was() {
+        let server_env = vec![EnvVar::new("LANG", "C.UTF-8").unwrap()];
+        let mut a = Policy::new(["python3", "-c", "print(1)"]).unwrap();
+        a.env = vec![EnvVar::new("MINE", "1").unwrap()];
+        let before = format!("{a:?}");
+        let ka = template_key(&mut a, &server_env, false).unwrap();
+        assert_eq!(
+            format!("{a:?}"),
+            before,
+            "the policy is given back as it was"
+        );
+        let mut b = Policy::new(["true"]).unwrap();
+        assert_eq!(template_key(&mut b, &server_env, false).unwrap(), ka);
+        assert_ne!(template_key(&mut b, &server_env, true).unwrap(), ka);
+        assert_ne!(template_key(&mut b, &[], false).unwrap(), ka);
+        b.limits.memory_bytes /= 2;
+        assert_ne!(template_key(&mut b, &server_env, false).unwrap(), ka);
+        assert!(ka.contains("\"true\"") && !ka.contains("print(1)") && !ka.contains("MINE"));
     }
 }

@@ -215,8 +215,8 @@ impl Drop for Held {
 }
 
 impl Plan {
-    pub(crate) fn policy(&self) -> &Policy {
-        &self.policy
+    pub(crate) fn policy_mut(&mut self) -> &mut Policy {
+        &mut self.policy
     }
 
     pub(crate) fn is_warm(&self) -> bool {
@@ -576,7 +576,7 @@ impl Service {
 
     /// Runs a checked plan (a slot is held by the caller).
     /// Its result holds the bytes it carries (output, files) against the server's budget.
-    pub(crate) async fn execute(&self, plan: Plan) -> Charged<RunResult> {
+    pub(crate) async fn execute(&self, mut plan: Plan) -> Charged<RunResult> {
         let none = |r| Charged::new(r, Charge::default());
         // Checked here for every run; the sandbox of its own (a copy of the whole policy) is made
         // only for a run that no template makes, below.
@@ -605,7 +605,7 @@ impl Service {
                     .collect(),
                 ..Io::default()
             };
-            let held = match self.template_for(&plan.policy, plan.warm).await {
+            let held = match self.template_for(&mut plan.policy, plan.warm).await {
                 Some(t) => {
                     Held::start_template(self, t, plan.policy.command.clone(), plan.run_env, io)
                         .await
@@ -632,7 +632,7 @@ impl Service {
                     stream_buffer: None,
                     ..Io::default()
                 };
-                let mut held = match self.template_for(&plan.policy, false).await {
+                let mut held = match self.template_for(&mut plan.policy, false).await {
                     Some(t) => {
                         let argv = plan.policy.command.clone();
                         Held::start_template(self, t, argv, plan.run_env.clone(), io).await
