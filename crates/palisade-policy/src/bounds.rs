@@ -611,7 +611,13 @@ impl Policy {
         self.allow_ptrace &= b.allow_ptrace;
         self.tty &= b.tty;
         self.allow_degraded.retain(|d| b.allow_degraded.contains(d));
-        let add: Vec<String> = missing(&b.protected, &self.protected).cloned().collect();
+        let mut add: Vec<String> = Vec::new();
+        for x in missing(&b.protected, &self.protected) {
+            // Once, even where bounds built by hand list a path twice.
+            if !add.contains(x) {
+                add.push(x.clone());
+            }
+        }
         self.protected.extend(add);
     }
 }
@@ -630,6 +636,21 @@ mod tests {
     use crate::net::Pin;
     use crate::protect::ProtectedPath;
     use crate::{EnvVar, LimitsOverlay, Scratch};
+
+    #[test]
+    fn clamping_adds_each_protected_path_of_the_bounds_once() {
+        let mut p = Policy::new(["true"]).unwrap();
+        let mut b = Bounds::from_policy(&p);
+        p.protected.retain(|x| x != ".git/hooks");
+        b.protected.push(".git/hooks".into());
+        b.protected.push("Makefile".into());
+        b.protected.push("Makefile".into());
+        p.clamp_to(&b);
+        for x in [".git/hooks", "Makefile"] {
+            assert_eq!(p.protected.iter().filter(|y| *y == x).count(), 1, "{x}");
+        }
+        p.validate().unwrap();
+    }
 
     #[test]
     fn missing_paths_are_found_past_a_common_start_and_anywhere_else() {
