@@ -214,6 +214,15 @@ fn every_endpoint_answers() {
     );
     assert_eq!(j["files"]["a.txt"], "aGk=");
     assert!(j["compile_result"].is_null());
+    // palisade's own part: its status, error and files not read back, and the whole report.
+    let own = &j["palisade"];
+    assert_eq!(own["status"], "ok", "{j}");
+    assert!(
+        own["error"].is_null() && own["file_errors"] == json!({}),
+        "{j}"
+    );
+    assert_eq!(own["report"]["status"], "ok", "{j}");
+    assert!(own["report"]["engine"].is_string(), "{j}");
     let j = s.post("/run_code", &json!({"code": "import time; time.sleep(5)", "language": "python", "run_timeout": 0.3})).json();
     assert_eq!(
         (j["status"].as_str(), j["run_result"]["status"].as_str()),

@@ -69,8 +69,19 @@ pub struct CommandRunResult {
     pub stderr: Option<String>,
 }
 
+/// palisade's own part of a `/run_code` answer: the status in palisade's vocabulary, what failed,
+/// the files not read back, and the report, written as the run made it (not first made into JSON
+/// values: veRL's reward path sends every generated program here).
+#[derive(Debug, Clone, Serialize)]
+pub struct PalisadeResult {
+    pub status: RunStatus,
+    pub error: Option<crate::ServiceError>,
+    pub file_errors: BTreeMap<String, String>,
+    pub report: Option<crate::api::RunReport>,
+}
+
 /// SandboxFusion's `RunCodeResponse`.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct RunCodeResponse {
     /// `Success`, `Failed` or `SandboxError`.
     pub status: String,
@@ -86,7 +97,7 @@ pub struct RunCodeResponse {
     pub files: BTreeMap<String, String>,
     /// palisade's own result (status in palisade's vocabulary, the report).
     #[schemars(with = "Option<BTreeMap<String, serde_json::Value>>")]
-    pub palisade: Option<serde_json::Value>,
+    pub palisade: Option<PalisadeResult>,
 }
 
 /// Translates the request, checking what SandboxFusion would not.
@@ -224,12 +235,12 @@ pub fn from_run(r: &RunResult) -> RunCodeResponse {
         run_result,
         executor_pod_name: None,
         files,
-        palisade: Some(serde_json::json!({
-            "status": r.status,
-            "error": r.error,
-            "file_errors": r.file_errors,
-            "report": r.report,
-        })),
+        palisade: Some(PalisadeResult {
+            status: r.status,
+            error: r.error.clone(),
+            file_errors: r.file_errors.clone(),
+            report: r.report.clone(),
+        }),
     }
 }
 
