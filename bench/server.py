@@ -470,6 +470,8 @@ def main():
                     help="how long each row of the main table runs")
     ap.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "benchmarks"))
     a = ap.parse_args()
+    if not a.seconds > 0 or not a.row_seconds > 0:
+        ap.error("--seconds and --row-seconds: a number of seconds above 0")
     benchlib.check_profile(a.quick)
     if a.engines:
         engines(a)

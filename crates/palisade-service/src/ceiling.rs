@@ -360,14 +360,15 @@ mod tests {
         limits.timeout_ms = 2 * limits.timeout_ms + 30_000;
         limits.output_bytes *= 4;
         let asked = limits;
-        let p = c
-            .policy_for(
+        let policy_for = |l| {
+            c.policy_for(
                 vec!["true".into()],
-                limits,
+                l,
                 palisade::policy::net::Network::default(),
                 Vec::new(),
             )
-            .unwrap();
+        };
+        let p = policy_for(limits).unwrap();
         assert_eq!(
             (p.limits.timeout_ms, p.limits.output_bytes),
             (asked.timeout_ms, asked.output_bytes)
@@ -375,14 +376,7 @@ mod tests {
         // Anything else above the ceiling is still refused.
         let mut more = asked;
         more.memory_bytes = 1 << 30;
-        let e = c
-            .policy_for(
-                vec!["true".into()],
-                more,
-                palisade::policy::net::Network::default(),
-                Vec::new(),
-            )
-            .unwrap_err();
+        let e = policy_for(more).unwrap_err();
         assert!(e.to_string().contains("memory"), "{e}");
     }
 
